@@ -1,0 +1,412 @@
+"""Config stage: read recipes (images/*.yaml) and mods (mods/*/mod.yaml) into validated data.
+
+This is the only module that reads YAML. Every value that can later reach a shell line is
+checked here against a strict pattern, so a recipe cannot inject shell.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+# Patterns for every value that is rendered into the Dockerfile.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+URL_RE = re.compile(r"^https://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~-]+)+/?$")
+REPOSITORY_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+PKG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:;/=+@%-]*$")
+ARCH_LIST_RE = re.compile(r"^[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*$")
+ABS_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
+REL_PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
+OS_PKG_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]*(=[A-Za-z0-9.+:~-]+)?$")
+
+
+def _matching(pattern: re.Pattern[str], what: str):
+    """A str type whose values must match pattern; the error says what was expected."""
+
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not a valid {what}")
+        return value
+
+    return Annotated[str, AfterValidator(check)]
+
+
+def _pep440(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a valid PEP 440 version") from None
+    if not re.match(r"^[A-Za-z0-9.+!_-]+$", value):
+        raise ValueError(f"{value!r} is not a valid PEP 440 version")
+    return value
+
+
+def _specifier(value: str) -> str:
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise ValueError(f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'") from None
+    return value
+
+
+def _nonblank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+Name = _matching(NAME_RE, "name (lowercase letters, digits and '-')")
+Commit = _matching(COMMIT_RE, "full commit: write 40 lowercase hex digits (put a short SHA in ref)")
+Digest = _matching(DIGEST_RE, "digest: write sha256:<64 hex>")
+GitRef = _matching(REF_RE, "git ref")
+GitUrl = _matching(URL_RE, "https git URL")
+Repository = _matching(REPOSITORY_RE, "image repository")
+ImageTag = _matching(TAG_RE, "image tag")
+Package = _matching(PKG_RE, "pip package name")
+EnvName = _matching(ENV_NAME_RE, "environment variable name")
+EnvValue = _matching(ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")
+ArchList = _matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")
+AbsPath = _matching(ABS_PATH_RE, "absolute path")
+RelPath = _matching(REL_PATH_RE, "relative path")
+OsPackage = _matching(OS_PKG_RE, "Debian package name")
+PipVersion = Annotated[str, AfterValidator(_pep440)]
+Specifier = Annotated[str, AfterValidator(_specifier)]
+Text = Annotated[str, AfterValidator(_nonblank)]
+Count = Annotated[int, Field(ge=1, le=256)]
+
+
+class Strict(BaseModel):
+    """Base of every schema: unknown keys are errors, values are never coerced across types."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Unknown(Strict):
+    """A fact that is not known yet; the recipe says why instead of inventing a value."""
+
+    unknown: Text
+
+
+class BaseSpec(Strict):
+    repository: Repository | None = None
+    tag: ImageTag | None = None
+    digest: Union[Digest, Unknown, None] = None
+
+
+class VllmSpec(Strict):
+    source: Literal["git", "pypi"] | None = None
+    repo: GitUrl | None = None
+    ref: GitRef | None = None
+    commit: Union[Commit, Unknown, None] = None
+    version: PipVersion | None = None
+    install_deps: bool | None = None
+
+
+class ComponentSpec(Strict):
+    """A pip package pinned to a version, or a git tree pinned to a ref and commit."""
+
+    pip: Package | None = None
+    version: Union[PipVersion, Unknown, None] = None
+    git: GitUrl | None = None
+    ref: GitRef | None = None
+    commit: Union[Commit, Unknown, None] = None
+    dest: AbsPath | None = None
+    pip_install: bool | None = None  # git only: also `pip install` the tree after it is in place
+
+
+class BuildSpec(Strict):
+    torch_cuda_arch_list: ArchList | None = None
+    max_jobs: Count | None = None
+    nvcc_threads: Count | None = None
+
+
+class ModChanges(Strict):
+    """How a child variant changes its parent's mod list: remove by name, then append."""
+
+    add: list[Name] = []
+    remove: list[Name] = []
+
+
+class RecipeFile(Strict):
+    """One images/<variant>.yaml as written: every field optional, so that children can override."""
+
+    description: str | None = None
+    extends: Name | None = None
+    image: Repository | None = None
+    base: BaseSpec | None = None
+    os_packages: list[OsPackage] | None = None
+    vllm: VllmSpec | None = None
+    components: dict[Name, Union[ComponentSpec, None]] | None = None
+    protect: list[Package] | None = None
+    build: BuildSpec | None = None
+    env: dict[EnvName, Union[EnvValue, None]] | None = None
+    mods: Union[list[Name], ModChanges, None] = None
+
+    @field_validator("mods")
+    @classmethod
+    def _unique(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError("a mod is listed twice")
+        return v
+
+
+# ---------------------------------------------------------------- mods
+
+
+class ModTargets(Strict):
+    versions: Specifier
+    commits: list[Commit] = []
+
+
+class ModEnv(Strict):
+    name: EnvName
+    default: EnvValue
+    description: Text
+
+
+class ModFile(Strict):
+    src: RelPath
+    dest: str
+    mode: str = "0644"
+
+    @field_validator("dest")
+    @classmethod
+    def _dest(cls, v: str) -> str:
+        if not (ABS_PATH_RE.match(v) or REL_PATH_RE.match(v)) or ".." in v.split("/"):
+            raise ValueError(f"{v!r} is not a valid destination path")
+        return v
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, v: str) -> str:
+        if not re.match(r"^0[0-7]{3}$", v):
+            raise ValueError(f"{v!r} is not an octal file mode such as '0644'")
+        return v
+
+
+class ModVerify(Strict):
+    """One check that a mod took effect: a file that contains a string, or a Python one-liner."""
+
+    file: str | None = None
+    contains: str | None = None
+    python: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ModVerify":
+        if self.python is not None and (self.file or self.contains):
+            raise ValueError("a check is either {file, contains} or {python}, not both")
+        if self.python is None and not (self.file and self.contains):
+            raise ValueError("a file check needs both file and contains")
+        return self
+
+
+class ModSpec(Strict):
+    """mods/<name>/mod.yaml: data only, never executed."""
+
+    name: Name
+    summary: Text
+    description: Text
+    component: Name
+    targets: ModTargets
+    phase: Literal["source", "install"]
+    kind: Literal["patch", "patcher", "files"]
+    patch: RelPath | None = None
+    patcher: RelPath | None = None
+    files: list[ModFile] = []
+    env: ModEnv | None = None
+    verify: list[ModVerify]
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "ModSpec":
+        present = {"patch": bool(self.patch), "patcher": bool(self.patcher), "files": bool(self.files)}
+        if not present[self.kind]:
+            raise ValueError(f"kind {self.kind} needs the field {self.kind!r}")
+        extra = [k for k, has in present.items() if has and k != self.kind]
+        if extra:
+            raise ValueError(f"kind {self.kind} does not take {', '.join(extra)}")
+        if not self.verify:
+            raise ValueError("verify: give at least one check")
+        if self.phase == "source" and self.kind == "files":
+            raise ValueError("drop-in files are installed into the image: use phase install")
+        return self
+
+
+# ---------------------------------------------------------------- loading
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse one YAML file, turning parse errors into one line that names the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"malformed YAML: {where}{problem}", path=path) from None
+
+
+def _validation_error(exc: ValidationError, path: Path) -> ConfigError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "union[")))
+    # Pydantic nests union branches in the location; keep the path the user wrote.
+    loc = re.sub(r"\.(str|Unknown|list\[str\]|ModChanges|ComponentSpec|none)\b.*$", "", loc)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    msg = msg.removeprefix("Value error, ")
+    return ConfigError(msg, path=path, field=loc or None)
+
+
+def load_recipe_file(path: Path) -> RecipeFile:
+    data = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("a recipe must be a YAML mapping", path=path)
+    try:
+        return RecipeFile.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, path) from None
+
+
+def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple[ModSpec, Path]:
+    """Load mods/<name>/mod.yaml and check that every asset it names exists."""
+    folder = mods_dir / name
+    meta = folder / "mod.yaml"
+    if not meta.is_file():
+        raise ConfigError(f"unknown mod {name!r}: {meta} does not exist", path=used_by or meta, field="mods")
+    data = read_yaml(meta)
+    if not isinstance(data, dict):
+        raise ConfigError("mod.yaml must be a YAML mapping", path=meta)
+    try:
+        spec = ModSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, meta) from None
+    if spec.name != name:
+        raise ConfigError(f"name {spec.name!r} differs from the folder name {name!r}", path=meta, field="name")
+    assets = [("patch", spec.patch), ("patcher", spec.patcher)] + [("files", f.src) for f in spec.files]
+    for field, rel in assets:
+        if rel is not None and not (folder / rel).is_file():
+            raise ConfigError(f"{rel!r} is not a file in {folder}", path=meta, field=field)
+    return spec, folder
+
+
+# ---------------------------------------------------------------- variants and inheritance
+
+
+class Recipe(Strict):
+    """A variant after `extends` is resolved: the merged recipe and the files it came from."""
+
+    variant: Name
+    chain: tuple[str, ...]  # the variant first, then its parent, grandparent, ...
+    files: tuple[str, ...]  # the recipe files, in the same order
+    data: RecipeFile
+
+
+def recipe_path(images_dir: Path, name: str) -> Path:
+    return images_dir / f"{name}.yaml"
+
+
+def list_variants(images_dir: Path) -> list[str]:
+    if not images_dir.is_dir():
+        raise ConfigError("recipe folder not found", path=images_dir)
+    return sorted(p.stem for p in images_dir.glob("*.yaml"))
+
+
+def load_variant(images_dir: Path, name: str) -> Recipe:
+    """Load a variant and its ancestors, and merge them parent first."""
+    if not NAME_RE.match(name):
+        raise ConfigError(f"{name!r} is not a variant name", path=images_dir)
+    chain: list[str] = []
+    files: list[RecipeFile] = []
+    paths: list[Path] = []
+    current: str | None = name
+    child_path: Path | None = None
+    while current is not None:
+        path = recipe_path(images_dir, current)
+        if current in chain:
+            cycle = " -> ".join(chain[chain.index(current):] + [current])
+            raise ConfigError(f"extends forms a cycle: {cycle}", path=child_path, field="extends")
+        if not path.is_file():
+            if child_path is None:
+                known = ", ".join(list_variants(images_dir)) or "none"
+                raise ConfigError(f"unknown variant {name!r} (known: {known})", path=images_dir)
+            raise ConfigError(f"unknown parent variant {current!r}: {path} does not exist",
+                              path=child_path, field="extends")
+        recipe = load_recipe_file(path)
+        chain.append(current)
+        files.append(recipe)
+        paths.append(path)
+        child_path = path
+        current = recipe.extends
+
+    merged: dict[str, Any] = {}
+    for recipe, path in zip(reversed(files), reversed(paths)):
+        merged = _merge(merged, recipe.model_dump(exclude_unset=True), path)
+    merged.pop("extends", None)
+    try:
+        data = RecipeFile.model_validate(merged)
+    except ValidationError as exc:  # a merge can only recombine valid parts; kept as a guard
+        raise _validation_error(exc, paths[0]) from None
+    return Recipe(variant=name, chain=tuple(chain), files=tuple(_shown(p, images_dir) for p in paths),
+                  data=data)
+
+
+def _shown(path: Path, images_dir: Path) -> str:
+    """A recipe path as recorded in plans: relative to the folder that holds the recipe folder,
+    so that renders do not depend on where the checkout lives or where the tool runs."""
+    return path.resolve().relative_to(images_dir.resolve().parent).as_posix()
+
+
+_REPLACED_WHOLE = {"digest", "commit"}
+
+
+def _merge(parent: dict[str, Any], child: dict[str, Any], path: Path, where: str = "") -> dict[str, Any]:
+    """Merge rules: a scalar overrides; a mapping merges key by key (null deletes a key);
+    a list replaces; `mods: {remove, add}` edits the parent's mod list by name."""
+    out = dict(parent)
+    for key, value in child.items():
+        field = f"{where}{key}"
+        if key == "mods" and not where and isinstance(value, dict):
+            out["mods"] = _edit_mods(list(parent.get("mods") or []), value, path)
+        elif value is None and where:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict) and key not in _REPLACED_WHOLE:
+            out[key] = _merge(out[key], value, path, f"{field}.")
+        else:
+            out[key] = value
+    return out
+
+
+def _edit_mods(mods: list[str], change: dict[str, list[str]], path: Path) -> list[str]:
+    for name in change.get("remove", []):
+        if name not in mods:
+            raise ConfigError(f"cannot remove {name!r}: the parent does not list it", path=path, field="mods.remove")
+        mods.remove(name)
+    for name in change.get("add", []):
+        if name in mods:
+            raise ConfigError(f"cannot add {name!r}: it is already listed", path=path, field="mods.add")
+        mods.append(name)
+    return mods

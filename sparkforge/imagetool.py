@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""Apply and verify mods: the one applier used both inside the image build and by check-mods.
+
+Stdlib only: this file is copied into the image and runs on whatever Python the base has.
+Every application has three outcomes: applied, already applied (detected, skipped, reported),
+or failed. A failure names the mod and the file or hunk, and leaves every file untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+APPLIED = "applied"
+ALREADY = "already"
+FAILED = "failed"
+
+
+class ModFailure(Exception):
+    """The mod cannot be applied; the message says which file or hunk and why."""
+
+
+@dataclass(frozen=True)
+class Result:
+    mod: str
+    state: str  # applied | already | failed
+    detail: str = ""
+
+    def line(self) -> str:
+        text = {APPLIED: "applied", ALREADY: "already applied, skipped", FAILED: "FAILED"}[self.state]
+        return f"mod {self.mod}: {text}" + (f": {self.detail}" if self.detail else "")
+
+
+# ------------------------------------------------------------------ unified diffs
+
+
+@dataclass(frozen=True)
+class Hunk:
+    header: str
+    old_start: int
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    path: str  # relative to the component root, without the a/ b/ prefix
+    create: bool
+    hunks: tuple[Hunk, ...]
+
+
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_diff(text: str) -> list[FilePatch]:
+    """Parse a unified diff with a/ and b/ prefixes (as git diff writes it)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    patches: list[FilePatch] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("--- "):
+            i += 1
+            continue
+        old_name = lines[i][4:].split("\t")[0].strip()
+        if i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
+            raise ModFailure(f"malformed diff near line {i + 1}: '---' without '+++'")
+        new_name = lines[i + 1][4:].split("\t")[0].strip()
+        if new_name == "/dev/null":
+            raise ModFailure(f"deleting files is not supported ({old_name})")
+        path = new_name[2:] if new_name.startswith("b/") else new_name
+        i += 2
+        hunks = []
+        while i < len(lines) and lines[i].startswith("@@"):
+            m = _HUNK_RE.match(lines[i])
+            if not m:
+                raise ModFailure(f"malformed hunk header: {lines[i]}")
+            header, old_start = lines[i], int(m.group(1))
+            old_count = int(m.group(2) or 1)
+            new_count = int(m.group(4) or 1)
+            old: list[str] = []
+            new: list[str] = []
+            i += 1
+            while i < len(lines) and (len(old) < old_count or len(new) < new_count):
+                line = lines[i]
+                tag, body = (line[:1], line[1:]) if line else (" ", "")
+                if tag == " ":
+                    old.append(body)
+                    new.append(body)
+                elif tag == "-":
+                    old.append(body)
+                elif tag == "+":
+                    new.append(body)
+                elif tag != "\\":
+                    raise ModFailure(f"{path}: malformed line in hunk {header}: {line!r}")
+                i += 1
+            while i < len(lines) and lines[i].startswith("\\"):
+                i += 1
+            hunks.append(Hunk(header, old_start, tuple(old), tuple(new)))
+        patches.append(FilePatch(path, old_name == "/dev/null", tuple(hunks)))
+    if not patches:
+        raise ModFailure("the patch file holds no file changes")
+    return patches
+
+
+def _find(lines: list[str], block: tuple[str, ...], expected: int, start: int) -> int:
+    """Index of block in lines at or after start, the one nearest to expected; -1 if absent."""
+    if not block:
+        return max(expected, start)
+    best = -1
+    for pos in range(start, len(lines) - len(block) + 1):
+        if lines[pos:pos + len(block)] == list(block):
+            if best < 0 or abs(pos - expected) < abs(best - expected):
+                best = pos
+            if pos > expected:
+                break
+    return best
+
+
+def _apply_hunks(path: str, lines: list[str], hunks: tuple[Hunk, ...], reverse: bool) -> list[str] | str:
+    """Apply hunks exactly (no fuzz); return the new lines, or the header of the first hunk that fails."""
+    out = list(lines)
+    start, shift = 0, 0
+    for h in hunks:
+        old, new = (h.new, h.old) if reverse else (h.old, h.new)
+        pos = _find(out, old, h.old_start - 1 + shift, start)
+        if pos < 0:
+            return h.header
+        out[pos:pos + len(old)] = list(new)
+        start = pos + len(new)
+        shift += len(new) - len(old)
+    return out
+
+
+def _split(text: str) -> tuple[list[str], bool]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        return lines[:-1], True
+    return lines, False
+
+
+def plan_patch(name: str, diff_text: str, root: Path) -> tuple[str, dict[Path, str]]:
+    """Decide the state of a diff against root and compute the new file texts (nothing written)."""
+    patches = parse_diff(diff_text)
+    forward: dict[Path, str] = {}
+    states = []
+    for fp in patches:
+        target = root / fp.path
+        if fp.create:
+            body = "\n".join(fp.hunks[0].new) + "\n" if fp.hunks else ""
+            if not target.exists():
+                forward[target] = body
+                states.append(APPLIED)
+            elif target.read_text(encoding="utf-8") == body:
+                states.append(ALREADY)
+            else:
+                raise ModFailure(f"{fp.path}: the patch creates this file, but it exists with other content")
+            continue
+        if not target.is_file():
+            raise ModFailure(f"{fp.path}: file to patch not found")
+        lines, final_nl = _split(target.read_text(encoding="utf-8"))
+        if isinstance(_apply_hunks(fp.path, lines, fp.hunks, reverse=True), list):
+            states.append(ALREADY)
+            continue
+        result = _apply_hunks(fp.path, lines, fp.hunks, reverse=False)
+        if isinstance(result, str):
+            raise ModFailure(f"{fp.path}: hunk {result} does not match the file")
+        forward[target] = "\n".join(result) + ("\n" if final_nl else "")
+        states.append(APPLIED)
+    if all(s == ALREADY for s in states):
+        return ALREADY, {}
+    if any(s == ALREADY for s in states):
+        done = [fp.path for fp, s in zip(patches, states) if s == ALREADY]
+        raise ModFailure(f"partly applied already ({', '.join(done)}); refusing to mix")
+    return APPLIED, forward
+
+
+# ------------------------------------------------------------------ patchers and files
+
+
+def _load_patcher(path: Path):
+    spec = importlib.util.spec_from_file_location(f"sparkforge_patcher_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ModFailure(f"cannot load patcher {path.name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for attr in ("TARGETS", "is_applied", "transform"):
+        if not hasattr(module, attr):
+            raise ModFailure(f"patcher {path.name} does not define {attr}")
+    return module
+
+
+def plan_patcher(name: str, patcher: Path, root: Path) -> tuple[str, dict[Path, str]]:
+    module = _load_patcher(patcher)
+    sources = {}
+    for rel in module.TARGETS:
+        target = root / rel
+        if not target.is_file():
+            raise ModFailure(f"{rel}: file to patch not found")
+        sources[rel] = target.read_text(encoding="utf-8")
+    if module.is_applied(dict(sources)):
+        return ALREADY, {}
+    try:
+        result = module.transform(dict(sources))
+    except ValueError as exc:
+        raise ModFailure(str(exc)) from None
+    if set(result) - set(sources):
+        raise ModFailure(f"patcher changed files it does not list in TARGETS: {sorted(set(result) - set(sources))}")
+    if not module.is_applied({**sources, **result}):
+        raise ModFailure("patcher ran, but is_applied() is still false on its result")
+    return APPLIED, {root / rel: text for rel, text in result.items() if text != sources[rel]}
+
+
+def _dest(root: Path, dest: str) -> Path:
+    return root / dest.lstrip("/")
+
+
+def plan_files(spec: dict, folder: Path, root: Path) -> tuple[str, dict[Path, bytes], dict[Path, int]]:
+    writes: dict[Path, bytes] = {}
+    modes: dict[Path, int] = {}
+    states = []
+    for item in spec["files"]:
+        body = (folder / item["src"]).read_bytes()
+        target = _dest(root, item["dest"])
+        mode = int(item.get("mode", "0644"), 8)
+        if target.exists():
+            if target.read_bytes() != body:
+                raise ModFailure(f"{item['dest']}: exists with other content; refusing to overwrite")
+            states.append(ALREADY)
+        else:
+            writes[target] = body
+            modes[target] = mode
+            states.append(APPLIED)
+    if all(s == ALREADY for s in states):
+        return ALREADY, {}, {}
+    return APPLIED, writes, modes
+
+
+def _write_all(writes: dict[Path, str | bytes], modes: dict[Path, int] | None = None) -> None:
+    """Write every file to a temporary sibling first, then rename them all into place."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for target, body in writes.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(body.encode("utf-8") if isinstance(body, str) else body)
+            mode = (modes or {}).get(target)
+            if mode is None:
+                mode = target.stat().st_mode & 0o7777 if target.exists() else 0o644
+            os.chmod(tmp, mode)
+            staged.append((Path(tmp), target))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, target in staged:
+        os.replace(tmp, target)
+
+
+def apply_mod(spec: dict, folder: Path, root: Path) -> Result:
+    """Apply one mod to the tree at root: applied, already applied, or failed (nothing written)."""
+    name = spec["name"]
+    try:
+        if spec["kind"] == "patch":
+            state, writes = plan_patch(name, (folder / spec["patch"]).read_text(encoding="utf-8"), root)
+            modes = None
+        elif spec["kind"] == "patcher":
+            state, writes = plan_patcher(name, folder / spec["patcher"], root)
+            modes = None
+        elif spec["kind"] == "files":
+            state, writes, modes = plan_files(spec, folder, root)
+        else:
+            raise ModFailure(f"unknown kind {spec['kind']!r}")
+        if state == APPLIED:
+            _write_all(writes, modes)
+        return Result(name, state)
+    except ModFailure as exc:
+        return Result(name, FAILED, str(exc))
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        return Result(name, FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def verify_mod(spec: dict, root: Path, *, in_image: bool) -> list[tuple[str, str, str]]:
+    """Run a mod's verify checks: (check, ok|failed|skipped, detail) for each."""
+    out = []
+    for check in spec.get("verify", []):
+        if check.get("python") is not None:
+            label = f"python: {check['python']}"
+            if not in_image:
+                out.append((label, "skipped", "runs only inside a built image"))
+                continue
+            proc = subprocess.run([sys.executable, "-c", check["python"]], capture_output=True, text=True)
+            tail = (proc.stderr.strip().splitlines() or [""])[-1]
+            out.append((label, "ok" if proc.returncode == 0 else "failed", tail))
+        else:
+            label = f"{check['file']} contains {check['contains']!r}"
+            target = _dest(root, check["file"])
+            if not target.is_file():
+                out.append((label, "failed", f"{check['file']} not found"))
+            elif check["contains"] in target.read_text(encoding="utf-8", errors="replace"):
+                out.append((label, "ok", ""))
+            else:
+                out.append((label, "failed", "string not found"))
+    return out
+
+
+# ------------------------------------------------------------------ in the image
+
+
+def component_root(component: str) -> Path:
+    """Where an installed component's tree is rooted: the folder that holds its package."""
+    if component == "image":
+        return Path("/")
+    spec = importlib.util.find_spec(component.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        raise ModFailure(f"component {component!r} is not installed")
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def protect(names: list[str], out_dir: Path) -> dict[str, str]:
+    """Record what the base image installed for the protected packages, as pip constraints."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "protected.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
+    (out_dir / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(found.items())))
+    return found
+
+
+def check_protected(out_dir: Path) -> list[str]:
+    """Names whose installed version differs from what the base image had."""
+    recorded = json.loads((out_dir / "protected.json").read_text())
+    changed = []
+    for name, version in sorted(recorded.items()):
+        try:
+            now = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            now = "absent"
+        if now != version:
+            changed.append(f"{name} {version} -> {now}")
+    return changed
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    folder = Path(args.mod)
+    spec = json.loads((folder / "mod.json").read_text())
+    try:
+        root = Path(args.root) if args.root else component_root(spec["component"])
+    except ModFailure as exc:
+        print(f"mod {spec['name']}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    result = apply_mod(spec, folder, root)
+    print(result.line(), file=sys.stderr if result.state == FAILED else sys.stdout)
+    if result.state == FAILED:
+        return 1
+    bad = [c for c in verify_mod(spec, root, in_image=False) if c[1] == "failed"]
+    if bad:
+        print(f"mod {spec['name']}: FAILED: verify: {bad[0][0]}: {bad[0][2]}", file=sys.stderr)
+        return 1
+    if args.record:
+        record = Path(args.record)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"name": spec["name"], "result": result.state, "phase": spec["phase"], "root": str(root)}
+        record.write_text(json.dumps(entry, sort_keys=True) + "\n")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    failed = 0
+    for folder in args.mods:
+        spec = json.loads((Path(folder) / "mod.json").read_text())
+        root = Path(args.root) if args.root else component_root(spec["component"])
+        for label, state, detail in verify_mod(spec, root, in_image=True):
+            print(f"{spec['name']}\t{state}\t{label}" + (f"\t{detail}" if detail else ""))
+            failed += state == "failed"
+    return 1 if failed else 0
+
+
+def _cmd_protect(args: argparse.Namespace) -> int:
+    found = protect(args.names, Path(args.out))
+    for name in args.names:
+        print(f"protect {name}: {found.get(name, 'not installed in the base')}")
+    return 0
+
+
+def _cmd_check_protected(args: argparse.Namespace) -> int:
+    changed = check_protected(Path(args.dir))
+    for line in changed:
+        print(f"protected package replaced: {line}", file=sys.stderr)
+    return 1 if changed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="imagetool", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("apply", help="apply one mod (a folder holding mod.json and its assets)")
+    p.add_argument("mod")
+    p.add_argument("--root", help="the component root (default: found from the installed package)")
+    p.add_argument("--record", help="write the result to this JSON file")
+    p.set_defaults(func=_cmd_apply)
+    p = sub.add_parser("verify", help="run the verify checks of mods")
+    p.add_argument("mods", nargs="+")
+    p.add_argument("--root")
+    p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("protect", help="record the base's versions of packages pip must not replace")
+    p.add_argument("--out", required=True)
+    p.add_argument("names", nargs="*")
+    p.set_defaults(func=_cmd_protect)
+    p = sub.add_parser("check-protected", help="fail if a protected package was replaced")
+    p.add_argument("dir")
+    p.set_defaults(func=_cmd_check_protected)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

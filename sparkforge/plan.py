@@ -1,0 +1,339 @@
+"""Plan stage: resolve a recipe and its mods into one frozen, printable Plan.
+
+The Plan is everything the image will contain. It never touches Docker, and the same Plan
+always gives the same immutable tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from . import __version__
+from .config import (
+    DIGEST_RE,
+    REPOSITORY_RE,
+    TAG_RE,
+    ModSpec,
+    Recipe,
+    Unknown,
+    load_mod,
+    load_variant,
+)
+from .errors import ConfigError
+
+DEFAULT_IMAGE = "sparkforge/vllm"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the project's inputs live."""
+
+    images_dir: Path
+    mods_dir: Path
+    template: Path
+    imagetool: Path
+
+    @classmethod
+    def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
+                mods_dir: Path | None = None) -> "Layout":
+        return cls(
+            images_dir=images_dir or root / "images",
+            mods_dir=mods_dir or root / "mods",
+            template=root / "Dockerfile.j2",
+            imagetool=Path(__file__).resolve().parent / "imagetool.py",
+        )
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A pinned value, or the reason it is not known yet."""
+
+    value: str | None
+    unknown: str | None = None
+
+    @classmethod
+    def of(cls, raw: str | Unknown | None, missing: str) -> "Pin":
+        if isinstance(raw, Unknown):
+            return cls(None, raw.unknown)
+        if raw is None:
+            return cls(None, missing)
+        return cls(raw)
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    repository: str
+    tag: str
+    digest: Pin
+
+    @property
+    def ref(self) -> str:
+        ref = f"{self.repository}:{self.tag}"
+        return f"{ref}@{self.digest.value}" if self.digest.value else ref
+
+
+@dataclass(frozen=True)
+class Vllm:
+    source: str  # "git": clone and compile; "pypi": install the release wheel
+    version: str
+    repo: str | None
+    ref: str | None
+    commit: Pin
+    install_deps: bool
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    kind: str  # "pip" or "git"
+    package: str | None
+    version: Pin
+    repo: str | None
+    ref: str | None
+    commit: Pin
+    dest: str | None
+    pip_install: bool = False
+
+    @property
+    def requirement(self) -> str:
+        """The pip requirement of a pip component: pinned, or bare when the version is unknown."""
+        return f"{self.package}=={self.version.value}" if self.version.value else str(self.package)
+
+
+@dataclass(frozen=True)
+class BuildArgs:
+    torch_cuda_arch_list: str
+    max_jobs: int
+    nvcc_threads: int
+
+
+@dataclass(frozen=True)
+class Mod:
+    name: str
+    digest: str  # sha256 over the mod folder's files
+    folder: str
+    spec: ModSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    variant: str
+    chain: tuple[str, ...]
+    recipe_files: tuple[str, ...]
+    description: str
+    image: str
+    base: BaseImage
+    os_packages: tuple[str, ...]
+    vllm: Vllm
+    components: tuple[Component, ...]
+    protect: tuple[str, ...]
+    build: BuildArgs
+    env: tuple[tuple[str, str], ...]
+    mods: tuple[Mod, ...]
+    tooling_digest: str
+    tool_version: str = __version__
+    plan_hash: str = field(default="", compare=False)
+
+    @property
+    def tag(self) -> str:
+        """The immutable tag: the same plan always gives the same tag."""
+        return f"{self.image}:{self.variant}-{self.plan_hash[:12]}"
+
+    @property
+    def moving_tag(self) -> str:
+        return f"{self.image}:{self.variant}"
+
+    def mods_in(self, phase: str) -> tuple[Mod, ...]:
+        return tuple(m for m in self.mods if m.spec.phase == phase)
+
+    def unpinned(self) -> list[tuple[str, str]]:
+        """Every value that is not pinned yet, with the reason the recipe gives."""
+        out = []
+        if self.base.digest.value is None:
+            out.append(("base.digest", self.base.digest.unknown or ""))
+        if self.vllm.source == "git" and self.vllm.commit.value is None:
+            out.append(("vllm.commit", self.vllm.commit.unknown or ""))
+        for c in self.components:
+            if c.kind == "git" and c.commit.value is None:
+                out.append((f"components.{c.name}.commit", c.commit.unknown or ""))
+            if c.kind == "pip" and c.version.value is None:
+                out.append((f"components.{c.name}.version", c.version.unknown or ""))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _jsonable(self)
+        data["tag"] = self.tag
+        data["moving_tag"] = self.moving_tag
+        data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the image's content, and so the tag (not the description)."""
+        data = _jsonable(self)
+        for key in ("plan_hash", "description", "recipe_files"):
+            data.pop(key)
+        for mod in data["mods"]:
+            mod.pop("folder")
+        return data
+
+
+def _jsonable(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, ModSpec):
+        return obj.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(obj, (tuple, list)):
+        return [_jsonable(x) for x in obj]
+    return obj
+
+
+def digest_tree(folder: Path) -> str:
+    """sha256 over the relative paths and bytes of every file below folder, in sorted order."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        rel = path.relative_to(folder).as_posix()
+        h.update(rel.encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def digest_files(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
+    """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base."""
+    name, _, digest = ref.partition("@")
+    repo, sep, tag = name.rpartition(":")
+    if not sep or "/" in tag:
+        repo, tag = name, "latest"
+    if not REPOSITORY_RE.match(repo) or not TAG_RE.match(tag) or (digest and not DIGEST_RE.match(digest)):
+        raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source)
+    pin = Pin(digest) if digest else Pin(None, f"base given as {ref} with {source}, without a digest")
+    return BaseImage(repo, tag, pin)
+
+
+def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
+    """Turn a merged recipe into a Plan, checking that it is complete and consistent."""
+    data = recipe.data
+    leaf = layout.images_dir / f"{recipe.variant}.yaml"
+
+    def need(value: Any, fld: str) -> Any:
+        if value is None:
+            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf, field=fld)
+        return value
+
+    b = need(data.base, "base")
+    base_image = BaseImage(need(b.repository, "base.repository"), need(b.tag, "base.tag"),
+                           Pin.of(need(b.digest, "base.digest"), ""))
+    if base is not None:
+        base_image = parse_image_ref(base)
+
+    v = need(data.vllm, "vllm")
+    source = need(v.source, "vllm.source")
+    version = need(v.version, "vllm.version")
+    if source == "git":
+        vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
+                    Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
+    else:
+        for fld in ("repo", "ref", "commit"):
+            if getattr(v, fld) is not None:
+                raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
+                                  field=f"vllm.{fld}")
+        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps)
+
+    components = []
+    for name, c in sorted((data.components or {}).items()):
+        if c is None:
+            continue
+        fld = f"components.{name}"
+        if c.pip and not c.git:
+            if c.ref or c.commit or c.dest or c.pip_install is not None:
+                raise ConfigError("a pip component takes only pip and version", path=leaf, field=fld)
+            components.append(Component(name, "pip", c.pip, Pin.of(need(c.version, f"{fld}.version"), ""),
+                                        None, None, Pin(None), None))
+        elif c.git and not c.pip:
+            if c.version:
+                raise ConfigError("a git component is pinned by ref and commit, not version", path=leaf,
+                                  field=f"{fld}.version")
+            components.append(Component(name, "git", None, Pin(None), c.git, need(c.ref, f"{fld}.ref"),
+                                        Pin.of(need(c.commit, f"{fld}.commit"), ""),
+                                        need(c.dest, f"{fld}.dest"), bool(c.pip_install)))
+        else:
+            raise ConfigError("a component is either pip (with version) or git (with ref, commit, dest)",
+                              path=leaf, field=fld)
+
+    bs = need(data.build, "build")
+    build = BuildArgs(need(bs.torch_cuda_arch_list, "build.torch_cuda_arch_list"),
+                      bs.max_jobs or 4, bs.nvcc_threads or 2)
+
+    known_components = {"vllm", "image"} | {c.name for c in components}
+    mods = []
+    env: dict[str, str] = {}
+    for name in data.mods or []:
+        spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
+        _check_mod_fits(spec, folder, vllm, known_components, leaf)
+        mods.append(Mod(name, digest_tree(folder), str(folder), spec))
+        if spec.env:
+            env[spec.env.name] = spec.env.default
+    for key, value in (data.env or {}).items():
+        if value is not None:
+            env[key] = value
+
+    plan = Plan(
+        variant=recipe.variant,
+        chain=recipe.chain,
+        recipe_files=recipe.files,
+        description=(data.description or "").strip(),
+        image=data.image or DEFAULT_IMAGE,
+        base=base_image,
+        os_packages=tuple(data.os_packages or ()),
+        vllm=vllm,
+        components=tuple(components),
+        protect=tuple(data.protect or ()),
+        build=build,
+        env=tuple(sorted(env.items())),
+        mods=tuple(mods),
+        tooling_digest=digest_files(layout.template, layout.imagetool),
+    )
+    canonical = json.dumps(plan.identity(), sort_keys=True, separators=(",", ":"))
+    return _with_hash(plan, hashlib.sha256(canonical.encode()).hexdigest())
+
+
+def _with_hash(plan: Plan, plan_hash: str) -> Plan:
+    values = {f.name: getattr(plan, f.name) for f in fields(plan)} | {"plan_hash": plan_hash}
+    return Plan(**values)
+
+
+def _check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
+    where = f"mods: {spec.name}"
+    if spec.component not in components:
+        raise ConfigError(f"targets component {spec.component!r}, which this variant does not have",
+                          path=leaf, field=where)
+    if spec.phase == "source" and (spec.component != "vllm" or vllm.source != "git"):
+        raise ConfigError("is a source-phase mod, but this variant builds no vLLM source tree "
+                          "(vllm.source is not git)", path=leaf, field=where)
+    if spec.component in ("vllm", "image") and spec.targets.versions:
+        wanted = SpecifierSet(spec.targets.versions)
+        if not wanted.contains(Version(vllm.version), prereleases=True):
+            raise ConfigError(f"targets vllm {spec.targets.versions}, but this variant pins vllm {vllm.version}",
+                              path=leaf, field=where)
+
+
+def plan_variant(layout: Layout, variant: str, *, base: str | None = None) -> Plan:
+    """Config and plan stages in one call: load the recipe chain and resolve it."""
+    return resolve(load_variant(layout.images_dir, variant), layout, base=base)

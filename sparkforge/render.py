@@ -1,0 +1,119 @@
+"""Render stage: a Plan becomes a build context (Dockerfile, plan.json, mods, imagetool).
+
+Rendering is deterministic: the same Plan always gives byte-identical files. It never touches
+Docker. The context is written to a temporary sibling and swapped in whole, so a failed render
+never leaves a half-written directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from .errors import SparkforgeError
+from .plan import Layout, Plan
+
+DOCKERFILE = "Dockerfile"
+MANAGED_MARK = ".sparkforge-context"
+
+
+@dataclass(frozen=True)
+class Context:
+    """A rendered build context on disk."""
+
+    path: Path
+    files: tuple[str, ...]
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.path / DOCKERFILE
+
+
+def _environment(template_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render_dockerfile(plan: Plan, layout: Layout) -> str:
+    env = _environment(layout.template.parent)
+    template = env.get_template(layout.template.name)
+    cutlass = next((c for c in plan.components if c.name == "cutlass" and c.kind == "git"), None)
+    text = template.render(
+        plan=plan,
+        git_components=[c for c in plan.components if c.kind == "git"],
+        pip_components=[c for c in plan.components if c.kind == "pip"],
+        cutlass_dest=cutlass.dest if cutlass else None,
+        source_mods=plan.mods_in("source"),
+        install_mods=plan.mods_in("install"),
+        mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),
+    )
+    # Collapse runs of blank lines left by template conditionals.
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.strip() == "" and (not lines or lines[-1] == ""):
+            continue
+        lines.append(line.rstrip())
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def context_files(plan: Plan, layout: Layout) -> dict[str, bytes]:
+    """Every file of the build context, by relative path."""
+    files: dict[str, bytes] = {
+        DOCKERFILE: render_dockerfile(plan, layout).encode(),
+        "plan.json": plan.to_json().encode(),
+        "sparkforge/imagetool.py": layout.imagetool.read_bytes(),
+        MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
+    }
+    for mod in plan.mods:
+        folder = Path(mod.folder)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            rel = path.relative_to(folder).as_posix()
+            if rel == "mod.yaml":
+                continue
+            files[f"mods/{mod.name}/{rel}"] = path.read_bytes()
+        spec = mod.spec.model_dump(mode="json")
+        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+    return dict(sorted(files.items()))
+
+
+def render_context(plan: Plan, layout: Layout, out_dir: Path) -> Context:
+    """Write the build context to out_dir, replacing a context that sparkforge rendered there before."""
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANAGED_MARK).exists():
+        raise SparkforgeError("exists and was not rendered by sparkforge; choose an empty or new folder",
+                              path=out_dir)
+    files = context_files(plan, layout)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for rel, body in files.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(body)
+            mode = 0o755 if rel.endswith(".py") and body.startswith(b"#!") else 0o644
+            os.chmod(target, mode)
+        os.chmod(staging, 0o755)
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+            os.replace(out_dir, old / "ctx")
+            os.replace(staging, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Context(out_dir, tuple(files))
