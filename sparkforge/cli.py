@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from packaging.version import Version
 from rich.console import Console
 from rich.table import Table
 
@@ -31,8 +32,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+def _console(stderr: bool = False) -> Console:
+    # Tables stay readable in logs and pipes, where there is no terminal width to fit.
+    probe = Console(stderr=stderr)
+    width = None if probe.is_terminal else 200
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+out = _console()
+err = _console(stderr=True)
 
 
 class State:
@@ -119,6 +127,86 @@ def render(
     plan = _plan(variant, base)
     ctx = render_context(plan, State.layout, output or PROJECT_ROOT / "build" / variant)
     out.print(f"rendered {plan.tag} to {ctx.path} ({len(ctx.files)} files)")
+
+
+STATE_STYLE = {"applied": "green", "already": "cyan", "failed": "bold red", "unverified": "yellow"}
+
+
+@app.command("check-mods")
+def check_mods(
+    variants: list[str] = typer.Argument(None, help="Variants to check (default with --all: every variant)."),
+    all_variants: bool = typer.Option(False, "--all", help="Check every variant in images/."),
+    show_matrix: bool = typer.Option(False, "--matrix", help="Also try each vLLM mod against a range of releases."),
+    since: str = typer.Option("0.15.0", help="First vLLM release of --matrix."),
+    until: Optional[str] = typer.Option(None, help="Last vLLM release of --matrix (default: the newest)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail also when a source could not be fetched."),
+) -> None:
+    """Prove that each mod applies to the real source it targets.
+
+    For each variant, fetch the pinned source of every component its mods edit (vLLM releases
+    from PyPI, cached; git where a commit is reachable), apply the variant's mods in order to a
+    scratch copy, run each mod's checks, and apply again to show it is detected as already
+    applied. Exits 1 when a mod fails (with --strict, also when a source could not be fetched).
+    """
+    import tempfile
+
+    from .checkmods import FAILED, UNVERIFIED, applies_ranges, check_variant, matrix
+    from .sources import release_versions
+
+    names = list(variants or [])
+    if all_variants:
+        names = list_variants(State.layout.images_dir)
+    if not names:
+        raise SparkforgeError("name at least one variant, or use --all", field="check-mods")
+    plans = [_plan(n) for n in names]
+    table = Table(box=None, pad_edge=False)
+    for col in ("variant", "mod", "result", "checked against", "detail"):
+        table.add_column(col)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
+        for plan in plans:
+            err.print(f"checking {plan.variant} ({len(plan.mods)} mods)")
+            for row in check_variant(plan, Path(work)):
+                rows.append(row)
+                table.add_row(row.variant, row.mod, f"[{STATE_STYLE[row.state]}]{row.state}[/]",
+                              row.source, row.detail)
+            if not plan.mods:
+                table.add_row(plan.variant, "-", "no mods", "", "")
+        out.print(table)
+        failed = [r for r in rows if r.state == FAILED]
+        unverified = [r for r in rows if r.state == UNVERIFIED]
+        out.print(f"{len(rows)} checked: {len(rows) - len(failed) - len(unverified)} ok, "
+                  f"{len(failed)} failed, {len(unverified)} unverified (source not reachable from here)")
+        matrix_failed = False
+        if show_matrix:
+            mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}
+            versions = [v for v in release_versions("vllm")
+                        if Version(v) >= Version(since) and (until is None or Version(v) <= Version(until))]
+            cells = matrix(list(mods.values()), versions, Path(work),
+                           progress=lambda v: err.print(f"matrix: vllm {v}"))
+            mt = Table(box=None, pad_edge=False, title="mods x vLLM releases (! = differs from the mod's targets)")
+            mt.add_column("vllm")
+            for name in mods:
+                mt.add_column(name)
+            for version in versions:
+                marks = []
+                for name in mods:
+                    cell = next(c for c in cells if c.mod == name and c.version == version)
+                    ok = cell.state in ("applied", "already")
+                    mark = {True: "[green]applies[/]", False: "[red]fails[/]"}[ok]
+                    if cell.state == UNVERIFIED:
+                        mark = "[yellow]unverified[/]"
+                    elif ok != cell.declared:
+                        mark += "!"
+                        matrix_failed |= cell.declared  # declared but does not apply
+                    marks.append(mark)
+                mt.add_row(version, *marks)
+            out.print(mt)
+            for name, mod in mods.items():
+                runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in applies_ranges(cells, name)) or "none"
+                out.print(f"{name}: applies to vllm {runs}; declares {mod.spec.targets.versions}")
+    if failed or matrix_failed or (strict and unverified):
+        raise typer.Exit(1)
 
 
 def run() -> None:

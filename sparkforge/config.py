@@ -266,17 +266,25 @@ def read_yaml(path: Path) -> Any:
 
 
 def _validation_error(exc: ValidationError, path: Path) -> ConfigError:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "union[")))
-    # Pydantic nests union branches in the location; keep the path the user wrote.
-    loc = re.sub(r"\.(str|Unknown|list\[str\]|ModChanges|ComponentSpec|none)\b.*$", "", loc)
-    msg = err["msg"]
+    errors = exc.errors()
+    # Of the branches of a union, report the one the user meant: a value error over a type mismatch.
+    err = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
+    parts = [str(p) for p in err["loc"]]
+    loc = ".".join(p for p in parts if p not in _UNION_BRANCHES and not p.startswith("function-"))
+    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "required field is missing"
-    msg = msg.removeprefix("Value error, ")
+    elif err["type"] == "string_type":
+        msg = f"expected a string, got {type(err['input']).__name__} (quote numbers in YAML)"
+    elif err["type"].endswith("_type"):
+        msg = f"{msg}, got {type(err['input']).__name__}"
     return ConfigError(msg, path=path, field=loc or None)
+
+
+_UNION_BRANCHES = {"str", "Unknown", "list[str]", "ModChanges", "ComponentSpec", "[key]", "none",
+                   "function-after[check(), str]", "function-after[_pep440(), str]"}
 
 
 def load_recipe_file(path: Path) -> RecipeFile:

@@ -72,7 +72,7 @@ class FakeEngine:
             raise ValueError("max_tokens 4242 exceeds the fake context")
         if "prompt_token_ids" in prompt:
             ids = list(prompt["prompt_token_ids"])
-            text = prompt.get("prompt", " ".join(map(str, ids)))
+            text = "".join(chr(i) for i in ids)
         else:
             text = prompt["prompt"]
             ids = [ord(c) for c in text]
@@ -312,8 +312,8 @@ def test_resolve_sampling_merges_model_defaults():
 def test_prepare_prompt_renders_chat_template():
     chat = st.parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
     prompt = st.prepare_prompt(chat, FakeTokenizer())
-    assert prompt["prompt"] == "[user]hi[assistant]"
-    assert prompt["prompt_token_ids"] == [ord(c) for c in "[user]hi[assistant]"]
+    # token ids only (the template already holds the special tokens; keeps the broadcast small)
+    assert prompt == {"prompt_token_ids": [ord(c) for c in "[user]hi[assistant]"]}
     comp = st.parse_completion_request({"prompt": "abc"})
     assert st.prepare_prompt(comp, None) == {"prompt": "abc"}
     import pytest
@@ -464,6 +464,26 @@ def test_stop_fails_outstanding_requests():
     assert loop.run() == 1
     assert running.future.exception(0).status == 503
     assert queued.future.exception(0).status == 503
+
+
+def test_handshake_detects_disagreeing_ranks():
+    import pytest
+
+    class Args:
+        model = "m"
+        seed = 0
+        tensor_parallel_size = 2
+        dtype = "auto"
+
+    infos = [st.handshake_info(r, Args(), str(SCRIPT)) for r in range(2)]
+    assert infos[0]["script_sha256"] == infos[1]["script_sha256"] and len(infos[0]["script_sha256"]) == 64
+    assert infos[0]["proto"] == st.CONTROL_PROTOCOL
+    st.check_handshake(infos)
+    infos[1]["seed"] = 1
+    with pytest.raises(st.ControlPlaneError, match="seed"):
+        st.check_handshake(infos)
+    with pytest.raises(st.ControlPlaneError, match="rank"):
+        st.check_handshake([dict(infos[0]), dict(infos[0])])
 
 
 # --------------------------------------------------------------------------------------
@@ -663,6 +683,157 @@ def test_gloo_broadcast_two_processes(tmp_path):
     assert r0["results"] == {"alpha": "<ahpla>", "beta": "<ateb>", "gamma": "<ammag>", "delta": "<atled>"}
     assert r1["results"] == {}
     assert r0["world"] == r1["world"] == 2
+    assert r0["handshake"] == r1["handshake"] and [i["rank"] for i in r0["handshake"]] == [0, 1]
+
+
+# A stand-in for the few vLLM modules main() imports, so that main() itself (argument
+# parsing, torch.distributed set-up, handshake, HTTP thread, signals, stop broadcast)
+# runs for real under two processes. Written to a temporary directory by the test.
+FAKE_VLLM = {
+    "vllm/__init__.py": "__version__ = '0.0.0+fake'\n",
+    "vllm/engine/__init__.py": "",
+    "vllm/utils/__init__.py": "",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/engine/__init__.py": "",
+    "vllm/utils/argparse_utils.py": "from argparse import ArgumentParser as FlexibleArgumentParser\n",
+    "vllm/sampling_params.py": (
+        "import enum\n"
+        "class RequestOutputKind(enum.Enum):\n"
+        "    CUMULATIVE = 0\n"
+        "    DELTA = 1\n"
+        "    FINAL_ONLY = 2\n"
+        "class SamplingParams:\n"
+        "    def __init__(self, **kw):\n"
+        "        self.__dict__.update(kw)\n"
+    ),
+    "vllm/engine/arg_utils.py": (
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class EngineArgs:\n"
+        "    model: str = 'fake'\n"
+        "    served_model_name: object = None\n"
+        "    seed: int = 0\n"
+        "    tensor_parallel_size: int = 1\n"
+        "    distributed_executor_backend: object = None\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(parser):\n"
+        "        parser.add_argument('--model', default='fake')\n"
+        "        parser.add_argument('--served-model-name', nargs='+', default=None)\n"
+        "        parser.add_argument('--seed', type=int, default=0)\n"
+        "        parser.add_argument('--tensor-parallel-size', type=int, default=1)\n"
+        "        parser.add_argument('--distributed-executor-backend', default=None)\n"
+        "        return parser\n"
+        "    @classmethod\n"
+        "    def from_cli_args(cls, args):\n"
+        "        names = [f.name for f in dataclasses.fields(cls)]\n"
+        "        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})\n"
+    ),
+    "vllm/v1/engine/llm_engine.py": (
+        "import os, types\n"
+        "import torch.distributed as dist\n"
+        "class _Tok:\n"
+        "    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):\n"
+        "        return ''.join(m['content'] for m in messages)\n"
+        "    def encode(self, text, add_special_tokens=True):\n"
+        "        return [ord(c) for c in text]\n"
+        "class LLMEngine:\n"
+        "    @classmethod\n"
+        "    def from_engine_args(cls, engine_args):\n"
+        "        assert engine_args.distributed_executor_backend == 'external_launcher'\n"
+        "        assert os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] == '0'\n"
+        "        dist.init_process_group('gloo', init_method='env://')\n"
+        "        assert dist.get_world_size() == engine_args.tensor_parallel_size\n"
+        "        return cls()\n"
+        "    def __init__(self):\n"
+        "        self.live = {}\n"
+        "        self.model_config = types.SimpleNamespace(max_model_len=128,\n"
+        "            get_diff_sampling_param=lambda: {'temperature': 0.5})\n"
+        "    def get_tokenizer(self):\n"
+        "        return _Tok()\n"
+        "    def add_request(self, request_id, prompt, params, arrival_time=None):\n"
+        "        assert params.output_kind.name == 'FINAL_ONLY' and params.temperature == 0.5\n"
+        "        ids = prompt.get('prompt_token_ids') or [ord(c) for c in prompt['prompt']]\n"
+        "        self.live[request_id] = [ids, params.max_tokens, 0]\n"
+        "    def abort_request(self, ids):\n"
+        "        for i in ids:\n"
+        "            self.live.pop(i, None)\n"
+        "    def has_unfinished_requests(self):\n"
+        "        return bool(self.live)\n"
+        "    def step(self):\n"
+        "        out = []\n"
+        "        for rid, st in list(self.live.items()):\n"
+        "            st[2] += 1\n"
+        "            if st[2] >= st[1]:\n"
+        "                del self.live[rid]\n"
+        "                text = ''.join(chr(i) for i in st[0])[::-1]\n"
+        "                c = types.SimpleNamespace(text=text, token_ids=list(range(st[2])), finish_reason='length')\n"
+        "                out.append(types.SimpleNamespace(request_id=rid, prompt_token_ids=st[0], outputs=[c],\n"
+        "                                                 finished=True))\n"
+        "        if out:\n"
+        "            print('RANK', os.environ['RANK'], 'FINISHED', len(out), flush=True)\n"
+        "        return out\n"
+    ),
+}
+
+
+def test_main_under_two_processes_with_stand_in_vllm(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch", reason="torch is not installed; main() needs torch.distributed (CPU is fine)")
+    import signal as _signal
+
+    fake = tmp_path / "fakevllm"
+    for rel, text in FAKE_VLLM.items():
+        path = fake / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    master, http_port = _free_port(), _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master), GLOO_SOCKET_IFNAME="lo",
+            PYTHONPATH=str(fake), VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        )
+        procs.append(subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--model", "fake", "--served-model-name", "fake-served",
+             "--tensor-parallel-size", "2", "--host", "127.0.0.1", "--port", str(http_port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as resp:
+                    assert resp.status == 200
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert all(p.poll() is None for p in procs), procs[0].communicate()[0][-3000:]
+                assert time.monotonic() < deadline, "rank 0 never became healthy"
+                time.sleep(0.1)
+        req = urllib.request.Request(
+            base + "/v1/chat/completions",
+            data=json.dumps({"model": "fake-served", "messages": [{"role": "user", "content": "abc"}],
+                             "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json"}, method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body = json.loads(resp.read())
+        assert body["choices"][0]["message"]["content"] == "cba"
+        assert body["model"] == "fake-served"
+        procs[0].send_signal(_signal.SIGTERM)
+        outs = [p.communicate(timeout=20)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    for rank, out in enumerate(outs):
+        assert f"RANK {rank} FINISHED 1" in out  # both engines ran the request
+        assert "stopped cleanly" in out
+    assert "overriding VLLM_ENABLE_V1_MULTIPROCESSING" in outs[0]
 
 
 def _gloo_worker(out_path):
@@ -674,6 +845,14 @@ def _gloo_worker(out_path):
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=30))
     group = st.make_gloo_group(30)
+
+    class Args:
+        model = "fake-model"
+        seed = 0
+        tensor_parallel_size = 2
+
+    infos = st.make_torch_all_gather(group)(st.handshake_info(rank, Args()))
+    st.check_handshake(infos)
     inner = st.make_torch_broadcast(group, src=0)
     received = []
 
@@ -714,6 +893,7 @@ def _gloo_worker(out_path):
                 "engine_log": engine.log,
                 "results": results,
                 "world": world,
+                "handshake": infos,
             }
         )
     )

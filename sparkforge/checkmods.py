@@ -1,0 +1,197 @@
+"""Check that each mod applies to the real source it targets, in a scratch copy.
+
+For every variant: fetch the pinned source of each component its mods edit, apply the mods
+in the variant's order with the same applier the image build uses, run each mod's file checks,
+and apply again to prove the second application is detected. Nothing here touches Docker.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from . import imagetool, sources
+from .plan import Mod, Plan
+
+APPLIED, ALREADY, FAILED, UNVERIFIED = "applied", "already", "failed", "unverified"
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    mod: str
+    state: str  # applied | already | failed | unverified
+    detail: str
+    source: str  # what the mod was checked against
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """Where the source of a component at the variant's pin comes from."""
+
+    label: str
+    fetch: Callable[[], Path]
+
+
+def vllm_source(plan: Plan) -> SourceRef:
+    """The vLLM tree at the variant's pin: the release's sdist when the pin is that release
+    (for git pins: when the release records a commit that the pinned commit starts with), else git."""
+    v = plan.vllm
+    if v.source == "pypi":
+        return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
+    if v.commit.value is None:
+        def unpinned() -> Path:
+            raise sources.SourceUnavailable(f"vllm.commit is not pinned ({v.commit.unknown})")
+        return SourceRef(f"vllm {v.ref} (commit unknown)", unpinned)
+    commit = v.commit.value
+    version = Version(v.version)
+    if not version.is_prerelease and not version.is_devrelease:
+        def from_release() -> Path:
+            tree = sources.release_tree("vllm", v.version)
+            recorded = sources.recorded_commit(tree)
+            if not recorded or not commit.startswith(recorded):
+                raise sources.SourceUnavailable(
+                    f"the vllm {v.version} release records commit {recorded}, not {commit[:12]}")
+            return tree
+        return SourceRef(f"vllm {v.version} (PyPI, commit {commit[:9]})", from_release)
+    return SourceRef(f"vllm {commit[:12]} (git)", lambda: sources.git_tree(v.repo or "", commit, "vllm"))
+
+
+def _spec_dict(mod: Mod) -> dict:
+    return mod.spec.model_dump(mode="json")
+
+
+def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path) -> list[tuple[Mod, str, str]]:
+    """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
+
+    Each mod: apply, run its file checks, apply again (must be detected as already applied).
+    A failed mod leaves its files untouched, and the mods after it still run, so one broken mod
+    never hides the state of the next.
+    """
+    if tree is not None:
+        sources.scratch_copy(tree, scratch)
+    else:
+        scratch.mkdir(parents=True)
+    results = []
+    for mod in mods:
+        spec = _spec_dict(mod)
+        first = imagetool.apply_mod(spec, Path(mod.folder), scratch)
+        if first.state == imagetool.FAILED:
+            results.append((mod, FAILED, first.detail))
+            continue
+        bad = [c for c in imagetool.verify_mod(spec, scratch, in_image=False) if c[1] == "failed"]
+        if bad:
+            results.append((mod, FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
+            continue
+        second = imagetool.apply_mod(spec, Path(mod.folder), scratch)
+        if second.state != imagetool.ALREADY:
+            results.append((mod, FAILED, f"second application was {second.state}, not detected as already applied"))
+            continue
+        state = APPLIED if first.state == imagetool.APPLIED else ALREADY
+        results.append((mod, state, "" if state == APPLIED else "already present in the pristine source"))
+    return results
+
+
+def check_variant(plan: Plan, workdir: Path) -> list[Row]:
+    """Rows for each mod of a variant, in the variant's order."""
+    rows: dict[str, Row] = {}
+    groups: dict[str, list[Mod]] = {}
+    for mod in plan.mods:
+        groups.setdefault(mod.spec.component, []).append(mod)
+    for component, mods in groups.items():
+        # Source-phase mods run before install-phase ones, as in the build.
+        mods = sorted(mods, key=lambda m: m.spec.phase != "source")
+        if component == "image":
+            ref, tree = SourceRef("an empty image root", lambda: None), None
+        elif component == "vllm":
+            ref = vllm_source(plan)
+        else:
+            ref = _component_source(plan, component)
+        try:
+            tree = ref.fetch()
+        except sources.SourceUnavailable as exc:
+            for mod in mods:
+                rows[mod.name] = Row(plan.variant, mod.name, UNVERIFIED, str(exc), ref.label)
+            continue
+        scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
+        try:
+            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root"):
+                rows[mod.name] = Row(plan.variant, mod.name, state, detail, ref.label)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return [rows[m.name] for m in plan.mods]
+
+
+def _component_source(plan: Plan, component: str) -> SourceRef:
+    comp = next(c for c in plan.components if c.name == component)
+    if comp.kind == "pip" and comp.version.value:
+        project = (comp.package or "").split("[")[0]
+        return SourceRef(f"{project} {comp.version.value} (PyPI)",
+                         lambda: sources.release_tree(project, comp.version.value or ""))
+    if comp.kind == "git" and comp.commit.value:
+        package = component.replace("-", "_")
+        return SourceRef(f"{component} {comp.commit.value[:12]} (git)",
+                         lambda: sources.git_tree(comp.repo or "", comp.commit.value or "", package))
+
+    def unpinned() -> Path:
+        raise sources.SourceUnavailable(f"components.{component} is not pinned")
+    return SourceRef(f"{component} (unpinned)", unpinned)
+
+
+# ------------------------------------------------------------------ the release matrix
+
+
+@dataclass(frozen=True)
+class MatrixCell:
+    mod: str
+    version: str
+    state: str  # applied | already | failed | unverified
+    detail: str
+    declared: bool  # whether the mod's targets include this release
+
+
+def matrix(mods: list[Mod], versions: list[str], workdir: Path,
+           progress: Callable[[str], None] = lambda _: None) -> list[MatrixCell]:
+    """Try each vLLM mod alone against each release: where does it start and stop applying?"""
+    cells = []
+    for version in versions:
+        progress(version)
+        try:
+            tree = sources.release_tree("vllm", version)
+        except sources.SourceUnavailable as exc:
+            cells += [MatrixCell(m.name, version, UNVERIFIED, str(exc), _declares(m, version)) for m in mods]
+            continue
+        for mod in mods:
+            scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{version}-", dir=workdir))
+            try:
+                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root")
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            cells.append(MatrixCell(mod.name, version, state, detail, _declares(mod, version)))
+    return cells
+
+
+def _declares(mod: Mod, version: str) -> bool:
+    return SpecifierSet(mod.spec.targets.versions).contains(Version(version), prereleases=True)
+
+
+def applies_ranges(cells: list[MatrixCell], mod: str) -> list[tuple[str, str]]:
+    """Runs of consecutive releases where the mod applies, as (first, last)."""
+    runs: list[tuple[str, str]] = []
+    start = last = None
+    for cell in (c for c in cells if c.mod == mod):
+        if cell.state in (APPLIED, ALREADY):
+            start = start or cell.version
+            last = cell.version
+        elif start:
+            runs.append((start, last or start))
+            start = last = None
+    if start:
+        runs.append((start, last or start))
+    return runs

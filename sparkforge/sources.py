@@ -1,0 +1,262 @@
+"""Fetch the real source of a component at a pinned version, cached on disk.
+
+Releases come from a PyPI simple index (the sdist, or any wheel when a release has no sdist);
+every download is checked against the sha256 that the index gives. A commit that is not a
+release comes from git. Extracted trees are kept read-only in the cache and handed out as
+hard-linked scratch copies, which the applier can edit safely (it replaces files, never
+writes into them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html.parser
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh
+
+
+class SourceUnavailable(Exception):
+    """The source cannot be had from here (network, missing release); the message says why."""
+
+
+@dataclass(frozen=True)
+class Release:
+    project: str
+    version: str
+    filename: str
+    url: str
+    sha256: str | None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPARKFORGE_CACHE", Path.home() / ".cache" / "sparkforge"))
+
+
+def index_url() -> str:
+    return os.environ.get("SPARKFORGE_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data):
+        if self._href is not None:
+            self.links.append((data.strip(), self._href))
+            self._href = None
+
+
+def _get(url: str, timeout: float = 60) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceUnavailable(f"cannot fetch {url}: {reason}") from None
+
+
+def project_files(project: str, *, refresh: bool = False) -> list[tuple[str, str]]:
+    """(filename, url) of every file a project has on the index; the page is cached for a while."""
+    name = canonicalize_name(project)
+    cached = cache_dir() / "index" / f"{name}.html"
+    if refresh or not cached.exists() or time.time() - cached.stat().st_mtime > INDEX_TTL:
+        page_url = f"{index_url()}/{name}/"
+        body = _get(page_url)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        tmp.write_bytes(body)
+        os.replace(tmp, cached)
+    else:
+        page_url = f"{index_url()}/{name}/"
+    parser = _Links()
+    parser.feed(cached.read_text(encoding="utf-8", errors="replace"))
+    return [(text, urllib.parse.urljoin(page_url, href)) for text, href in parser.links]
+
+
+def _parse(filename: str) -> tuple[str, Version, bool] | None:
+    """(project, version, is_sdist) of a distribution file name, or None for anything else."""
+    try:
+        if filename.endswith(".whl"):
+            name, version, _, _ = parse_wheel_filename(filename)
+            return name, version, False
+        if filename.endswith(".tar.gz"):
+            name, version = parse_sdist_filename(filename)
+            return name, version, True
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+    return None
+
+
+def release_versions(project: str) -> list[str]:
+    """Final releases of a project on the index, oldest first."""
+    versions = set()
+    for filename, _ in project_files(project):
+        parsed = _parse(filename)
+        if parsed and not parsed[1].is_prerelease and not parsed[1].is_devrelease:
+            versions.add(parsed[1])
+    return [str(v) for v in sorted(versions)]
+
+
+def find_release(project: str, version: str) -> Release:
+    """The sdist of project==version, or a wheel when the release has no sdist."""
+    wanted = Version(version)
+    sdist = wheel = None
+    for filename, url in project_files(project):
+        parsed = _parse(filename)
+        if not parsed or parsed[1] != wanted:
+            continue
+        if parsed[2]:
+            sdist = (filename, url)
+        elif wheel is None or "x86_64" in filename:
+            wheel = (filename, url)
+    chosen = sdist or wheel
+    if chosen is None:
+        raise SourceUnavailable(f"{project} {version} has no sdist or wheel on {index_url()}")
+    filename, url = chosen
+    base, _, fragment = url.partition("#")
+    sha = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
+    return Release(project, version, filename, base, sha)
+
+
+def download(release: Release) -> Path:
+    """The release file, downloaded once into the cache and checked against its sha256."""
+    target = cache_dir() / "sources" / canonicalize_name(release.project) / release.filename
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    body = _get(release.url, timeout=600)
+    if release.sha256 and hashlib.sha256(body).hexdigest() != release.sha256:
+        raise SourceUnavailable(f"{release.filename}: sha256 does not match the index")
+    tmp = target.with_suffix(target.suffix + ".part")
+    tmp.write_bytes(body)
+    os.replace(tmp, target)
+    return target
+
+
+def _package_dir(project: str) -> str:
+    return canonicalize_name(project).replace("-", "_")
+
+
+def extract_tree(archive: Path, package: str) -> Path:
+    """Extract the package folder of an sdist or wheel once; return the root that holds it."""
+    root = cache_dir() / "trees" / archive.name
+    if (root / ".complete").exists():
+        return root
+    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
+    try:
+        if archive.name.endswith(".whl"):
+            with zipfile.ZipFile(archive) as zf:
+                for info in zf.infolist():
+                    if info.filename.startswith(f"{package}/") and not info.is_dir():
+                        zf.extract(info, staging)
+        else:
+            with tarfile.open(archive) as tf:
+                for member in tf.getmembers():
+                    parts = member.name.split("/", 1)
+                    if len(parts) == 2 and parts[1].startswith(f"{package}/") and member.isfile():
+                        member.name = parts[1]
+                        tf.extract(member, staging, filter="data")
+        if not (staging / package).is_dir():
+            raise SourceUnavailable(f"{archive.name} holds no {package}/ folder")
+        (staging / ".complete").write_text(archive.name + "\n")
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return root
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def recorded_commit(tree: Path, package: str = "vllm") -> str | None:
+    """The short commit a release records in <package>/_version.py (without setuptools-scm's 'g')."""
+    version_file = tree / package / "_version.py"
+    if not version_file.exists():
+        return None
+    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", version_file.read_text())
+    return m.group(1) if m else None
+
+
+def release_tree(project: str, version: str) -> Path:
+    """A cached, extracted tree of project==version from the index."""
+    return extract_tree(download(find_release(project, version)), _package_dir(project))
+
+
+def git_tree(repo: str, commit: str, package: str) -> Path:
+    """A cached tree of package/ at a commit, fetched with git into a bare partial mirror."""
+    root = cache_dir() / "trees" / f"git-{hashlib.sha256(repo.encode()).hexdigest()[:12]}-{commit}"
+    if (root / ".complete").exists():
+        return root
+    mirror = cache_dir() / "git" / hashlib.sha256(repo.encode()).hexdigest()[:16]
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], capture_output=True, text=True, env=env, timeout=900)
+
+    if not mirror.exists():
+        proc = git("clone", "--quiet", "--bare", "--filter=blob:none", repo, str(mirror))
+        if proc.returncode != 0:
+            shutil.rmtree(mirror, ignore_errors=True)
+            raise SourceUnavailable(f"git clone {repo} failed: {_last(proc.stderr)}")
+    if git("-C", str(mirror), "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        proc = git("-C", str(mirror), "fetch", "--quiet", "--filter=blob:none", "origin", commit)
+        if proc.returncode != 0:
+            raise SourceUnavailable(f"git fetch {repo} {commit} failed: {_last(proc.stderr)}")
+    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
+    try:
+        archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, f"{package}/"],
+                                 capture_output=True, env=env, timeout=900)
+        if archive.returncode != 0:
+            raise SourceUnavailable(f"git archive {commit} failed: {_last(archive.stderr.decode())}")
+        subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
+        (staging / ".complete").write_text(commit + "\n")
+        os.replace(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return root
+
+
+def _last(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def scratch_copy(tree: Path, dest: Path) -> Path:
+    """A hard-linked copy of a cached tree: cheap, and safe because the applier replaces files."""
+    shutil.copytree(tree, dest, copy_function=os.link, ignore=shutil.ignore_patterns(".complete"))
+    return dest

@@ -1,0 +1,94 @@
+# Rendered by sparkforge 0.1.0 from images/ng17e.yaml (variant ng17e <- ng17).
+# Do not edit: change the recipe and run `python build.py render ng17e` again.
+ARG BASE_IMAGE=nvcr.io/nvidia/vllm:26.02-py3
+
+# ---------------------------------------------------------------- base: the most stable layers
+FROM ${BASE_IMAGE} AS base
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# Versions of OS packages come from the pinned base image's apt sources.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ccache \
+ && rm -rf /var/lib/apt/lists/*
+COPY sparkforge/imagetool.py /opt/sparkforge/imagetool.py
+# Record the base's own builds of these packages; every later pip install is constrained to them.
+RUN python3 /opt/sparkforge/imagetool.py protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy
+
+# ---------------------------------------------------------------- component cutlass (v4.4.0)
+FROM base AS component-cutlass
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    mirror=/var/cache/sparkforge/git/cutlass; \
+    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/NVIDIA/cutlass.git "$mirror"; fi; \
+    git -C "$mirror" fetch --quiet --filter=blob:none origin v4.4.0; \
+    mkdir -p /opt/cutlass; \
+    git -C "$mirror" archive FETCH_HEAD | tar -x -C /opt/cutlass; \
+    git -C "$mirror" rev-parse FETCH_HEAD > /opt/cutlass/.sparkforge-commit
+
+# ---------------------------------------------------------------- vLLM source at 600a039f5
+FROM base AS vllm-source
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    mirror=/var/cache/sparkforge/git/vllm; \
+    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/vllm-project/vllm.git "$mirror"; fi; \
+    git -C "$mirror" fetch --quiet --filter=blob:none origin 600a039f572ac28128750f0463af428c5a260f1a; \
+    test "$(git -C "$mirror" rev-parse FETCH_HEAD)" = 600a039f572ac28128750f0463af428c5a260f1a; \
+    mkdir -p /workspace/vllm; \
+    git -C "$mirror" archive FETCH_HEAD | tar -x -C /workspace/vllm; \
+    git -C "$mirror" rev-parse FETCH_HEAD > /workspace/vllm/.sparkforge-commit
+
+# ---------------------------------------------------------------- compile (depends on no install-phase mod)
+FROM vllm-source AS vllm-build
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY --from=component-cutlass /opt/cutlass /opt/cutlass
+ARG TORCH_CUDA_ARCH_LIST='12.0a;12.1a'
+ARG MAX_JOBS=8
+ARG NVCC_THREADS=2
+WORKDIR /workspace/vllm
+RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
+    --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 use_existing_torch.py; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt -r requirements/build.txt; \
+    CCACHE_DIR=/root/.ccache \
+    SETUPTOOLS_SCM_PRETEND_VERSION=0.17.1rc1.dev158 \
+    VLLM_CUTLASS_SRC_DIR=/opt/cutlass \
+    python3 -m pip wheel --no-build-isolation --no-deps -w /wheels .
+
+# ---------------------------------------------------------------- runtime: installs, then mods, then metadata
+FROM base AS runtime
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /opt/sparkforge/record/vllm-commit
+COPY --from=component-cutlass /opt/cutlass /opt/cutlass
+RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
+    --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl
+RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt flashinfer-python==0.6.6 'ray[default]'
+RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+
+# ---------------------------------------------------------------- metadata: the most volatile layers
+COPY plan.json /opt/sparkforge/plan.json
+LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
+      org.opencontainers.image.version="0.17.1rc1.dev158" \
+      org.opencontainers.image.revision="600a039f572ac28128750f0463af428c5a260f1a" \
+      org.opencontainers.image.base.name="nvcr.io/nvidia/vllm:26.02-py3" \
+      org.opencontainers.image.base.digest="" \
+      io.sparkforge.variant="ng17e" \
+      io.sparkforge.chain="ng17e,ng17" \
+      io.sparkforge.plan-hash="aedd7bb8dbe075881d4ec807069b57958e77c52b265f0860d27486f2632900a7" \
+      io.sparkforge.arch-list="12.0a;12.1a" \
+      io.sparkforge.mods="" \
+      io.sparkforge.tool-version="0.1.0"

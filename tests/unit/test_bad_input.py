@@ -1,0 +1,172 @@
+"""Bad recipes and mods: each gives one line naming the file and the field, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """\
+base:
+  repository: example.org/base
+  tag: "1.0"
+  digest: {unknown: not resolved in this test}
+vllm:
+  source: pypi
+  version: "0.16.0"
+build:
+  torch_cuda_arch_list: "12.1a"
+mods: [good-mod]
+"""
+
+GOOD_MOD = """\
+name: good-mod
+summary: a test mod
+description: a test mod
+component: vllm
+targets: {versions: ">=0.16.0"}
+phase: install
+kind: patch
+patch: fix.patch
+verify:
+  - {file: vllm/x.py, contains: y}
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "good.yaml").write_text(GOOD)
+    mod = tmp_path / "mods" / "good-mod"
+    mod.mkdir(parents=True)
+    (mod / "mod.yaml").write_text(GOOD_MOD)
+    (mod / "fix.patch").write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-x\n+y\n")
+    return tmp_path
+
+
+def write(project: Path, rel: str, text: str) -> None:
+    path = project / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+def replace(project: Path, old: str, new: str, rel: str = "images/good.yaml") -> None:
+    path = project / rel
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new))
+
+
+def child(body: str) -> str:
+    return "extends: good\n" + textwrap.dedent(body)
+
+
+# Each case: (how to break the project, variant to show, file named, field or words named)
+CASES = {
+    "malformed yaml": (lambda p: write(p, "images/good.yaml", "base: [unclosed\n"), "good",
+                       "images/good.yaml", "malformed YAML: line"),
+    "not a mapping": (lambda p: write(p, "images/good.yaml", "- a\n- b\n"), "good",
+                      "images/good.yaml", "must be a YAML mapping"),
+    "unknown top key": (lambda p: replace(p, "mods:", "colour: red\nmods:"), "good",
+                        "images/good.yaml", "colour: unknown key"),
+    "unknown nested key": (lambda p: replace(p, '  tag: "1.0"', '  tag: "1.0"\n  tga: x'), "good",
+                           "images/good.yaml", "base.tga: unknown key"),
+    "wrong type": (lambda p: replace(p, '"12.1a"', "[12.1]"), "good",
+                   "images/good.yaml", "build.torch_cuda_arch_list"),
+    "unquoted version number": (lambda p: replace(p, 'version: "0.16.0"', "version: 0.16"), "good",
+                                "images/good.yaml", "vllm.version"),
+    "unknown variant": (lambda p: None, "nope", "images", "unknown variant 'nope'"),
+    "unknown parent": (lambda p: write(p, "images/kid.yaml", "extends: ghost\n"), "kid",
+                       "images/kid.yaml", "extends: unknown parent variant 'ghost'"),
+    "extends cycle": (lambda p: (write(p, "images/a.yaml", "extends: b\n"), write(p, "images/b.yaml", "extends: a\n")),
+                      "a", "images/b.yaml", "extends: extends forms a cycle: a -> b -> a"),
+    "self cycle": (lambda p: write(p, "images/a.yaml", "extends: a\n"), "a", "images/a.yaml", "cycle"),
+    "short commit": (lambda p: replace(p, "  source: pypi\n", "  source: git\n  repo: https://github.com/x/y.git\n"
+                                          "  ref: main\n  commit: 89a77b108\n"), "good",
+                     "images/good.yaml", "vllm.commit"),
+    "uppercase commit": (lambda p: replace(p, "  source: pypi\n", "  source: git\n  repo: https://github.com/x/y.git\n"
+                                              "  ref: main\n  commit: 89A77B10846FD96273CCE78D86D2556EA582D26E\n"),
+                         "good", "images/good.yaml", "vllm.commit"),
+    "shell in version": (lambda p: replace(p, '"0.16.0"', '"0.16.0; rm -rf /"'), "good",
+                         "images/good.yaml", "vllm.version"),
+    "shell in ref": (lambda p: replace(p, "  source: pypi\n", "  source: git\n  repo: https://github.com/x/y.git\n"
+                                          "  ref: $(reboot)\n  commit: {unknown: x}\n"), "good",
+                     "images/good.yaml", "vllm.ref"),
+    "shell in repo url": (lambda p: replace(p, "  source: pypi\n", "  source: git\n  repo: 'https://x.org/a`id`'\n"
+                                               "  ref: main\n  commit: {unknown: x}\n"), "good",
+                          "images/good.yaml", "vllm.repo"),
+    "shell in env value": (lambda p: replace(p, "mods:", "env:\n  A: '$(id)'\nmods:"), "good",
+                           "images/good.yaml", "env.A"),
+    "bad env name": (lambda p: replace(p, "mods:", "env:\n  1A: x\nmods:"), "good", "images/good.yaml", "env"),
+    "bad arch list": (lambda p: replace(p, '"12.1a"', '"sm_121"'), "good", "images/good.yaml",
+                      "build.torch_cuda_arch_list"),
+    "max_jobs out of range": (lambda p: replace(p, '"12.1a"', '"12.1a"\n  max_jobs: 0'), "good",
+                              "images/good.yaml", "build.max_jobs"),
+    "bad digest": (lambda p: replace(p, "{unknown: not resolved in this test}", "sha256:abc"), "good",
+                   "images/good.yaml", "base.digest"),
+    "empty unknown reason": (lambda p: replace(p, "{unknown: not resolved in this test}", "{unknown: ''}"),
+                             "good", "images/good.yaml", "base.digest"),
+    "missing field": (lambda p: replace(p, '  version: "0.16.0"\n', ""), "good", "images/good.yaml", "vllm.version"),
+    "missing field in child chain": (lambda p: (replace(p, "base:\n  repository: example.org/base\n", "base:\n"),
+                                                write(p, "images/kid.yaml", "extends: good\n")),
+                                     "kid", "images/kid.yaml", "base.repository"),
+    "unknown mod": (lambda p: replace(p, "[good-mod]", "[good-mod, ghost-mod]"), "good", "images/good.yaml",
+                    "unknown mod 'ghost-mod'"),
+    "mod listed twice": (lambda p: replace(p, "[good-mod]", "[good-mod, good-mod]"), "good", "images/good.yaml",
+                         "mods: a mod is listed twice"),
+    "remove a mod the parent lacks": (lambda p: write(p, "images/kid.yaml", child("mods: {remove: [other]}")),
+                                      "kid", "images/kid.yaml", "mods.remove: cannot remove 'other'"),
+    "add a mod twice": (lambda p: write(p, "images/kid.yaml", child("mods: {add: [good-mod]}")),
+                        "kid", "images/kid.yaml", "mods.add: cannot add 'good-mod'"),
+    "mod.yaml unknown key": (lambda p: replace(p, "phase: install", "phase: install\nphaze: x", "mods/good-mod/mod.yaml"),
+                             "good", "mods/good-mod/mod.yaml", "phaze: unknown key"),
+    "mod.yaml bad phase": (lambda p: replace(p, "phase: install", "phase: runtime", "mods/good-mod/mod.yaml"),
+                           "good", "mods/good-mod/mod.yaml", "phase"),
+    "mod.yaml missing asset": (lambda p: (p / "mods/good-mod/fix.patch").unlink(), "good",
+                               "mods/good-mod/mod.yaml", "patch: 'fix.patch' is not a file"),
+    "mod.yaml name mismatch": (lambda p: replace(p, "name: good-mod", "name: other-mod", "mods/good-mod/mod.yaml"),
+                               "good", "mods/good-mod/mod.yaml", "name:"),
+    "mod.yaml bad specifier": (lambda p: replace(p, '">=0.16.0"', '"sixteen"', "mods/good-mod/mod.yaml"),
+                               "good", "mods/good-mod/mod.yaml", "targets.versions"),
+    "mod outside its targets": (lambda p: replace(p, '">=0.16.0"', '">=0.17"', "mods/good-mod/mod.yaml"),
+                                "good", "images/good.yaml", "mods: good-mod: targets vllm >=0.17"),
+    "source mod on a pypi variant": (lambda p: replace(p, "phase: install", "phase: source", "mods/good-mod/mod.yaml"),
+                                     "good", "images/good.yaml", "mods: good-mod: is a source-phase mod"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_gives_one_line_and_exit_2(case: str, project: Path, cli) -> None:
+    breaker, variant, file_named, words = CASES[case]
+    breaker(project)
+    proc = cli("--images", str(project / "images"), "--mods", str(project / "mods"), "show", variant, cwd=project)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith(f"error: {file_named}"), lines[0]
+    assert words in lines[0], lines[0]
+
+
+def test_the_good_project_is_good(project: Path, cli) -> None:
+    proc = cli("--images", str(project / "images"), "--mods", str(project / "mods"), "show", "good", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "good-mod" in proc.stdout
+
+
+def test_render_refuses_a_folder_it_did_not_write(tmp_path: Path, cli) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    proc = cli("render", "ng17", "-o", str(tmp_path))
+    assert proc.returncode == 2
+    assert "was not rendered by sparkforge" in proc.stderr
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def test_bad_base_reference(cli) -> None:
+    proc = cli("show", "ng17", "--base", "not a ref!")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --base: 'not a ref!' is not an image reference REPOSITORY:TAG[@sha256:DIGEST]"
