@@ -67,8 +67,11 @@ BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the
 
 
 @app.command("list")
-def list_cmd() -> None:
+def list_cmd(names: bool = typer.Option(False, "--names", help="Print only the variant names.")) -> None:
     """List the variants with their parent, vLLM and mods."""
+    if names:
+        out.print("\n".join(list_variants(State.layout.images_dir)))
+        return
     table = Table(box=None, pad_edge=False)
     for col in ("variant", "parent", "vllm", "mods", "unpinned"):
         table.add_column(col)
@@ -210,24 +213,12 @@ def check_mods(
 
 
 def run() -> None:
-    """Entry point: run the app and turn sparkforge errors into one line and an exit code."""
+    """Entry point: typer handles usage errors (exit 2); sparkforge errors become one line."""
     try:
-        app(standalone_mode=False)
+        app()
     except SparkforgeError as exc:
         err.print(f"error: {exc}", markup=False)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("aborted", markup=False)
-        sys.exit(130)
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise

@@ -199,16 +199,24 @@ class ModFile(Strict):
 
 
 class ModVerify(Strict):
-    """One check that a mod took effect: a file that contains a string, or a Python one-liner."""
+    """One check that a mod took effect: a file that contains a string, or a Python one-liner.
+
+    A Python check runs inside the built image with the component root as working directory;
+    `needs` names modules it imports, and the check is skipped (and reported so) where they are
+    not installed, as in a test image that installs vLLM without its dependencies.
+    """
 
     file: str | None = None
     contains: str | None = None
     python: str | None = None
+    needs: list[str] = []
 
     @model_validator(mode="after")
     def _one_kind(self) -> "ModVerify":
         if self.python is not None and (self.file or self.contains):
             raise ValueError("a check is either {file, contains} or {python}, not both")
+        if self.needs and self.python is None:
+            raise ValueError("needs goes with a python check")
         if self.python is None and not (self.file and self.contains):
             raise ValueError("a file check needs both file and contains")
         return self

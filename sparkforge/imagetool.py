@@ -300,7 +300,12 @@ def verify_mod(spec: dict, root: Path, *, in_image: bool) -> list[tuple[str, str
             if not in_image:
                 out.append((label, "skipped", "runs only inside a built image"))
                 continue
-            proc = subprocess.run([sys.executable, "-c", check["python"]], capture_output=True, text=True)
+            missing = [n for n in check.get("needs", []) if importlib.util.find_spec(n) is None]
+            if missing:
+                out.append((label, "skipped", f"needs {', '.join(missing)}, not installed here"))
+                continue
+            proc = subprocess.run([sys.executable, "-c", check["python"]], capture_output=True, text=True,
+                                  cwd=root)
             tail = (proc.stderr.strip().splitlines() or [""])[-1]
             out.append((label, "ok" if proc.returncode == 0 else "failed", tail))
         else:

@@ -2,9 +2,8 @@
 
 Releases come from a PyPI simple index (the sdist, or any wheel when a release has no sdist);
 every download is checked against the sha256 that the index gives. A commit that is not a
-release comes from git. Extracted trees are kept read-only in the cache and handed out as
-hard-linked scratch copies, which the applier can edit safely (it replaces files, never
-writes into them).
+release comes from git. Extracted trees stay pristine in the cache; mods are only
+ever applied to scratch copies.
 """
 
 from __future__ import annotations
@@ -257,6 +256,7 @@ def _last(text: str) -> str:
 
 
 def scratch_copy(tree: Path, dest: Path) -> Path:
-    """A hard-linked copy of a cached tree: cheap, and safe because the applier replaces files."""
-    shutil.copytree(tree, dest, copy_function=os.link, ignore=shutil.ignore_patterns(".complete"))
+    """A full copy of a cached tree to edit. (Hard links would be faster, but one in-place write
+    would then corrupt the cache.)"""
+    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".complete"))
     return dest

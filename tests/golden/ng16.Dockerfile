@@ -92,9 +92,12 @@ RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt /opt/src/transformers
 RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
+ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       org.opencontainers.image.version="0.16.0rc2" \
       org.opencontainers.image.revision="" \
@@ -102,7 +105,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng16" \
       io.sparkforge.chain="ng16" \
-      io.sparkforge.plan-hash="e20eb6a04c1053b7618a25d2da555600396aa4c742d3a4915712e75f60e69106" \
+      io.sparkforge.plan-hash="2705ed9104410a212f3135f07a531b82217aecece6dec58d910652e513859fe4" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="" \
+      io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97" \
       io.sparkforge.tool-version="0.1.0"

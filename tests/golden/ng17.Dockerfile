@@ -74,9 +74,16 @@ RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl
 RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+COPY mods/fix-qwen35-tp4-marlin /opt/sparkforge/mods/fix-qwen35-tp4-marlin
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/02-fix-qwen35-tp4-marlin.json
+COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/03-serve-torchrun.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
+ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       org.opencontainers.image.version="0.17.0" \
       org.opencontainers.image.revision="b31e9326a7d9394aab8c767f8ebe225c65594b60" \
@@ -84,7 +91,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng17" \
       io.sparkforge.chain="ng17" \
-      io.sparkforge.plan-hash="9b681d77d629a605c37b185057b9cfc54f7ebe83770bdb341e4996a66fbfa944" \
+      io.sparkforge.plan-hash="46b1eb26a833a19027d305e3bd4017972bc340ad6e21c0088e0abb6013418bff" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="" \
+      io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
       io.sparkforge.tool-version="0.1.0"

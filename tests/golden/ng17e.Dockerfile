@@ -78,9 +78,16 @@ RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt flashinfer-python==0.6.6 'ray[default]'
 RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+COPY mods/fix-qwen35-tp4-marlin /opt/sparkforge/mods/fix-qwen35-tp4-marlin
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/02-fix-qwen35-tp4-marlin.json
+COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/03-serve-torchrun.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
+ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       org.opencontainers.image.version="0.17.1rc1.dev158" \
       org.opencontainers.image.revision="600a039f572ac28128750f0463af428c5a260f1a" \
@@ -88,7 +95,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng17e" \
       io.sparkforge.chain="ng17e,ng17" \
-      io.sparkforge.plan-hash="aedd7bb8dbe075881d4ec807069b57958e77c52b265f0860d27486f2632900a7" \
+      io.sparkforge.plan-hash="c3b16f2527118b7e1789aca9beaed5fbd6c8791c9651f974235851de77a105b3" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="" \
+      io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
       io.sparkforge.tool-version="0.1.0"
