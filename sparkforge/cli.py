@@ -18,7 +18,7 @@ from rich.table import Table
 
 from . import __version__
 from .config import list_variants, load_variant
-from .errors import SparkforgeError
+from .errors import BuildError, SparkforgeError
 from .plan import PROJECT_ROOT, Layout, Plan, plan_variant
 from .render import render_context
 
@@ -210,6 +210,139 @@ def check_mods(
                 out.print(f"{name}: applies to vllm {runs}; declares {mod.spec.targets.versions}")
     if failed or matrix_failed or (strict and unverified):
         raise typer.Exit(1)
+
+
+def _smoke_table(results) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in ("tier", "check", "result", "detail"):
+        table.add_column(col)
+    style = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
+    for res in results:
+        if res.skipped:
+            table.add_row(res.tier, "(whole tier)", "[yellow]skipped[/]", res.skipped)
+        for c in res.checks:
+            name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
+            table.add_row(res.tier, name, f"[{style[c.state]}]{c.state}[/]", c.detail)
+    return table
+
+
+def _progress_printer(label: str):
+    """Show each BuildKit step as it starts: live on a terminal, one line per step in logs."""
+    from .builder import Step
+
+    def show(step: Step, elapsed: float) -> None:
+        if step.name.startswith("internal"):
+            return
+        mins, secs = divmod(int(elapsed), 60)
+        err.print(f"  {label} {mins:02d}:{secs:02d} [{step.name}] {step.command[:100]}", markup=False)
+
+    return show
+
+
+@app.command()
+def build(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy; given to BuildKit as a "
+                                           "secret, never stored in a layer. Give a full bundle (system + yours)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every step."),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="Override MAX_JOBS of the compile."),
+    nvcc_threads: Optional[int] = typer.Option(None, "--nvcc-threads", min=1, help="Override NVCC_THREADS."),
+    smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the static smoke tier before tagging."),
+    log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
+) -> None:
+    """Render, build with BuildKit, smoke-test, then tag a variant.
+
+    The image gets its immutable tag (from the plan) and its moving tag (the variant name) only
+    after the static smoke tier passes. When a build or smoke test fails, every existing tag
+    stays where it was.
+    """
+    from .builder import BuildOptions, build_image, current_image, promote
+    from .smoke import run_static
+
+    plan = _plan(variant, base)
+    ctx = render_context(plan, State.layout, PROJECT_ROOT / "build" / "contexts" / f"{variant}-{plan.plan_hash[:12]}")
+    before = current_image(plan.moving_tag)
+    out.print(f"building {plan.tag} from {ctx.path}")
+    opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, no_cache=no_cache,
+                        max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir)
+    kept = f"{plan.moving_tag} still points to {before[:19]}" if before else f"{plan.moving_tag} was not created"
+    try:
+        result = build_image(plan, ctx, opts, progress=_progress_printer(variant))
+    except SparkforgeError as exc:
+        exc.detail += f"; {kept}"
+        raise
+    ran = len(result.ran)
+    out.print(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
+              f"{len(result.steps) - ran} cached; log: {result.log_path}")
+    if smoke:
+        static = run_static(result.image_id)
+        out.print(_smoke_table([static]))
+        if not static.ok:
+            raise BuildError(f"static smoke tier failed; image left as {result.candidate}; {kept}",
+                             field=plan.variant)
+    for ref in promote(result):
+        out.print(f"tagged {ref}")
+
+
+@app.command("test")
+def test_cmd(
+    variant: str = typer.Argument(..., help="The variant whose built image to test."),
+    tier: list[str] = typer.Option(["static"], "--tier", help="static, gpu or serve; repeat for several."),
+    image: Optional[str] = typer.Option(None, "--image", help="Test this image instead of the variant's tag."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    model: str = typer.Option("Qwen/Qwen3-0.6B", "--model", help="Small model for the serve tier."),
+) -> None:
+    """Run smoke tiers inside a built image. GPU tiers skip, with the reason, where there is no GPU."""
+    from .builder import current_image
+    from .smoke import TIERS, run_tier
+
+    for t in tier:
+        if t not in TIERS:
+            raise SparkforgeError(f"unknown tier {t!r}; choose from {', '.join(TIERS)}", field="--tier")
+    plan = _plan(variant, base)
+    ref = image or plan.tag
+    if current_image(ref) is None:
+        raise BuildError(f"image {ref} not found; build it first with `python build.py build {variant}`",
+                         field="--image" if image else variant)
+    results = [run_tier(t, ref, model) for t in tier]
+    out.print(_smoke_table(results))
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def inspect(image: str = typer.Argument(..., help="An image reference, e.g. sparkforge/vllm:ng17e."),
+            as_json: bool = typer.Option(False, "--json", help="Print the build record as JSON.")) -> None:
+    """Print what is inside an image: its build record and labels."""
+    from .inspect import read_record
+
+    record, labels = read_record(image)
+    if as_json:
+        sys.stdout.write(json.dumps({"record": record, "labels": labels}, indent=2, sort_keys=True) + "\n")
+        return
+    out.print(f"[bold]{image}[/bold]  variant {record['variant']} ({' <- '.join(record['chain'])})")
+    out.print(f"  tag          {record['tag']}")
+    out.print(f"  built        {record['built_at']} by sparkforge {record['tool_version']}")
+    base = record["base"]
+    out.print(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}")
+    v = record["vllm"]
+    out.print(f"  vllm         {v['version']} ({v['source']}) commit {v['commit']['value'] or v.get('built_commit') or '-'}"
+              f"; installed {record['installed'].get('vllm')}")
+    for c in record["components"]:
+        pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
+        out.print(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
+                  f"installed {record['installed'].get((c.get('package') or c['name']).split('[')[0])}")
+    out.print(f"  arch list    {record['build']['torch_cuda_arch_list']}")
+    for m in record["mods"]:
+        out.print(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}")
+    for name, version in sorted(record["protected"].items()):
+        out.print(f"  protected    {name} {version}")
+    for u in record["unpinned"]:
+        out.print(f"  [yellow]UNPINNED[/]     {u['field']}: {u['reason']}")
+    for key in sorted(labels):
+        out.print(f"  label        {key}={labels[key]}")
 
 
 def run() -> None:

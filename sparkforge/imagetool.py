@@ -14,9 +14,11 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -333,32 +335,181 @@ def component_root(component: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_cuda() -> str:
+    """torch.version.cuda of the installed torch ("None" for a CPU build); asked in a subprocess."""
+    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else f"import failed: {_tail(proc.stderr)}"
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def protect(names: list[str], out_dir: Path) -> dict[str, str]:
-    """Record what the base image installed for the protected packages, as pip constraints."""
-    found = {}
-    for name in names:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    """Record the base image's builds of the protected packages, as pip constraints; for torch
+    also its CUDA build, which a PyPI torch would silently replace."""
+    found = {name: v for name in names if (v := _installed(name)) is not None}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "protected.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
+    record = dict(found)
+    if "torch" in found:
+        record["torch.version.cuda"] = _torch_cuda()
+    (out_dir / "protected.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     (out_dir / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(found.items())))
     return found
 
 
 def check_protected(out_dir: Path) -> list[str]:
-    """Names whose installed version differs from what the base image had."""
+    """What differs from the base image's protected packages, one line each."""
     recorded = json.loads((out_dir / "protected.json").read_text())
     changed = []
     for name, version in sorted(recorded.items()):
-        try:
-            now = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            now = "absent"
+        now = _torch_cuda() if name == "torch.version.cuda" else (_installed(name) or "absent")
         if now != version:
             changed.append(f"{name} {version} -> {now}")
     return changed
+
+
+# ------------------------------------------------------------------ build record and smoke tests
+
+
+def write_record(home: Path) -> dict:
+    """Gather the build record: the plan, every mod's result, and what is really installed."""
+    plan = json.loads((home / "plan.json").read_text())
+    mods = [json.loads(p.read_text()) for p in sorted((home / "record" / "mods").glob("*.json"))]
+    commit_file = home / "record" / "vllm-commit"
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    built = int(epoch) if epoch.isdigit() else int(time.time())
+    installed = {"vllm": _installed("vllm")}
+    for comp in plan["components"]:
+        if comp["kind"] == "pip":
+            name = comp["package"].split("[")[0]
+            installed[name] = _installed(name)
+    for comp in plan["components"]:
+        if comp["kind"] == "git":
+            marker = Path(comp["dest"]) / ".sparkforge-commit"
+            installed[comp["name"]] = marker.read_text().strip() if marker.exists() else None
+    built_commit = commit_file.read_text().strip() if commit_file.exists() else _release_commit()
+    record = {
+        "variant": plan["variant"],
+        "chain": plan["chain"],
+        "tag": plan["tag"],
+        "plan_hash": plan["plan_hash"],
+        "base": plan["base"],
+        "vllm": plan["vllm"] | {"built_commit": built_commit},
+        "components": plan["components"],
+        "installed": installed,
+        "mods": [{"name": m["name"], "digest": m["digest"], "phase": m["spec"]["phase"],
+                  "result": next((r["result"] for r in mods if r["name"] == m["name"]), None)}
+                 for m in plan["mods"]],
+        "protected": json.loads((home / "protect" / "protected.json").read_text()),
+        "build": plan["build"],
+        "env": plan["env"],
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
+        "source_date_epoch": int(epoch) if epoch.isdigit() else None,
+        "python": sys.version.split()[0],
+        "tool_version": plan["tool_version"],
+        "unpinned": plan["unpinned"],
+    }
+    (home / "build-record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def _release_commit() -> str | None:
+    """The commit an installed vLLM release records in vllm/_version.py, read without importing vllm."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    version_file = Path(list(spec.submodule_search_locations)[0]) / "_version.py"
+    if not version_file.exists():
+        return None
+    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", version_file.read_text())
+    return m.group(1) if m else None
+
+
+def _public(version: str | None) -> str | None:
+    return version.split("+")[0] if version else version
+
+
+def smoke_static(home: Path) -> list[tuple[str, str, str]]:
+    """The static smoke tier: (check, ok|failed|skipped, detail). Needs no GPU."""
+    checks: list[tuple[str, str, str]] = []
+
+    def add(name: str, ok: bool, detail: str = "") -> None:
+        checks.append((name, "ok" if ok else "failed", detail))
+
+    try:
+        record = json.loads((home / "build-record.json").read_text())
+        plan = json.loads((home / "plan.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [("build record present", "failed", str(exc))]
+    add("build record present", record.get("plan_hash") == plan["plan_hash"], str(home / "build-record.json"))
+    want, have = plan["vllm"]["version"], _installed("vllm")
+    add(f"vllm {want} installed", _public(have) == want, f"installed: {have}")
+    for comp in plan["components"]:
+        if comp["kind"] == "pip":
+            name = comp["package"].split("[")[0]
+            want, have = comp["version"]["value"], _installed(name)
+            ok = have is not None and (want is None or _public(have) == want)
+            add(f"{name} {want or '(unpinned)'} installed", ok, f"installed: {have}")
+        else:
+            marker = Path(comp["dest"]) / ".sparkforge-commit"
+            have = marker.read_text().strip() if marker.exists() else None
+            want = comp["commit"]["value"]
+            add(f"{comp['name']} at {want or comp['ref']}", have is not None and (want is None or have == want),
+                f"{comp['dest']}: {have}")
+    changed = check_protected(home / "protect")
+    protected = json.loads((home / "protect" / "protected.json").read_text())
+    add("base packages not replaced by pip", not changed,
+        "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())) or
+        "the base has none of the protected packages")
+    results = {json.loads(p.read_text())["name"]: json.loads(p.read_text())["result"]
+               for p in (home / "record" / "mods").glob("*.json")}
+    for mod in plan["mods"]:
+        name = mod["name"]
+        add(f"mod {name} recorded", results.get(name) in (APPLIED, ALREADY), str(results.get(name)))
+        spec = json.loads((home / "mods" / name / "mod.json").read_text())
+        try:
+            root = component_root(spec["component"])
+        except ModFailure as exc:
+            add(f"mod {name}: component root", False, str(exc))
+            continue
+        for label, state, detail in verify_mod(spec, root, in_image=True):
+            checks.append((f"mod {name}: {label}", state, detail))
+    entry = shutil.which("vllm")
+    add("vllm entry point on PATH", entry is not None, entry or "not found")
+    if any(m["name"] == "serve-torchrun" for m in plan["mods"]):
+        server = Path("/opt/sparkforge/serve_torchrun.py")
+        add("torchrun server script", server.is_file() and os.access(server, os.X_OK), str(server))
+    return checks
+
+
+def smoke_gpu(home: Path) -> list[tuple[str, str, str]]:
+    """The gpu smoke tier: CUDA works and the device's capability is covered by the arch list."""
+    plan = json.loads((home / "plan.json").read_text())
+    code = ("import json, torch; ok = torch.cuda.is_available(); "
+            "print(json.dumps({'ok': ok, 'cap': list(torch.cuda.get_device_capability(0)) if ok else None, "
+            "'name': torch.cuda.get_device_name(0) if ok else None}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return [("torch.cuda.is_available()", "failed", _tail(proc.stderr))]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    checks = [("torch.cuda.is_available()", "ok" if info["ok"] else "failed", str(info["name"]))]
+    if info["ok"]:
+        major, minor = info["cap"]
+        arches = plan["build"]["torch_cuda_arch_list"].split(";")
+        covered = any(a.rstrip("afPTX+").rstrip(".") == f"{major}.{minor}" for a in arches)
+        checks.append((f"sm_{major}{minor} in TORCH_CUDA_ARCH_LIST", "ok" if covered else "failed",
+                       plan["build"]["torch_cuda_arch_list"]))
+    return checks
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
@@ -410,6 +561,19 @@ def _cmd_check_protected(args: argparse.Namespace) -> int:
     return 1 if changed else 0
 
 
+def _cmd_record(args: argparse.Namespace) -> int:
+    record = write_record(Path(args.home))
+    print(f"build record: {record['variant']} {record['tag']}")
+    return 0
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    checks = smoke_static(Path(args.home)) if args.tier == "static" else smoke_gpu(Path(args.home))
+    for name, state, detail in checks:
+        print(json.dumps({"check": name, "state": state, "detail": detail}))
+    return 1 if any(state == "failed" for _, state, _ in checks) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="imagetool", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -429,6 +593,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-protected", help="fail if a protected package was replaced")
     p.add_argument("dir")
     p.set_defaults(func=_cmd_check_protected)
+    p = sub.add_parser("record", help="write the build record into HOME/build-record.json")
+    p.add_argument("home")
+    p.set_defaults(func=_cmd_record)
+    p = sub.add_parser("smoke", help="run a smoke tier inside the image; one JSON line per check")
+    p.add_argument("--tier", choices=["static", "gpu"], default="static")
+    p.add_argument("--home", default="/opt/sparkforge")
+    p.set_defaults(func=_cmd_smoke)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -170,6 +170,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         data = _jsonable(self)
+        for mod in data["mods"]:
+            mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
         data["tag"] = self.tag
         data["moving_tag"] = self.moving_tag
         data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]

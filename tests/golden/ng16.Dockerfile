@@ -97,6 +97,9 @@ RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-a
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
+# The build record: the plan, each mod's result, and what was really installed.
+ARG SOURCE_DATE_EPOCH
+RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       org.opencontainers.image.version="0.16.0rc2" \
@@ -105,7 +108,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng16" \
       io.sparkforge.chain="ng16" \
-      io.sparkforge.plan-hash="2705ed9104410a212f3135f07a531b82217aecece6dec58d910652e513859fe4" \
+      io.sparkforge.plan-hash="63dabf0119f0e957555725e377648099470199b33eaddda731d4b6aed5b22777" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97" \
       io.sparkforge.tool-version="0.1.0"

@@ -83,6 +83,9 @@ RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchr
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
+# The build record: the plan, each mod's result, and what was really installed.
+ARG SOURCE_DATE_EPOCH
+RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       org.opencontainers.image.version="0.17.0" \
@@ -91,7 +94,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng17" \
       io.sparkforge.chain="ng17" \
-      io.sparkforge.plan-hash="46b1eb26a833a19027d305e3bd4017972bc340ad6e21c0088e0abb6013418bff" \
+      io.sparkforge.plan-hash="73980b9f55192b5a1c783347b9a867e13d3cd117df0f4e64d3cae651563259cb" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
       io.sparkforge.tool-version="0.1.0"

@@ -87,6 +87,9 @@ RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchr
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
+# The build record: the plan, each mod's result, and what was really installed.
+ARG SOURCE_DATE_EPOCH
+RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       org.opencontainers.image.version="0.17.1rc1.dev158" \
@@ -95,7 +98,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng17e" \
       io.sparkforge.chain="ng17e,ng17" \
-      io.sparkforge.plan-hash="c3b16f2527118b7e1789aca9beaed5fbd6c8791c9651f974235851de77a105b3" \
+      io.sparkforge.plan-hash="a47b38a606fed2858cb699af8b880044ff012d59d2ac106b1d19eb09678027ca" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
       io.sparkforge.tool-version="0.1.0"

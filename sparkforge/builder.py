@@ -1,0 +1,193 @@
+"""Build stage: a rendered context becomes an image through BuildKit (`docker buildx build`).
+
+The build is tagged only with a candidate tag. The immutable and moving tags are set by
+`promote` after the smoke tests pass, so a failed build or smoke test never moves a tag.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import BuildError
+from .plan import Plan
+from .render import Context
+
+_STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
+_CACHED = re.compile(r"^#(\d+) CACHED$")
+_DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
+_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+_MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
+
+
+@dataclass
+class Step:
+    """One step of the build as BuildKit reported it."""
+
+    number: int
+    name: str  # e.g. "runtime 5/12"
+    command: str
+    cached: bool = False
+    seconds: float | None = None
+    error: str | None = None
+
+    @property
+    def stage(self) -> str:
+        return self.name.split(" ")[0]
+
+    @property
+    def ran(self) -> bool:
+        """Whether the step was executed rather than taken from the cache."""
+        return (not self.cached and self.seconds is not None and not self.name.startswith("internal")
+                and not self.command.startswith("FROM "))
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    network: str | None = None
+    ca_cert: Path | None = None
+    no_cache: bool = False
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+    source_date_epoch: int | None = None
+    log_dir: Path = Path("build/logs")
+    builder: str | None = None
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    image_id: str
+    candidate: str
+    log_path: Path
+    seconds: float
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def ran(self) -> list[Step]:
+        return [s for s in self.steps if s.ran]
+
+
+def candidate_tag(plan: Plan) -> str:
+    return f"{plan.tag}-candidate"
+
+
+def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str) -> list[str]:
+    """The exact `docker buildx build` command for a rendered context."""
+    cmd = ["docker", "buildx", "build", "--progress=plain", "--load", "--tag", tag,
+           "--file", str(context.dockerfile)]
+    if opts.builder:
+        cmd += ["--builder", opts.builder]
+    if opts.network:
+        cmd += ["--network", opts.network]
+    if opts.no_cache:
+        cmd.append("--no-cache")
+    if opts.ca_cert:
+        cmd += ["--secret", f"id=ca,src={opts.ca_cert}"]
+    build = plan.build
+    cmd += ["--build-arg", f"TORCH_CUDA_ARCH_LIST={build.torch_cuda_arch_list}",
+            "--build-arg", f"MAX_JOBS={opts.max_jobs or build.max_jobs}",
+            "--build-arg", f"NVCC_THREADS={opts.nvcc_threads or build.nvcc_threads}"]
+    if opts.source_date_epoch is not None:
+        cmd += ["--build-arg", f"SOURCE_DATE_EPOCH={opts.source_date_epoch}"]
+    cmd.append(str(context.path))
+    return cmd
+
+
+def check_engine() -> None:
+    """Fail early, with what to do, when there is no Docker engine with buildx."""
+    if shutil.which("docker") is None:
+        raise BuildError("the docker CLI is not installed (run scripts/docker-up.sh)", field="docker")
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError("docker buildx is not available (run scripts/docker-up.sh)", field="docker")
+    proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"the Docker engine does not answer: {proc.stderr.strip().splitlines()[-1:]}"
+                         " (run scripts/docker-up.sh)", field="docker")
+
+
+def build_image(plan: Plan, context: Context, opts: BuildOptions,
+                progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
+    """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
+    check_engine()
+    if opts.ca_cert and not opts.ca_cert.is_file():
+        raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    log_path = opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}.log"
+    tag = candidate_tag(plan)
+    cmd = buildx_command(plan, context, opts, tag)
+    steps: dict[int, Step] = {}
+    mod_failures: list[tuple[str, str]] = []
+    start = time.monotonic()
+    env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                bufsize=1, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            line = line.rstrip("\n")
+            if m := _STEP.match(line):
+                n = int(m.group(1))
+                if n not in steps:
+                    steps[n] = Step(n, m.group(2), m.group(3))
+                    progress(steps[n], time.monotonic() - start)
+            elif m := _CACHED.match(line):
+                if int(m.group(1)) in steps:
+                    steps[int(m.group(1))].cached = True
+            elif m := _DONE.match(line):
+                if int(m.group(1)) in steps:
+                    steps[int(m.group(1))].seconds = float(m.group(2))
+            elif m := _ERROR.match(line):
+                if int(m.group(1)) in steps:
+                    steps[int(m.group(1))].error = m.group(2)
+            if m := _MOD_FAILED.search(line):
+                mod_failures.append((m.group(1), m.group(2)))
+        code = proc.wait()
+    seconds = time.monotonic() - start
+    if code != 0:
+        failed = next((s for s in steps.values() if s.error), None)
+        if mod_failures:
+            name, reason = mod_failures[0]
+            raise BuildError(f"mod {name} failed: {reason} (build log: {log_path})", field=f"mods: {name}")
+        where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
+        raise BuildError(f"build failed at {where} (build log: {log_path})", field=plan.variant)
+    image_id = _image_id(tag)
+    return BuildResult(plan, image_id, tag, log_path, seconds, sorted(steps.values(), key=lambda s: s.number))
+
+
+def _image_id(ref: str) -> str:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"the build finished but {ref} is not in the engine", field="docker")
+    return proc.stdout.strip()
+
+
+def promote(result: BuildResult) -> list[str]:
+    """After the smoke tests passed: point the immutable and the moving tag at the image."""
+    import docker
+
+    client = docker.from_env()
+    image = client.images.get(result.image_id)
+    tags = []
+    for ref in (result.plan.tag, result.plan.moving_tag):
+        repo, _, tag = ref.rpartition(":")
+        image.tag(repo, tag)
+        tags.append(ref)
+    client.images.remove(result.candidate, noprune=True)
+    return tags
+
+
+def current_image(ref: str) -> str | None:
+    """The image ID a tag points to now, or None."""
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
