@@ -5,7 +5,7 @@ ARGS ?=
 BUILD := $(PYTHON) build.py
 
 .DEFAULT_GOAL := help
-.PHONY: help install image render show list check-mods test lint base-local registry registry-stop
+.PHONY: help install image render show list check-mods test lint base-local registry registry-stop bench-rebuild
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -46,3 +46,6 @@ registry: ## start a local registry on 127.0.0.1:5000 (stop it with make registr
 
 registry-stop: ## stop the local registry
 	bash scripts/registry.sh stop
+
+bench-rebuild: ## time a cold build, a rebuild after one mod changed, and the cached-build overhead
+	$(PYTHON) bench/rebuild.py

@@ -1,11 +1,13 @@
 """Build stage: a rendered context becomes an image through BuildKit (`docker buildx build`).
 
-The build is tagged only with a candidate tag. The immutable and moving tags are set by
-`promote` after the smoke tests pass, so a failed build or smoke test never moves a tag.
+The build itself sets no tag. The immutable and moving tags are set by `promote` after the
+smoke tests pass, so a failed build or smoke test never moves a tag; an image that fails its
+smoke test gets only a candidate tag, for a look inside.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -78,10 +80,11 @@ def candidate_tag(plan: Plan) -> str:
     return f"{plan.tag}-candidate"
 
 
-def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str) -> list[str]:
+def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None) -> list[str]:
     """The exact `docker buildx build` command for a rendered context."""
-    cmd = ["docker", "buildx", "build", "--progress=plain", "--load", "--tag", tag,
-           "--file", str(context.dockerfile)]
+    cmd = ["docker", "buildx", "build", "--progress=plain", "--load", "--file", str(context.dockerfile)]
+    if tag:
+        cmd += ["--tag", tag]
     if opts.builder:
         cmd += ["--builder", opts.builder]
     if opts.network:
@@ -116,22 +119,25 @@ def check_engine() -> None:
 def build_image(plan: Plan, context: Context, opts: BuildOptions,
                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
     """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
-    check_engine()
     if opts.ca_cert and not opts.ca_cert.is_file():
         raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     log_path = opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}.log"
-    tag = candidate_tag(plan)
-    cmd = buildx_command(plan, context, opts, tag)
+    metadata = log_path.with_suffix(".json")
+    cmd = buildx_command(plan, context, opts)
+    cmd[-1:-1] = ["--metadata-file", str(metadata)]
     steps: dict[int, Step] = {}
     mod_failures: list[tuple[str, str]] = []
     start = time.monotonic()
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                bufsize=1, errors="replace")
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                    bufsize=1, errors="replace")
+        except FileNotFoundError:
+            raise BuildError("the docker CLI is not installed (run scripts/docker-up.sh)", field="docker") from None
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -155,39 +161,57 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
         code = proc.wait()
     seconds = time.monotonic() - start
     if code != 0:
+        if not steps:
+            check_engine()  # explains a missing engine or buildx; otherwise fall through
         failed = next((s for s in steps.values() if s.error), None)
         if mod_failures:
             name, reason = mod_failures[0]
             raise BuildError(f"mod {name} failed: {reason} (build log: {log_path})", field=f"mods: {name}")
         where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
         raise BuildError(f"build failed at {where} (build log: {log_path})", field=plan.variant)
-    image_id = _image_id(tag)
-    return BuildResult(plan, image_id, tag, log_path, seconds, sorted(steps.values(), key=lambda s: s.number))
+    try:
+        image_id = json.loads(metadata.read_text())["containerimage.config.digest"]
+    except (OSError, ValueError, KeyError):
+        raise BuildError(f"the build finished but wrote no image ID to {metadata}", field="docker") from None
+    return BuildResult(plan, image_id, candidate_tag(plan), log_path, seconds,
+                       sorted(steps.values(), key=lambda s: s.number))
 
 
-def _image_id(ref: str) -> str:
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BuildError(f"the build finished but {ref} is not in the engine", field="docker")
-    return proc.stdout.strip()
+def image_ids(*refs: str) -> dict[str, str | None]:
+    """The image ID each tag points to now (None where the tag does not exist), in one call.
 
-
-def promote(result: BuildResult) -> list[str]:
-    """After the smoke tests passed: point the immutable and the moving tag at the image."""
-    import docker
-
-    client = docker.from_env()
-    image = client.images.get(result.image_id)
-    tags = []
-    for ref in (result.plan.tag, result.plan.moving_tag):
-        repo, _, tag = ref.rpartition(":")
-        image.tag(repo, tag)
-        tags.append(ref)
-    client.images.remove(result.candidate, noprune=True)
-    return tags
+    The docker CLI, not the SDK, on this path: a cached rebuild should cost little more than
+    BuildKit itself, and importing the SDK alone takes longer than this call.
+    """
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", *refs],
+                          capture_output=True, text=True)
+    found: dict[str, str | None] = {ref: None for ref in refs}
+    for line in proc.stdout.splitlines():
+        ident, _, tags = line.partition(" ")
+        for ref in refs:
+            if ref in json.loads(tags or "[]"):
+                found[ref] = ident
+    return found
 
 
 def current_image(ref: str) -> str | None:
     """The image ID a tag points to now, or None."""
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    return image_ids(ref)[ref]
+
+
+def promote(result: BuildResult, now: dict[str, str | None]) -> list[str]:
+    """After the smoke tests passed: point the immutable tag, then the moving tag, at the image.
+    `now` is what image_ids() said of both tags; tags already in place are left alone."""
+    refs = (result.plan.tag, result.plan.moving_tag)
+    for ref in refs:
+        if now.get(ref) != result.image_id:
+            subprocess.run(["docker", "tag", result.image_id, ref], check=True, capture_output=True)
+    if now.get(result.candidate):
+        subprocess.run(["docker", "image", "rm", "--no-prune", result.candidate], capture_output=True)
+    return list(refs)
+
+
+def keep_candidate(result: BuildResult) -> str:
+    """Tag an image that failed its smoke test, so that it can be looked into; no other tag moves."""
+    subprocess.run(["docker", "tag", result.image_id, result.candidate], check=True, capture_output=True)
+    return result.candidate

@@ -258,32 +258,39 @@ def build(
     after the static smoke tier passes. When a build or smoke test fails, every existing tag
     stays where it was.
     """
-    from .builder import BuildOptions, build_image, current_image, promote
+    from .builder import BuildOptions, build_image, image_ids, keep_candidate, promote
     from .smoke import run_static
 
     plan = _plan(variant, base)
     ctx = render_context(plan, State.layout, PROJECT_ROOT / "build" / "contexts" / f"{variant}-{plan.plan_hash[:12]}")
-    before = current_image(plan.moving_tag)
     out.print(f"building {plan.tag} from {ctx.path}")
     opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, no_cache=no_cache,
                         max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir)
-    kept = f"{plan.moving_tag} still points to {before[:19]}" if before else f"{plan.moving_tag} was not created"
     try:
         result = build_image(plan, ctx, opts, progress=_progress_printer(variant))
     except SparkforgeError as exc:
-        exc.detail += f"; {kept}"
+        exc.detail += "; " + _kept(plan, image_ids(plan.moving_tag)[plan.moving_tag])
         raise
     ran = len(result.ran)
     out.print(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
               f"{len(result.steps) - ran} cached; log: {result.log_path}")
-    if smoke:
+    now = image_ids(plan.tag, plan.moving_tag, result.candidate)
+    if smoke and now[plan.tag] == result.image_id:
+        out.print(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})")
+    elif smoke:
         static = run_static(result.image_id)
         out.print(_smoke_table([static]))
         if not static.ok:
-            raise BuildError(f"static smoke tier failed; image left as {result.candidate}; {kept}",
-                             field=plan.variant)
-    for ref in promote(result):
+            raise BuildError(f"static smoke tier failed; image left as {keep_candidate(result)}; "
+                             f"{_kept(plan, now[plan.moving_tag])}", field=plan.variant)
+    for ref in promote(result, now):
         out.print(f"tagged {ref}")
+
+
+def _kept(plan: Plan, before: str | None) -> str:
+    if before:
+        return f"{plan.moving_tag} still points to {before[:19]}"
+    return f"{plan.moving_tag} was not created"
 
 
 @app.command("test")

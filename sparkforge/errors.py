@@ -14,7 +14,10 @@ class SparkforgeError(Exception):
         self.path = str(path) if path is not None else None
         self.field = field
         self.detail = message
-        super().__init__(self.render())
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.render()
 
     def render(self) -> str:
         where = ""

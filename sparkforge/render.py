@@ -19,6 +19,7 @@ import jinja2
 
 from .errors import SparkforgeError
 from .plan import Layout, Plan
+from .sources import cache_dir
 
 DOCKERFILE = "Dockerfile"
 MANAGED_MARK = ".sparkforge-context"
@@ -37,8 +38,12 @@ class Context:
 
 
 def _environment(template_dir: Path) -> jinja2.Environment:
+    # Compiling the template costs more than rendering it; keep the bytecode between runs.
+    cache = cache_dir() / "jinja"
+    cache.mkdir(parents=True, exist_ok=True)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
+        bytecode_cache=jinja2.FileSystemBytecodeCache(str(cache)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,

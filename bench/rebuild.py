@@ -1,0 +1,94 @@
+"""Rebuild benchmark: a cold build, a rebuild after one install-phase mod changed, and the tool's
+overhead on a fully cached build against a raw `docker buildx build` of the same rendered folder.
+
+Run with `make bench-rebuild` (needs Docker and the local base: `make base-local`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sparkforge.builder import BuildOptions, build_image, buildx_command  # noqa: E402
+from sparkforge.plan import Layout, plan_variant  # noqa: E402
+from sparkforge.render import render_context  # noqa: E402
+
+BASE = "sparkforge/base-local:bookworm"
+CA = Path("/etc/ssl/certs/ca-certificates.crt")
+VARIANT = "testvllm"
+REPEATS = 5
+
+
+def timed(cmd: list[str]) -> float:
+    start = time.monotonic()
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="sparkforge-bench-"))
+    mods = work / "mods"
+    shutil.copytree(ROOT / "mods", mods)
+    layout = Layout.default(images_dir=ROOT / "tests" / "variants", mods_dir=mods)
+    opts = BuildOptions(network="host", ca_cert=CA, log_dir=work / "logs")
+
+    def build(no_cache: bool = False):
+        plan = plan_variant(layout, VARIANT, base=BASE)
+        ctx = render_context(plan, layout, work / "ctx" / plan.plan_hash[:12])
+        start = time.monotonic()
+        result = build_image(plan, ctx, BuildOptions(**{**opts.__dict__, "no_cache": no_cache}))
+        return plan, ctx, result, time.monotonic() - start
+
+    print(f"bench-rebuild: variant {VARIANT} on {BASE} (real vLLM 0.17.0 wheel, {REPEATS} repeats for overhead)")
+    plan, ctx, cold, cold_s = build(no_cache=True)
+    print(f"  cold build (--no-cache, fresh cache mounts): {cold_s:7.1f} s, {len(cold.ran)} steps ran")
+
+    # Change one install-phase mod: reword a comment line in the first mod's patch.
+    first = plan.mods_in("install")[0]
+    patch = mods / first.name / first.spec.patch if first.spec.patch else None
+    target = patch or next(p for p in (mods / first.name).iterdir() if p.name != "mod.yaml")
+    text = target.read_text()
+    changed = text.replace("sparkforge mod", "sparkforge (bench-edited) mod", 1)
+    assert changed != text, f"nothing to edit in {target}"
+    target.write_text(changed)
+    plan2, ctx2, rebuild, rebuild_s = build()
+    ran_stages = [f"[{s.name}] {s.command[:60]}" for s in rebuild.ran]
+    first_mod_step = min(s.number for s in rebuild.steps if f"mods/{first.name}" in s.command)
+    before_mods = [s for s in rebuild.ran if s.stage == "base" or
+                   (s.stage == "runtime" and int(s.name.split()[1].split("/")[0]) <
+                    int(next(x for x in rebuild.steps if x.number == first_mod_step).name.split()[1].split("/")[0]))]
+    print(f"  rebuild after editing mod {first.name}: {rebuild_s:7.1f} s, {len(rebuild.ran)} steps ran")
+    for line in ran_stages:
+        print(f"      re-ran {line}")
+    print(f"  steps before the mods that re-ran: {len(before_mods)}" + (" (FAIL)" if before_mods else " (ok)"))
+
+    # Overhead on a fully cached build: the tool's whole `build` command against raw buildx.
+    tool_cmd = [sys.executable, "build.py", "--images", str(ROOT / "tests" / "variants"), "--mods", str(mods),
+                "build", VARIANT, "--base", BASE, "--ca-cert", str(CA)]
+    raw_cmd = buildx_command(plan2, ctx2, opts, "sparkforge-bench/raw:cached")
+    timed(tool_cmd)  # promote tags once, so that the loop measures the steady cached state
+    tool_times, raw_times = [], []
+    for _ in range(REPEATS):
+        raw_times.append(timed(raw_cmd))
+        tool_times.append(timed(tool_cmd))
+    subprocess.run(["docker", "image", "rm", "sparkforge-bench/raw:cached"], capture_output=True)
+    tool_med, raw_med = statistics.median(tool_times), statistics.median(raw_times)
+    print(f"  cached build, tool `build` command: median {tool_med:5.2f} s  ({', '.join(f'{t:.2f}' for t in tool_times)})")
+    print(f"  cached build, raw docker buildx:    median {raw_med:5.2f} s  ({', '.join(f'{t:.2f}' for t in raw_times)})")
+    print(f"ratio rebuild/cold:           {rebuild_s / cold_s:6.3f}  (target < 0.10)")
+    print(f"ratio cached tool/raw buildx: {tool_med / raw_med:6.3f}  (target < 1.20)")
+    shutil.rmtree(work, ignore_errors=True)
+    if before_mods:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

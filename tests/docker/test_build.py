@@ -1,0 +1,148 @@
+"""Real BuildKit builds of the test variant: smoke tier, tags, record, cache, and the failure paths."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import BASE, ROOT, VARIANTS, build_args, image_id, sparkforge
+
+
+def test_build_smoke_and_tags(test_image) -> None:
+    assert image_id(test_image.moving_tag) == test_image.image_id
+    assert image_id(test_image.tag) == test_image.image_id
+    assert image_id(test_image.tag + "-candidate") is None
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
+                                        test_image.tag], capture_output=True, text=True, check=True).stdout)
+    assert labels["io.sparkforge.variant"] == "testvllm"
+    assert labels["org.opencontainers.image.version"] == "0.17.0"
+    assert labels["io.sparkforge.plan-hash"].startswith(test_image.tag.rsplit("-", 1)[1])
+
+
+def test_inspect_shows_every_pin_and_mod(test_image) -> None:
+    proc = sparkforge("inspect", test_image.moving_tag, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    record = data["record"]
+    assert record["tag"] == test_image.tag
+    assert record["vllm"]["version"] == "0.17.0"
+    assert record["installed"]["vllm"] == "0.17.0"
+    assert record["vllm"]["built_commit"] == "b31e9326a"  # what the 0.17.0 wheel records
+    assert [(m["name"], m["result"]) for m in record["mods"]] == [
+        ("uf17-eager-allreduce", "applied"), ("fix-qwen35-tp4-marlin", "applied"), ("serve-torchrun", "applied")]
+    assert all(m["digest"].startswith("sha256:") for m in record["mods"])
+    assert record["build"]["torch_cuda_arch_list"] == "12.1a"
+    assert record["base"]["repository"] == "sparkforge/base-local"
+    text = sparkforge("inspect", test_image.moving_tag).stdout
+    for needle in ("uf17-eager-allreduce", "fix-qwen35-tp4-marlin", "serve-torchrun", "0.17.0", "12.1a",
+                   "UNPINNED", "built"):
+        assert needle in text
+
+
+def test_static_tier_passes_and_gpu_tiers_say_why_they_skip(test_image) -> None:
+    proc = sparkforge("--images", str(VARIANTS), "test", "testvllm", "--base", BASE,
+                      "--tier", "static", "--tier", "gpu", "--tier", "serve")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "base packages not replaced by pip" in proc.stdout
+    assert "torchrun server script" in proc.stdout
+    assert "failed" not in proc.stdout
+    if shutil.which("nvidia-smi") is None:
+        assert proc.stdout.count("no NVIDIA GPU on this host") == 2
+
+
+def test_second_build_of_the_same_plan_is_fully_cached(test_image) -> None:
+    proc = sparkforge(*build_args("testvllm"))
+    assert proc.returncode == 0, proc.stderr
+    assert ": 0 steps ran," in proc.stdout, proc.stdout
+    assert image_id(test_image.moving_tag) == test_image.image_id
+
+
+def test_no_ca_bundle_or_secret_in_the_image(test_image) -> None:
+    config = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config}}",
+                                        test_image.tag], capture_output=True, text=True, check=True).stdout)
+    env = " ".join(config.get("Env") or [])
+    assert "CERT" not in env and "secrets" not in env
+    proc = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", test_image.tag,
+                           "-c", "ls -A /run/secrets 2>/dev/null | wc -l"], capture_output=True, text=True)
+    assert proc.stdout.strip() == "0"
+    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", test_image.tag],
+                             capture_output=True, text=True, check=True).stdout
+    assert "ca-certificates.crt" not in history
+
+
+def _broken_mods(tmp_path: Path) -> Path:
+    mods = tmp_path / "mods"
+    shutil.copytree(ROOT / "mods", mods)
+    patch = mods / "uf17-eager-allreduce" / "uf17.patch"
+    text = patch.read_text()
+    context = "             self.cudagraph_mode = CUDAGraphMode.NONE"
+    assert context in text
+    patch.write_text(text.replace(context, "             self.cudagraph_mode = CUDAGraphMode.NOT_THERE"))
+    return mods
+
+
+def test_a_broken_mod_fails_the_build_and_keeps_the_tags(test_image, tmp_path: Path) -> None:
+    proc = sparkforge(*build_args("testvllm", mods=_broken_mods(tmp_path)))
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: mods: uf17-eager-allreduce: mod uf17-eager-allreduce failed: "
+                                "vllm/config/compilation.py: hunk @@"), lines[-1]
+    assert f"{test_image.moving_tag} still points to {test_image.image_id[:19]}" in lines[-1]
+    assert "Traceback" not in proc.stderr
+    assert image_id(test_image.moving_tag) == test_image.image_id
+    assert image_id(test_image.tag) == test_image.image_id
+
+
+def test_a_failed_smoke_test_keeps_the_previous_good_image(test_image, tmp_path: Path) -> None:
+    images, mods = tmp_path / "images", tmp_path / "mods"
+    shutil.copytree(VARIANTS, images)
+    shutil.copytree(ROOT / "mods", mods)
+    probe = mods / "smoke-probe"
+    probe.mkdir()
+    (probe / "probe.txt").write_text("probe\n")
+    meta = """\
+name: smoke-probe
+summary: a drop-in file whose in-image check the test flips
+description: covers the path where the build passes and the static smoke tier fails
+component: image
+targets: {versions: ">=0.1"}
+phase: install
+kind: files
+files:
+  - {src: probe.txt, dest: /opt/sparkforge/probe.txt}
+verify:
+  - {file: /opt/sparkforge/probe.txt, contains: probe}
+  - python: "import sys; sys.exit(0)"
+"""
+    (probe / "mod.yaml").write_text(meta)
+    (images / "testprobe.yaml").write_text("extends: testvllm\nmods:\n  add: [smoke-probe]\n")
+    good = sparkforge(*build_args("testprobe", images=images, mods=mods))
+    assert good.returncode == 0, good.stdout + good.stderr
+    moving = "sparkforge-test/vllm:testprobe"
+    good_id = image_id(moving)
+    assert good_id
+    (probe / "mod.yaml").write_text(meta.replace("sys.exit(0)", "sys.exit('deliberately failing check')"))
+    bad = sparkforge(*build_args("testprobe", images=images, mods=mods))
+    assert bad.returncode == 1
+    assert "deliberately failing check" in bad.stdout
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: testprobe: static smoke tier failed; image left as sparkforge-test/vllm:testprobe-")
+    assert f"{moving} still points to {good_id[:19]}" in last
+    assert image_id(moving) == good_id
+    subprocess.run(["docker", "image", "rm", "-f", moving], capture_output=True)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["build", "ng17", "--ca-cert", "/nonexistent/ca.pem"], "--ca-cert: CA bundle not found"),
+    (["test", "ng17", "--tier", "bogus"], "--tier: unknown tier 'bogus'"),
+    (["inspect", "sparkforge-test/vllm:no-such-tag"], "IMAGE: image sparkforge-test/vllm:no-such-tag not found"),
+])
+def test_bad_build_input_is_one_line(args, words) -> None:
+    proc = sparkforge(*args)
+    assert proc.returncode in (1, 2)
+    assert "Traceback" not in proc.stderr
+    assert words in proc.stderr.strip().splitlines()[-1]
