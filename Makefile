@@ -1,17 +1,24 @@
 # sparkforge: `make help` lists the targets.
 PYTHON ?= python3
 VARIANT ?= ng17e
+IMAGES ?= images
 ARGS ?=
-BUILD := $(PYTHON) build.py
+BUILD := $(PYTHON) build.py --images $(IMAGES)
 
 .DEFAULT_GOAL := help
-.PHONY: help install image render show list check-mods test lint base-local registry registry-stop bench-rebuild
+.PHONY: help setup install image render show list check-mods test lint base-local registry registry-stop bench-rebuild
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 install: ## install sparkforge and its test tools into the current Python
 	$(PYTHON) -m pip install -q -e '.[test]'
+
+setup: install ## everything the tests need: packages, a Docker engine with buildx, the local base
+	@$(PYTHON) -m pip install -q torch==2.13.0 2>/dev/null \
+	  || echo "setup: torch 2.13.0 (CPU) is not installable here; the GLOO test of serve-torchrun will skip"
+	bash scripts/docker-up.sh
+	bash scripts/base-local.sh
 
 image: ## build, smoke-test and tag VARIANT (make image VARIANT=ng17e ARGS='--base ...')
 	$(BUILD) build $(VARIANT) $(ARGS)
@@ -28,7 +35,7 @@ list: ## list the variants
 check-mods: ## prove every mod of every variant applies to its real source
 	$(BUILD) check-mods --all $(ARGS)
 
-test: ## run the whole test suite (needs Docker for the image tests: scripts/docker-up.sh)
+test: setup ## set up what is missing, then run the whole test suite
 	$(PYTHON) -m pytest -q tests $(ARGS)
 
 lint: ## hadolint every rendered variant, and byte-compile the package
