@@ -8,6 +8,7 @@ ever applied to scratch copies.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html.parser
 import os
@@ -23,6 +24,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from packaging.utils import (
     InvalidSdistFilename,
@@ -170,8 +172,7 @@ def extract_tree(archive: Path, package: str) -> Path:
     root = cache_dir() / "trees" / archive.name
     if (root / ".complete").exists():
         return root
-    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
-    try:
+    with _staged_tree(root, archive.name) as staging:
         if archive.name.endswith(".whl"):
             with zipfile.ZipFile(archive) as zf:
                 for info in zf.infolist():
@@ -186,14 +187,22 @@ def extract_tree(archive: Path, package: str) -> Path:
                         tf.extract(member, staging, filter="data")
         if not (staging / package).is_dir():
             raise SourceUnavailable(f"{archive.name} holds no {package}/ folder")
-        (staging / ".complete").write_text(archive.name + "\n")
+    return root
+
+
+@contextlib.contextmanager
+def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
+    """Fill a temporary sibling of root, then swap it into place whole; on failure, drop it."""
+    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
+    try:
+        yield staging
+        (staging / ".complete").write_text(marker + "\n")
         if root.exists():
             shutil.rmtree(root)
         os.replace(staging, root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return root
 
 
 def _ensure(path: Path) -> Path:
@@ -235,18 +244,12 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
         proc = git("-C", str(mirror), "fetch", "--quiet", "--filter=blob:none", "origin", commit)
         if proc.returncode != 0:
             raise SourceUnavailable(f"git fetch {repo} {commit} failed: {_last(proc.stderr)}")
-    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
-    try:
+    with _staged_tree(root, commit) as staging:
         archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, f"{package}/"],
                                  capture_output=True, env=env, timeout=900)
         if archive.returncode != 0:
             raise SourceUnavailable(f"git archive {commit} failed: {_last(archive.stderr.decode())}")
         subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
-        (staging / ".complete").write_text(commit + "\n")
-        os.replace(staging, root)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return root
 
 
