@@ -56,3 +56,6 @@ registry-stop: ## stop the local registry
 
 bench-rebuild: ## time a cold build, a rebuild after one mod changed, and the cached-build overhead
 	$(PYTHON) bench/rebuild.py
+
+bench-distribute: ## bytes and time to put the test image on 3 real nodes: save|load vs registry, cold and after a mod change
+	$(PYTHON) bench/distribute.py

@@ -60,6 +60,10 @@ class BuildOptions:
     source_date_epoch: int | None = None
     log_dir: Path = Path("build/logs")
     builder: str | None = None
+    # Instead of --load: a buildx --output, e.g. type=docker,dest=X.tar,rewrite-timestamp=true.
+    output: str | None = None
+    # The Docker engine to build on (DOCKER_HOST), e.g. unix:///run/other/docker.sock.
+    docker_host: str | None = None
 
 
 @dataclass
@@ -82,7 +86,8 @@ def candidate_tag(plan: Plan) -> str:
 
 def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None) -> list[str]:
     """The exact `docker buildx build` command for a rendered context."""
-    cmd = ["docker", "buildx", "build", "--progress=plain", "--load", "--file", str(context.dockerfile)]
+    cmd = ["docker", "buildx", "build", "--progress=plain", *(["--output", opts.output] if opts.output else ["--load"]),
+           "--file", str(context.dockerfile)]
     if tag:
         cmd += ["--tag", tag]
     if opts.builder:
@@ -131,6 +136,8 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
     mod_failures: list[tuple[str, str]] = []
     start = time.monotonic()
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
+    if opts.docker_host:
+        env["DOCKER_HOST"] = opts.docker_host
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         try:

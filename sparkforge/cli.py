@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 from packaging.version import Version
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -105,7 +106,7 @@ def show(
     out.print(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})")
     for c in plan.components:
         if c.kind == "pip":
-            out.print(f"  {c.name:<11} pip {c.requirement}")
+            out.print(f"  {c.name:<11} pip {c.requirement}", markup=False)
         else:
             out.print(f"  {c.name:<11} git {c.repo} {c.ref} @ {c.commit.value or 'UNPINNED'} -> {c.dest}")
     b = plan.build
@@ -117,7 +118,7 @@ def show(
     for i, m in enumerate(plan.mods, 1):
         out.print(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}")
     for fld, reason in plan.unpinned():
-        out.print(f"  [yellow]UNPINNED[/yellow]    {fld}: {reason}")
+        out.print(f"  [yellow]UNPINNED[/yellow]    {fld}: {escape(reason)}")
 
 
 @app.command()
@@ -172,7 +173,7 @@ def check_mods(
             for row in check_variant(plan, Path(work)):
                 rows.append(row)
                 table.add_row(row.variant, row.mod, f"[{STATE_STYLE[row.state]}]{row.state}[/]",
-                              row.source, row.detail)
+                              escape(row.source), escape(row.detail))
             if not plan.mods:
                 table.add_row(plan.variant, "-", "no mods", "", "")
         out.print(table)
@@ -219,10 +220,10 @@ def _smoke_table(results) -> Table:
     style = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
     for res in results:
         if res.skipped:
-            table.add_row(res.tier, "(whole tier)", "[yellow]skipped[/]", res.skipped)
+            table.add_row(res.tier, "(whole tier)", "[yellow]skipped[/]", escape(res.skipped))
         for c in res.checks:
             name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
-            table.add_row(res.tier, name, f"[{style[c.state]}]{c.state}[/]", c.detail)
+            table.add_row(res.tier, escape(name), f"[{style[c.state]}]{c.state}[/]", escape(c.detail))
     return table
 
 
@@ -251,6 +252,9 @@ def build(
     nvcc_threads: Optional[int] = typer.Option(None, "--nvcc-threads", min=1, help="Override NVCC_THREADS."),
     smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the static smoke tier before tagging."),
     log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
+    locked: bool = typer.Option(False, "--locked", help="Build with the lock (images/VARIANT.lock.json) and refuse "
+                                "when the recipe disagrees with it or there is none. Without it a lock that agrees "
+                                "is used, and one that does not is ignored with a warning."),
 ) -> None:
     """Render, build with BuildKit, smoke-test, then tag a variant.
 
@@ -261,11 +265,11 @@ def build(
     from .builder import BuildOptions, build_image, image_ids, keep_candidate, promote
     from .smoke import run_static
 
-    plan = _plan(variant, base)
+    plan, epoch = _with_lock(_plan(variant, base), locked)
     ctx = render_context(plan, State.layout, PROJECT_ROOT / "build" / "contexts" / f"{variant}-{plan.plan_hash[:12]}")
     out.print(f"building {plan.tag} from {ctx.path}")
     opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, no_cache=no_cache,
-                        max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir)
+                        max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir, source_date_epoch=epoch)
     try:
         result = build_image(plan, ctx, opts, progress=_progress_printer(variant))
     except SparkforgeError as exc:
@@ -340,16 +344,463 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
     for c in record["components"]:
         pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
         out.print(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
-                  f"installed {record['installed'].get((c.get('package') or c['name']).split('[')[0])}")
+                  f"installed {record['installed'].get((c.get('package') or c['name']).split('[')[0])}",
+                  markup=False)
     out.print(f"  arch list    {record['build']['torch_cuda_arch_list']}")
     for m in record["mods"]:
         out.print(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}")
     for name, version in sorted(record["protected"].items()):
         out.print(f"  protected    {name} {version}")
     for u in record["unpinned"]:
-        out.print(f"  [yellow]UNPINNED[/]     {u['field']}: {u['reason']}")
+        out.print(f"  [yellow]UNPINNED[/]     {u['field']}: {escape(u['reason'])}")
     for key in sorted(labels):
         out.print(f"  label        {key}={labels[key]}")
+
+
+# ---------------------------------------------------------------- distribute: push, deploy, status
+
+CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
+NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
+              "comma-separated or repeated. Default: every node of the cluster file.")
+REGISTRY_HELP = "Registry as HOST:PORT, e.g. 127.0.0.1:5000 (default: registry: of the cluster file)."
+
+
+def _cluster_path(cluster: Optional[Path]) -> Optional[Path]:
+    if cluster is not None:
+        return cluster
+    default = Path("cluster.yaml")
+    return default if default.is_file() else None
+
+
+def _distribute_printer():
+    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move."""
+    from .distribute import Progress, human_bytes
+
+    last: dict[str, tuple[str, float]] = {}
+
+    def show(p: Progress) -> None:
+        import time
+
+        now = time.monotonic()
+        phase, when = last.get(p.node, ("", 0.0))
+        if p.phase == phase and now - when < 2.0:
+            return
+        last[p.node] = (p.phase, now)
+        moved = f" {human_bytes(p.done)}" + (f" / {human_bytes(p.total)}" if p.total else "") if p.done else ""
+        err.print(f"  {p.node:<14} {p.phase:<7}{moved}  {p.detail}".rstrip(), markup=False)
+
+    return show
+
+
+@app.command()
+def push(
+    variant: str = typer.Argument(..., help="The variant whose built image to push, e.g. ng17e."),
+    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Push a built image's immutable tag and moving tag to a registry.
+
+    Example: python build.py push ng17e --registry 127.0.0.1:5000
+    """
+    from .cluster import check_registry, load_cluster_file
+    from .distribute import head_image, human_bytes, push_image
+
+    plan = _plan(variant, base)
+    path = _cluster_path(cluster)
+    if registry:
+        target = check_registry(registry)
+    elif path is not None and load_cluster_file(path).registry:
+        target = load_cluster_file(path).registry
+    else:
+        raise SparkforgeError("no registry: pass --registry HOST:PORT or set registry: in the cluster file "
+                              "(make registry starts one on 127.0.0.1:5000)", field="--registry")
+    image = head_image(plan)
+    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {target}")
+    result = push_image(image, target, progress=_distribute_printer())
+    for ref in result.refs:
+        out.print(f"pushed {ref}")
+    out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
+              f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
+
+
+@app.command()
+def deploy(
+    variant: str = typer.Argument(..., help="The variant whose built image to deploy, e.g. ng17e."),
+    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    mode: str = typer.Option("registry", "--mode", help="registry: nodes pull what they lack (push first); "
+                             "stream: docker save piped into each node's docker load, no registry needed."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Put a built image on every node, in parallel, and check that every node has the same image ID.
+
+    A node that already has the image is skipped. On each node the moving tag is set last, only
+    after the image ID matches the head's; a node that fails keeps its old image. Exits 1 when
+    any node failed.
+
+    Examples:
+
+      python build.py push ng17e --registry 127.0.0.1:5000
+
+      python build.py deploy ng17e --cluster cluster.yaml
+
+      python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
+    """
+    from .cluster import resolve_cluster
+    from .distribute import FAILED, deploy_registry, deploy_stream, head_image, human_bytes
+
+    if mode not in ("registry", "stream"):
+        raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")
+    plan = _plan(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, registry)
+    if mode == "registry" and not target.registry:
+        raise SparkforgeError("registry mode needs a registry: pass --registry HOST:PORT, set registry: in the "
+                              "cluster file, or use --mode stream", field="--registry")
+    image = head_image(plan)
+    where = f"from {target.registry}" if mode == "registry" else "by docker save | docker load"
+    out.print(f"deploying {plan.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
+    show = _distribute_printer()
+    if mode == "registry":
+        result = deploy_registry(image, target.nodes, target.registry or "", show)
+    else:
+        result = deploy_stream(image, target.nodes, show)
+    table = Table(box=None, pad_edge=False)
+    for col in ("node", "result", "image ID", "moved", "time", "detail"):
+        table.add_column(col)
+    style = {"updated": "green", "current": "cyan", FAILED: "bold red"}
+    for r in result.results:
+        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
+        table.add_row(r.node.name, f"[{style[r.outcome]}]{r.outcome}[/]", (r.image_id or "-")[:19],
+                      human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", detail)
+    out.print(table)
+    for r in result.results:
+        if r.outcome == FAILED:
+            out.print(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on "
+                      f"{(r.previous_id or 'nothing')[:19]}", markup=False)
+    counts = {k: sum(1 for r in result.results if r.outcome == k) for k in ("updated", "current", FAILED)}
+    out.print(f"{len(result.results)} nodes: {counts['updated']} updated, {counts['current']} current, "
+              f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s")
+    if not result.ok:
+        raise typer.Exit(1)
+    out.print(f"every node runs {plan.moving_tag} = {image.image_id}")
+
+
+@app.command()
+def status(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Show which image each node's moving tag points to; exit 1 unless all match (and match the head).
+
+    Example: python build.py status ng17e --cluster cluster.yaml
+    """
+    from .cluster import resolve_cluster
+    from .distribute import cluster_status
+
+    plan = _plan(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, None)
+    st = cluster_status(plan, target.nodes)
+    head_id = st.image.image_id if st.image else None
+    out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("node", "image ID", plan.tag.rpartition(":")[2], "matches head", "detail"):
+        table.add_column(col)
+    for n in st.nodes:
+        match = "-" if head_id is None or n.error else ("[green]yes[/]" if n.moving_id == head_id else "[red]no[/]")
+        tag = "-" if n.error else ("yes" if n.tag_id and n.tag_id == n.moving_id else ("other" if n.tag_id else "no"))
+        table.add_row(n.node.name, (n.moving_id or "-")[:19], tag, match, n.error or n.node.endpoint)
+    out.print(table)
+    if st.all_match:
+        out.print(f"all {len(st.nodes)} nodes match: {next(iter(st.ids))}")
+        return
+    out.print(f"[bold red]nodes differ[/]: {len(st.ids)} distinct images across {len(st.nodes)} nodes"
+              + ("" if not any(n.error for n in st.nodes) else "; some nodes did not answer"))
+    raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- locks and reproducibility: lock, verify-repro,
+# diff, outdated
+
+DEFAULT_EPOCH = 1704067200  # 2024-01-01T00:00:00Z: verify-repro's epoch when neither a lock nor the option gives one
+
+
+def _with_lock(plan: Plan, locked: bool) -> tuple[Plan, Optional[int]]:
+    """The plan with its lock applied, and the lock's SOURCE_DATE_EPOCH; checked before Docker is touched."""
+    from .errors import ConfigError
+    from .lock import apply_lock, check_lock, compare, lock_path, read_lock
+
+    path = lock_path(State.layout.images_dir, plan.variant)
+    if not path.exists():
+        if locked:
+            raise ConfigError(f"no lock file: run `python build.py lock {plan.variant}` first", path=path,
+                              field="--locked")
+        return plan, None
+    lock = read_lock(path)
+    if locked:
+        check_lock(plan, lock, path)
+    else:
+        stale = compare(plan, lock)
+        if stale:
+            err.print(f"warning: {path.name} not used: {stale[0].field}: recipe says {stale[0].recipe}, lock says "
+                      f"{stale[0].lock} (lock again, or pass --locked to refuse)", markup=False)
+            return plan, None
+    for fld, reason in lock.unresolved():
+        err.print(f"note: the lock leaves {fld} unresolved: {reason}", markup=False)
+    return apply_lock(plan, lock), lock.source_date_epoch
+
+
+@app.command()
+def lock(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    no_build: bool = typer.Option(False, "--no-build", help="Do not build: mark the installed packages unresolved "
+                                  "(for a machine that cannot build this variant)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Take the installed packages from this image, built "
+                                        "by sparkforge, instead of building."),
+    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800, help="SOURCE_DATE_EPOCH of locked "
+                                        "builds (default: the existing lock's, else today 00:00 UTC)."),
+    network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
+    log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
+) -> None:
+    """Resolve a variant's open pins and write images/VARIANT.lock.json beside its recipe.
+
+    The lock holds the base image digest (asked from its registry over the Registry v2 API), the
+    vLLM and component commits and versions (git remotes are asked for commits the recipe leaves
+    open), every Python package a real build installed, each mod's content hash and the
+    SOURCE_DATE_EPOCH of builds. What cannot be resolved from here is written as
+    {"unresolved": "<why>"}, never invented. Builds then use the lock; `build --locked` refuses a
+    recipe changed after locking.
+
+    Examples:
+
+      python build.py lock ng17e
+
+      python build.py lock ng17e --no-build      (no GB10 or NGC access here)
+
+      python build.py --images tests/variants lock testvllm --base 127.0.0.1:5000/sparkforge/base-local:bookworm
+    """
+    from rich.markup import escape
+
+    from .builder import BuildOptions, build_image
+    from .inspect import read_record
+    from .lock import BuiltFrom, existing_epoch, lock_path, make_lock, pinned_plan, resolve_pins, today_epoch, write_lock
+
+    if no_build and image:
+        raise SparkforgeError("--no-build and --image exclude each other", field="--image")
+    plan = _plan(variant, base)
+    path = lock_path(State.layout.images_dir, variant)
+    sde = epoch or existing_epoch(path) or today_epoch()
+    pins = resolve_pins(plan, say=lambda line: err.print(f"  {line}", markup=False))
+    packages = built_from = None
+    unresolved = None
+    if no_build:
+        unresolved = (f"not taken from a real build (lock --no-build): this needs a build of {variant} on its real "
+                      f"base, e.g. on a GB10 machine that reaches its registry and GitHub; run `python build.py lock "
+                      f"{variant}` there")
+    else:
+        if image is None:
+            to_build = pinned_plan(plan, pins, sde)
+            ctx = render_context(to_build, State.layout,
+                                 PROJECT_ROOT / "build" / "contexts" / f"{variant}-{to_build.plan_hash[:12]}")
+            out.print(f"building {to_build.tag} to see what it installs")
+            opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert,
+                                log_dir=log_dir, source_date_epoch=sde)
+            image = build_image(to_build, ctx, opts, progress=_progress_printer(variant)).image_id
+        record, _ = read_record(image)
+        if "packages" not in record:
+            raise SparkforgeError(f"the build record of {image} lists no packages (built by an older sparkforge); "
+                                  "build it again", field="--image")
+        packages = record["packages"]
+        built_from = BuiltFrom(_image_id(image), record["plan_hash"])
+    result = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from)
+    write_lock(path, result)
+    out.print(f"locked {variant} -> {path}")
+    out.print(f"  base      {result.base.repository}:{result.base.tag} @ {result.base.digest.show()}")
+    out.print(f"  packages  {len(result.packages)} installed" if packages is not None else "  packages  unresolved")
+    out.print(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in result.mods) or '-'}")
+    out.print(f"  epoch     SOURCE_DATE_EPOCH={result.source_date_epoch}")
+    for fld, reason in result.unresolved():
+        out.print(f"  [yellow]UNRESOLVED[/] {escape(fld)}: {escape(reason)}")
+
+
+def _image_id(ref: str) -> str:
+    from .builder import current_image
+
+    return ref if ref.startswith("sha256:") else (current_image(ref) or ref)
+
+
+@app.command("verify-repro")
+def verify_repro_cmd(
+    variant: str = typer.Argument(..., help="The variant, e.g. testvllm."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    builder_host: Optional[str] = typer.Option(None, "--builder-host", help="Docker engine to build on, e.g. "
+                                               "unix:///run/ctd-docker.sock: a dockerd with the containerd image "
+                                               "store (the default engine's classic store cannot do this)."),
+    locked: bool = typer.Option(False, "--locked", help="Refuse when the recipe disagrees with its lock."),
+    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800,
+                                        help=f"Override the lock's SOURCE_DATE_EPOCH (default without a lock: "
+                                        f"{DEFAULT_EPOCH})."),
+    network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep both image tarballs and build logs in this folder."),
+) -> None:
+    """Build a variant twice from scratch and check that both images are identical, bit for bit.
+
+    Both builds run with --no-cache (fresh cache mounts too), SOURCE_DATE_EPOCH and
+    rewrite-timestamp, exported to tarballs whose manifest, config and layer digests are compared.
+    When they differ, the layers and the files in them that differ are named (exit 1). An engine
+    that cannot export reproducibly is refused in one line (exit 2), never reported as a difference.
+
+    Example:
+
+      python build.py --images tests/variants verify-repro testvllm --base sparkforge/base-local:bookworm \\
+        --builder-host unix:///tmp/ctd/docker.sock --ca-cert /etc/ssl/certs/ca-certificates.crt
+    """
+    import shutil
+    import tempfile
+
+    from .builder import BuildOptions
+    from .repro import verify_repro
+
+    plan, lock_epoch = _with_lock(_plan(variant, base), locked)
+    sde = epoch or lock_epoch or DEFAULT_EPOCH
+    if plan.source_date_epoch != sde:
+        from dataclasses import replace
+
+        from .plan import rehash
+
+        plan = rehash(replace(plan, source_date_epoch=sde))
+    ctx = render_context(plan, State.layout, PROJECT_ROOT / "build" / "contexts" / f"{variant}-{plan.plan_hash[:12]}")
+    workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{variant}-", dir=PROJECT_ROOT / "build"))
+    out.print(f"verify-repro {plan.tag}: two --no-cache builds, SOURCE_DATE_EPOCH={sde}")
+    opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, source_date_epoch=sde,
+                        docker_host=builder_host)
+    try:
+        result = verify_repro(plan, ctx, opts, workdir, progress=_progress_printer(variant),
+                              say=lambda line: err.print(f"  {line}", markup=False))
+    finally:
+        if keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    for n, img in ((1, result.first), (2, result.second)):
+        out.print(f"build {n}: manifest {img.manifest}  image ID {img.config}  ({len(img.layers)} layers)")
+    if result.identical:
+        out.print(f"identical: both builds give manifest {result.first.manifest}")
+        return
+    out.print(f"[bold red]DIFFERENT[/]: {len(result.layers)} of {len(result.first.layers)} layers differ")
+    for layer in result.layers:
+        out.print(f"  layer {layer.index} [{layer.step}]: {len(layer.files)} files differ", markup=False)
+        for f in layer.files[:15]:
+            out.print(f"    {f.path}: {', '.join(f.what)}", markup=False)
+        if len(layer.files) > 15:
+            out.print(f"    ... and {len(layer.files) - 15} more", markup=False)
+    if result.config_fields:
+        out.print(f"  config: {', '.join(result.config_fields[:12])}", markup=False)
+    raise typer.Exit(1)
+
+
+@app.command("diff")
+def diff_cmd(
+    a: str = typer.Argument(..., help="A variant, a lock file (*.lock.json) or a built image."),
+    b: str = typer.Argument(..., help="The same kinds as A."),
+) -> None:
+    """Show what changed from A to B: the base, vLLM, the components, the mods and the Python packages.
+
+    A variant gives its plan, with its lock's packages when the lock agrees with the recipe; a
+    lock file gives what it pins; an image gives its build record.
+
+    Examples:
+
+      python build.py diff ng17 ng17e
+
+      python build.py diff images/ng17.lock.json images/ng17e.lock.json
+
+      python build.py diff sparkforge/vllm:ng17e-261c666b5a67 sparkforge/vllm:ng17e
+    """
+    from .diff import SECTIONS, diff, summary
+
+    d = diff(a, b, State.layout)
+    out.print(f"diff {d.a.label} -> {d.b.label}", markup=False)
+    for section in SECTIONS:
+        changes = d.in_section(section)
+        if not changes:
+            out.print(f"  {section:<11} {summary(d, section)}", markup=False)
+            continue
+        lines = [c.line() for c in changes]
+        out.print(f"  {section:<11} {lines[0]}", markup=False)
+        for line in lines[1:]:
+            out.print(f"  {'':<11} {line}", markup=False)
+    for note in d.notes:
+        out.print(f"  note: {note}", markup=False)
+    count = len(d.changes)
+    out.print(f"{count} change{'s' if count != 1 else ''}", markup=False)
+
+
+@app.command()
+def outdated(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17."),
+    mods: bool = typer.Option(True, "--mods/--no-mods", help="Try the variant's vLLM mods on each newer vLLM release "
+                              "(as check-mods --matrix; sources are downloaded once and cached)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Last vLLM release to try the mods on."),
+) -> None:
+    """Show which pinned components have newer releases on PyPI, and which mods apply to them.
+
+    Checks vLLM, every pip component, and git components that PyPI also publishes
+    (transformers). For each newer vLLM release, each vLLM mod of the variant is applied to the
+    real source in a scratch copy, as `check-mods --matrix` does.
+
+    Examples:
+
+      python build.py outdated ng17
+
+      python build.py outdated ng17e --no-mods
+    """
+    import tempfile
+
+    from rich.markup import escape
+
+    from .checkmods import UNVERIFIED
+    from .outdated import outdated as find_outdated
+
+    plan = _plan(variant)
+    with tempfile.TemporaryDirectory(prefix="sparkforge-outdated-") as work:
+        report = find_outdated(plan, Path(work), try_mods=mods, until=until,
+                               progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
+    table = Table(box=None, pad_edge=False)
+    for col in ("component", "pinned", "newest", "newer releases", "note"):
+        table.add_column(col)
+    for c in report.components:
+        newer = ", ".join(c.newer) if len(c.newer) <= 6 else f"{', '.join(c.newer[:3])}, ... {c.newer[-1]} ({len(c.newer)})"
+        table.add_row(c.component, c.pinned, c.newest or "-", newer or "up to date", escape(c.note))
+    out.print(table)
+    if not report.cells:
+        if mods and report.mods and report.components[0].newer:
+            out.print("no newer vLLM release to try the mods on")
+        return
+    versions = list(dict.fromkeys(c.version for c in report.cells))
+    mt = Table(box=None, pad_edge=False, title="vLLM mods on the newer releases (! = differs from the mod's targets)")
+    mt.add_column("vllm")
+    for name in report.mods:
+        mt.add_column(name)
+    for version in versions:
+        marks = []
+        for name in report.mods:
+            cell = next(c for c in report.cells if c.mod == name and c.version == version)
+            ok = cell.state in ("applied", "already")
+            mark = "[yellow]unverified[/]" if cell.state == UNVERIFIED else ("[green]applies[/]" if ok else "[red]fails[/]")
+            if cell.state != UNVERIFIED and ok != cell.declared:
+                mark += "!"
+            marks.append(mark)
+        mt.add_row(version, *marks)
+    out.print(mt)
+    for name in report.mods:
+        runs = ", ".join(x if x == y else f"{x}..{y}" for x, y in report.applies_to(name)) or "none"
+        out.print(f"{name}: applies to newer vllm {runs}")
+
 
 
 def run() -> None:

@@ -407,6 +407,7 @@ def write_record(home: Path) -> dict:
         "vllm": plan["vllm"] | {"built_commit": built_commit},
         "components": plan["components"],
         "installed": installed,
+        "packages": installed_packages(),
         "mods": [{"name": m["name"], "digest": m["digest"], "phase": m["spec"]["phase"],
                   "result": next((r["result"] for r in mods if r["name"] == m["name"]), None)}
                  for m in plan["mods"]],
@@ -421,6 +422,17 @@ def write_record(home: Path) -> dict:
     }
     (home / "build-record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
+
+
+def installed_packages() -> dict[str, str]:
+    """Every Python distribution the image's Python sees, by normalized name, with its version;
+    where a name is installed twice, the one found first on sys.path (the one imported) wins."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
+        if name and name not in found:
+            found[name] = dist.version
+    return dict(sorted(found.items()))
 
 
 def _release_commit() -> str | None:

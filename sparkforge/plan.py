@@ -140,6 +140,10 @@ class Plan:
     mods: tuple[Mod, ...]
     tooling_digest: str
     tool_version: str = __version__
+    # From a lock file (sparkforge/lock.py): every installed package's version, as pip
+    # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
+    pins: tuple[tuple[str, str], ...] = ()
+    source_date_epoch: int | None = None
     plan_hash: str = field(default="", compare=False)
 
     @property
@@ -312,6 +316,12 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         mods=tuple(mods),
         tooling_digest=digest_files(layout.template, layout.imagetool),
     )
+    return rehash(plan)
+
+
+def rehash(plan: Plan) -> Plan:
+    """The plan with its hash (and so its tag) computed from its identity; call it after
+    changing a plan with dataclasses.replace."""
     canonical = json.dumps(plan.identity(), sort_keys=True, separators=(",", ":"))
     return _with_hash(plan, hashlib.sha256(canonical.encode()).hexdigest())
 

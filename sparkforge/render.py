@@ -82,6 +82,8 @@ def context_files(plan: Plan, layout: Layout) -> dict[str, bytes]:
         "sparkforge/imagetool.py": layout.imagetool.read_bytes(),
         MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
     }
+    if plan.pins:
+        files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
     for mod in plan.mods:
         folder = Path(mod.folder)
         for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):

@@ -1,7 +1,9 @@
-"""Fixtures for tests with a real Docker engine: the engine, the local base, the built test image."""
+"""Fixtures for tests with a real Docker engine: the engine, the local base, the built test image,
+and for distribution a real registry and three real dockerd nodes."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -83,3 +85,88 @@ def test_image(base_image: str) -> BuiltImage:
     ident = image_id(plan["tag"])
     assert ident, f"{plan['tag']} missing after build"
     return BuiltImage("testvllm", plan["tag"], plan["moving_tag"], ident)
+
+
+# ------------------------------------------------- distribution: a real registry and real nodes
+
+
+@dataclass
+class Registry:
+    """Debian's docker-registry on 127.0.0.1:port, run by scripts/registry.sh (a real process)."""
+
+    port: int
+    state: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _script(self, action: str) -> subprocess.CompletedProcess:
+        import os
+
+        env = dict(os.environ, SPARKFORGE_STATE=str(self.state))
+        return subprocess.run(["bash", str(ROOT / "scripts" / "registry.sh"), action, str(self.port)],
+                              capture_output=True, text=True, env=env, timeout=60)
+
+    def start(self) -> None:
+        proc = self._script("start")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def stop(self) -> None:
+        proc = self._script("stop")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def has_tag(self, repository: str, tag: str) -> bool:
+        import json
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{self.address}/v2/{repository}/tags/list", timeout=5) as resp:
+                return tag in (json.load(resp).get("tags") or [])
+        except OSError:
+            return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Registry:
+    """A registry for one test module, stopped (data deleted with the tmp dir) at its end."""
+    if shutil.which("docker-registry") is None:
+        pytest.skip("docker-registry not installed (run scripts/docker-up.sh)")
+    reg = Registry(_free_port(), tmp_path_factory.mktemp("registry"))
+    reg.start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """Three extra real dockerd daemons (tests/infra/nodes.py), started once per module.
+
+    max-download-attempts=1: a pull whose registry died fails at once instead of after the
+    engine's default 5 attempts with a growing back-off (about 50 s), which is the same outcome.
+    """
+    import os
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        pytest.skip("extra dockerd nodes need root and dockerd (scripts/docker-up.sh)")
+    sys.path.insert(0, str(ROOT / "tests" / "infra"))
+    from nodes import start_nodes, stop_nodes
+
+    base = tempfile.mkdtemp(prefix="sfd-", dir="/tmp")  # short: unix socket paths max 107 bytes
+    started = start_nodes(3, base, daemon_config={"max-download-attempts": 1})
+    yield started
+    try:
+        stop_nodes(started, kill=True)  # throw-away nodes: no graceful shutdown to wait for
+    finally:
+        for node in started:
+            node.destroy()
+        shutil.rmtree(base, ignore_errors=True)

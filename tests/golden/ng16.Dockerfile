@@ -64,6 +64,8 @@ COPY --from=component-transformers /opt/src/transformers /opt/src/transformers
 ARG TORCH_CUDA_ARCH_LIST='12.0a;12.1a'
 ARG MAX_JOBS=8
 ARG NVCC_THREADS=2
+# Set from the lock: pip then writes hash-based .pyc files, which do not depend on the build's time.
+ARG SOURCE_DATE_EPOCH
 WORKDIR /workspace/vllm
 RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
     --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
@@ -79,6 +81,8 @@ RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
 # ---------------------------------------------------------------- runtime: installs, then mods, then metadata
 FROM base AS runtime
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+# Set from the lock: hash-based .pyc files from pip, and the build record's time.
+ARG SOURCE_DATE_EPOCH
 COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /opt/sparkforge/record/vllm-commit
 COPY --from=component-cutlass /opt/cutlass /opt/cutlass
 COPY --from=component-transformers /opt/src/transformers /opt/src/transformers
@@ -98,7 +102,6 @@ RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-a
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
 # The build record: the plan, each mod's result, and what was really installed.
-ARG SOURCE_DATE_EPOCH
 RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
@@ -108,7 +111,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng16" \
       io.sparkforge.chain="ng16" \
-      io.sparkforge.plan-hash="89303a5e7b87235c63b48e2a89296ecf09601b6949be2ea667e5fc06a7ece632" \
+      io.sparkforge.plan-hash="847ddb446a0147714a2bab6a52e36bf1949c1625e9b7d2e4f15b9123aa633000" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97" \
       io.sparkforge.tool-version="0.1.0"

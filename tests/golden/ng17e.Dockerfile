@@ -51,6 +51,8 @@ COPY --from=component-cutlass /opt/cutlass /opt/cutlass
 ARG TORCH_CUDA_ARCH_LIST='12.0a;12.1a'
 ARG MAX_JOBS=8
 ARG NVCC_THREADS=2
+# Set from the lock: pip then writes hash-based .pyc files, which do not depend on the build's time.
+ARG SOURCE_DATE_EPOCH
 WORKDIR /workspace/vllm
 RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
     --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
@@ -66,6 +68,8 @@ RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
 # ---------------------------------------------------------------- runtime: installs, then mods, then metadata
 FROM base AS runtime
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+# Set from the lock: hash-based .pyc files from pip, and the build record's time.
+ARG SOURCE_DATE_EPOCH
 COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /opt/sparkforge/record/vllm-commit
 COPY --from=component-cutlass /opt/cutlass /opt/cutlass
 RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
@@ -88,7 +92,6 @@ RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchr
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
 # The build record: the plan, each mod's result, and what was really installed.
-ARG SOURCE_DATE_EPOCH
 RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
@@ -98,7 +101,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng17e" \
       io.sparkforge.chain="ng17e,ng17" \
-      io.sparkforge.plan-hash="87f371c92c70fca1050bf09e0ef9835ad3e6cc03ed0bd14b5e34bf2f2454e7ce" \
+      io.sparkforge.plan-hash="a18f7cafa57ee4e0cbcd8865d5774da81a1386d78e84f9ff82c96b0a044a19d4" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
       io.sparkforge.tool-version="0.1.0"

@@ -1,0 +1,161 @@
+"""Real locks and rebuilds: lock against a real local registry, build --locked, refuse an edited recipe, verify-repro on a containerd-store dockerd, diff two builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import BASE, CA, ROOT, VARIANTS, build_args, image_id, sparkforge
+
+MANIFEST_ACCEPT = ", ".join([
+    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
+
+
+@pytest.fixture(scope="module")
+def pushed_base(registry, base_image: str) -> str:
+    """The local base, pushed to the module's real registry; returns REPOSITORY (tag bookworm)."""
+    repo = f"{registry.address}/sparkforge/base-local"
+    subprocess.run(["docker", "tag", base_image, f"{repo}:bookworm"], check=True)
+    proc = subprocess.run(["docker", "push", f"{repo}:bookworm"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return repo
+
+
+@pytest.fixture(scope="module")
+def lock_images(pushed_base: str, tmp_path_factory) -> Path:
+    """A recipe folder with the test variant whose base is the registry's copy, digest left to `lock`."""
+    images = tmp_path_factory.mktemp("lock") / "images"
+    images.mkdir()
+    text = (VARIANTS / "testvllm.yaml").read_text()
+    text = text.replace("repository: nvcr.io/nvidia/pytorch", f"repository: {pushed_base}")
+    text = text.replace("tag: 26.01-py3", "tag: bookworm")
+    (images / "testvllm.yaml").write_text(text)
+    return images
+
+
+def _registry_digest(repo: str, tag: str) -> str:
+    host, _, name = repo.partition("/")
+    req = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", method="HEAD",
+                                 headers={"Accept": MANIFEST_ACCEPT})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.headers["Docker-Content-Digest"]
+
+
+@pytest.fixture(scope="module")
+def locked(lock_images: Path, pushed_base: str) -> dict:
+    proc = sparkforge("--images", str(lock_images), "lock", "testvllm", "--ca-cert", CA)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((lock_images / "testvllm.lock.json").read_text())
+
+
+def test_lock_asks_the_registry_and_records_a_real_build(locked: dict, pushed_base: str) -> None:
+    assert locked["base"] == {"repository": pushed_base, "tag": "bookworm",
+                              "digest": _registry_digest(pushed_base, "bookworm")}
+    assert locked["packages"]["vllm"] == "0.17.0"
+    assert {"pip", "setuptools", "wheel"} <= set(locked["packages"])
+    assert [m["name"] for m in locked["mods"]] == ["uf17-eager-allreduce", "fix-qwen35-tp4-marlin", "serve-torchrun"]
+    assert all(m["digest"].startswith("sha256:") for m in locked["mods"])
+    assert locked["source_date_epoch"] >= 315532800
+    assert locked["built_from"]["image_id"].startswith("sha256:")
+
+
+def test_build_locked_uses_the_digest_the_constraints_and_the_epoch(locked: dict, lock_images: Path) -> None:
+    proc = sparkforge("--images", str(lock_images), "build", "testvllm", "--locked", "--ca-cert", CA)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    show = json.loads(sparkforge("--images", str(lock_images), "show", "testvllm", "--json").stdout)
+    tag = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("building "))
+    assert tag != show["tag"]  # the locked plan is another plan than the bare recipe
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert labels["org.opencontainers.image.base.digest"] == locked["base"]["digest"]
+    out = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", tag, "-c",
+                          "cat /opt/sparkforge/lock/constraints.txt; python3 -c 'import json; "
+                          "r=json.load(open(\"/opt/sparkforge/build-record.json\")); print(r[\"built_at\"])'"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "vllm==0.17.0\n" in out
+    assert out.strip().endswith("T00:00:00Z")  # the lock's SOURCE_DATE_EPOCH is a midnight
+
+
+def test_build_locked_refuses_a_recipe_edited_after_locking(locked: dict, lock_images: Path) -> None:
+    recipe = lock_images / "testvllm.yaml"
+    original = recipe.read_text()
+    try:
+        recipe.write_text(original.replace("  - fix-qwen35-tp4-marlin\n", ""))
+        proc = sparkforge("--images", str(lock_images), "build", "testvllm", "--locked", "--ca-cert", CA)
+        assert proc.returncode == 2
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert ("testvllm.lock.json: mods: recipe says [uf17-eager-allreduce, serve-torchrun], lock says "
+                "[uf17-eager-allreduce, fix-qwen35-tp4-marlin, serve-torchrun]") in proc.stderr
+        assert "building" not in proc.stdout  # refused before Docker
+        recipe.write_text(original.replace('version: "0.17.0"', 'version: "0.17.1"'))
+        proc = sparkforge("--images", str(lock_images), "build", "testvllm", "--locked")
+        assert proc.returncode == 2
+        assert "vllm.version: recipe says 0.17.1, lock says 0.17.0" in proc.stderr
+    finally:
+        recipe.write_text(original)
+
+
+@pytest.fixture(scope="module")
+def containerd_node():
+    """One extra real dockerd with the containerd image store (tests/infra/nodes.py)."""
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        pytest.skip("an extra dockerd needs root and dockerd (scripts/docker-up.sh)")
+    sys.path.insert(0, str(ROOT / "tests" / "infra"))
+    from nodes import start_nodes, stop_nodes
+
+    base = tempfile.mkdtemp(prefix="sfr-", dir="/tmp")  # short: unix socket paths max 107 bytes
+    started = start_nodes(1, base, daemon_config={"features": {"containerd-snapshotter": True}}, prefix="ctd")
+    yield started[0]
+    try:
+        stop_nodes(started)
+    finally:
+        for node in started:
+            node.destroy()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_verify_repro_refuses_the_classic_store_in_one_line(base_image: str) -> None:
+    proc = sparkforge("--images", str(VARIANTS), "verify-repro", "testvllm", "--base", BASE)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "classic store" in proc.stderr and "--builder-host" in proc.stderr
+
+
+def test_verify_repro_gives_identical_digests(containerd_node, base_image: str) -> None:
+    proc = sparkforge("--images", str(VARIANTS), "verify-repro", "testvllm", "--base", BASE, "--ca-cert", CA,
+                      "--builder-host", containerd_node.endpoint)
+    print(proc.stdout)  # the two digests, for the CI log
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("build ")]
+    assert len(lines) == 2
+    assert lines[0].split()[3] == lines[1].split()[3]  # manifest digests
+    assert lines[0].split()[6] == lines[1].split()[6]  # image IDs
+    assert "identical: both builds give manifest sha256:" in proc.stdout
+
+
+def test_diff_of_two_builds_that_differ_by_one_mod(test_image, tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    text = (VARIANTS / "testvllm.yaml").read_text().replace("  - fix-qwen35-tp4-marlin\n", "")
+    (images / "testvllm.yaml").write_text(text)
+    proc = sparkforge(*build_args("testvllm", images=images))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    other = json.loads(sparkforge("--images", str(images), "show", "testvllm", "--base", BASE, "--json").stdout)["tag"]
+    assert image_id(other) and image_id(other) != test_image.image_id
+    proc = sparkforge("diff", test_image.tag, other)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "  mods        - fix-qwen35-tp4-marlin sha256:" in out
+    for section in ("base", "vllm", "components"):
+        assert f"  {section:<11} same: " in out
+    assert "  packages    same: " in out
+    assert out.rstrip().endswith("1 change")

@@ -1,0 +1,324 @@
+"""Lock files without Docker: recipe-versus-lock checks, locked plans, bad locks, registry digests, diff, outdated, repro tarballs."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import shutil
+import tarfile
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sparkforge.diff import diff, diff_snapshots, from_plan
+from sparkforge.lock import (
+    MANIFEST_TYPES,
+    Pinned,
+    apply_lock,
+    compare,
+    lock_path,
+    make_lock,
+    read_lock,
+    registry_digest,
+    split_repository,
+    write_lock,
+)
+from sparkforge.outdated import check_components, newer_releases
+from sparkforge.plan import Layout, plan_variant
+from sparkforge.render import context_files
+from sparkforge.repro import compare as compare_images
+from sparkforge.repro import read_digests
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGEST = "sha256:" + "ab" * 32
+PACKAGES = {"vllm": "0.17.0", "pip": "23.0.1", "Setuptools": "66.1.1", "python-apt": "2.6.0+nmu1~weird"}
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("*.lock.json"))
+    return tmp_path / "images"
+
+
+def layout(images: Path) -> Layout:
+    return Layout.default(ROOT, images_dir=images)
+
+
+def locked(images: Path, variant: str = "ng17e", packages: dict | None = PACKAGES):
+    plan = plan_variant(layout(images), variant)
+    lock = make_lock(plan, {"base.digest": Pinned(DIGEST)}, 1767225600, packages=packages,
+                     packages_unresolved=None if packages is not None else "no build here")
+    write_lock(lock_path(images, variant), lock)
+    return plan, lock
+
+
+def edit(images: Path, variant: str, old: str, new: str) -> None:
+    path = images / f"{variant}.yaml"
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new))
+
+
+def test_a_fresh_lock_agrees_and_round_trips(images: Path) -> None:
+    plan, lock = locked(images)
+    again = read_lock(lock_path(images, "ng17e"))
+    assert again == lock
+    assert compare(plan, again) == []
+    # ray has no version in the recipe: the lock pins what the build installed, or says why not
+    ray = next(c for c in lock.components if c.name == "ray")
+    assert ray.version == Pinned(None, "the build did not install ray[default]")
+
+
+def test_a_lock_names_the_field_the_recipe_changed(images: Path) -> None:
+    plan, lock = locked(images)
+    edit(images, "ng17e", "version: 0.6.6", "version: 0.6.7")
+    edit(images, "ng17", "  - serve-torchrun\n", "")
+    diffs = compare(plan_variant(layout(images), "ng17e"), lock)
+    assert [(d.field, d.recipe, d.lock) for d in diffs] == [
+        ("components.flashinfer.version", "0.6.7", "0.6.6"),
+        ("mods", "[uf17-eager-allreduce, fix-qwen35-tp4-marlin]",
+         "[uf17-eager-allreduce, fix-qwen35-tp4-marlin, serve-torchrun]"),
+    ]
+
+
+def test_a_changed_mod_is_named_by_its_digest(images: Path, tmp_path: Path) -> None:
+    mods = tmp_path / "mods"
+    shutil.copytree(ROOT / "mods", mods)
+    lay = Layout.default(ROOT, images_dir=images, mods_dir=mods)
+    lock = make_lock(plan_variant(lay, "ng17"), {}, 1767225600, packages=None, packages_unresolved="x")
+    (mods / "serve-torchrun" / "NOTE").write_text("changed\n")
+    (d,) = compare(plan_variant(lay, "ng17"), lock)
+    assert d.field == "mods.serve-torchrun.digest" and d.recipe != d.lock
+
+
+def test_a_pin_the_recipe_leaves_open_is_the_locks_to_fill(images: Path) -> None:
+    plan, lock = locked(images)
+    assert plan.base.digest.value is None
+    assert compare(plan, lock) == []
+    # but a digest the recipe pins must be the lock's
+    edit(images, "ng17", "  digest:\n    unknown: the NGC registry is not reachable from where this recipe was "
+         "written; `lock` resolves it\n", f"  digest: sha256:{'cd' * 32}\n")
+    (d,) = compare(plan_variant(layout(images), "ng17e"), lock)
+    assert (d.field, d.recipe, d.lock) == ("base.digest", f"sha256:{'cd' * 32}", DIGEST)
+
+
+def test_the_locked_plan_pins_base_packages_and_epoch(images: Path) -> None:
+    plan, lock = locked(images, "ng17")
+    lp = apply_lock(plan, lock)
+    assert lp.base.ref == f"nvcr.io/nvidia/vllm:26.02-py3@{DIGEST}"
+    assert lp.source_date_epoch == 1767225600
+    assert dict(lp.pins) == {"pip": "23.0.1", "setuptools": "66.1.1", "vllm": "0.17.0"}  # no unparsable version
+    assert lp.tag != plan.tag and lp.plan_hash != plan.plan_hash
+    files = context_files(lp, layout(images))
+    assert files["lock/constraints.txt"] == b"pip==23.0.1\nsetuptools==66.1.1\nvllm==0.17.0\n"
+    dockerfile = files["Dockerfile"].decode()
+    assert f"ARG BASE_IMAGE=nvcr.io/nvidia/vllm:26.02-py3@{DIGEST}" in dockerfile
+    uses = dockerfile.count("-c /opt/sparkforge/protect/constraints.txt")
+    assert uses == dockerfile.count("-c /opt/sparkforge/protect/constraints.txt -c /opt/sparkforge/lock/constraints.txt")
+    assert uses == 2  # the build requirements of the compile, and the vLLM wheel
+    assert dockerfile.count("COPY lock/constraints.txt /opt/sparkforge/lock/constraints.txt") == 2
+    assert "lock/constraints.txt" not in context_files(plan, layout(images))
+
+
+def test_build_locked_refuses_an_edited_recipe_before_docker(images: Path, cli) -> None:
+    locked(images, "ng17")
+    edit(images, "ng17", "ref: v0.17.0", "ref: v0.17.1")
+    proc = cli("--images", str(images), "build", "ng17", "--locked")
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith("error: ") and "ng17.lock.json: vllm.ref: recipe says v0.17.1, lock says v0.17.0" in line
+
+
+def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
+    proc = cli("--images", str(images), "build", "ng16", "--locked")
+    assert proc.returncode == 2
+    assert "ng16.lock.json: --locked: no lock file: run `python build.py lock ng16` first" in proc.stderr
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda d: d.update(source_date_epoch="1704067200"), "source_date_epoch"),
+    (lambda d: d["base"].update(digest="sha256:short"), "base.digest"),
+    (lambda d: d["mods"][0].pop("digest"), "mods.0.digest"),
+    (lambda d: d.update(extra=1), "extra"),
+    (lambda d: d["components"]["flashinfer"].update(version={"unknown": "x"}), "components.flashinfer.version"),
+    (lambda d: d["packages"].update({"bad name!": "1"}), "packages"),
+])
+def test_a_bad_lock_file_is_one_line_exit_2(images: Path, cli, damage, field) -> None:
+    locked(images)
+    path = lock_path(images, "ng17e")
+    data = json.loads(path.read_text())
+    damage(data)
+    path.write_text(json.dumps(data))
+    proc = cli("--images", str(images), "build", "ng17e", "--locked")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert f"ng17e.lock.json: {field}" in proc.stderr
+
+
+def test_malformed_json_names_line_and_column(images: Path, cli) -> None:
+    lock_path(images, "ng17").write_text('{"sparkforge_lock": 1,\n  "variant": }\n')
+    proc = cli("--images", str(images), "diff", "ng17", "ng17e")
+    assert proc.returncode == 2
+    assert "ng17.lock.json: malformed lock file: line 2, column 14" in proc.stderr
+
+
+# ------------------------------------------------------------------ diff
+
+
+def test_diff_between_variants_lists_exactly_the_changes(images: Path) -> None:
+    d = diff("ng17", "ng17e", layout(images))
+    assert [(c.section, c.kind, c.name) for c in d.changes] == [
+        ("vllm", "changed", "vllm"), ("components", "added", "flashinfer"), ("components", "added", "ray")]
+    assert d.changes[0].old == "0.17.0 (git v0.17.0 @ b31e9326a7d9)"
+    assert d.changes[0].new == "0.17.1rc1.dev158 (git 600a039f5 @ 600a039f572a)"
+
+
+def test_diff_of_packages_added_removed_changed(images: Path) -> None:
+    a = from_plan(plan_variant(layout(images), "ng17"))
+    a = replace(a, packages=(("numpy", "2.1.0"), ("ray", "2.40.0"), ("torch", "2.11.0")))
+    b = replace(a, packages=(("flashinfer-python", "0.6.6"), ("numpy", "2.1.0"), ("torch", "2.11.1")))
+    d = diff_snapshots(a, b)
+    assert [c.line() for c in d.in_section("packages")] == [
+        "+ flashinfer-python 0.6.6", "- ray 2.40.0", "~ torch: 2.11.0 -> 2.11.1"]
+
+
+def test_diff_between_locks_and_cli(images: Path, cli) -> None:
+    locked(images, "ng17", {"vllm": "0.17.0", "numpy": "2.1.0"})
+    locked(images, "ng17e", {"vllm": "0.17.1rc1.dev158", "numpy": "2.1.0", "flashinfer-python": "0.6.6"})
+    proc = cli("--images", str(images), "diff", str(lock_path(images, "ng17")), str(lock_path(images, "ng17e")))
+    assert proc.returncode == 0, proc.stderr
+    assert "+ flashinfer-python 0.6.6" in proc.stdout
+    assert "~ vllm: 0.17.0 -> 0.17.1rc1.dev158" in proc.stdout
+    assert "mods        same: uf17-eager-allreduce, fix-qwen35-tp4-marlin, serve-torchrun" in proc.stdout
+
+
+# ------------------------------------------------------------------ registry digest, with the token flow
+
+
+class _Registry(http.server.BaseHTTPRequestHandler):
+    manifest = b'{"schemaVersion": 2}'
+    seen: list[dict] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/token"):
+            body = json.dumps({"token": "t0k"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.do_HEAD()
+
+    def do_HEAD(self) -> None:
+        type(self).seen.append({"path": self.path, "accept": self.headers.get("Accept"),
+                                "auth": self.headers.get("Authorization")})
+        if self.headers.get("Authorization") != "Bearer t0k":
+            host = f"127.0.0.1:{self.server.server_address[1]}"
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", f'Bearer realm="http://{host}/token",service="reg",'
+                             'scope="repository:team/base:pull"')
+            self.end_headers()
+            return
+        if self.path != "/v2/team/base/manifests/1.0":
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", MANIFEST_TYPES[0])
+        self.send_header("Content-Length", str(len(self.manifest)))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(self.manifest)
+
+
+def test_registry_digest_follows_the_token_flow_and_asks_for_indexes() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        digest = registry_digest(f"127.0.0.1:{port}/team/base", "1.0")
+        assert digest == "sha256:" + hashlib.sha256(_Registry.manifest).hexdigest()  # no header: hashed body
+        assert _Registry.seen[0]["auth"] is None and _Registry.seen[-1]["auth"] == "Bearer t0k"
+        assert "application/vnd.oci.image.index.v1+json" in _Registry.seen[0]["accept"]
+        assert "application/vnd.docker.distribution.manifest.v2+json" in _Registry.seen[0]["accept"]
+        with pytest.raises(Exception, match="has no team/base:2.0"):
+            registry_digest(f"127.0.0.1:{port}/team/base", "2.0")
+    finally:
+        server.shutdown()
+
+
+def test_repository_names_split_like_docker() -> None:
+    assert split_repository("nvcr.io/nvidia/vllm") == ("nvcr.io", "nvidia/vllm")
+    assert split_repository("127.0.0.1:5000/sparkforge/base") == ("127.0.0.1:5000", "sparkforge/base")
+    assert split_repository("sparkforge/base-local") == ("registry-1.docker.io", "sparkforge/base-local")
+    assert split_repository("debian") == ("registry-1.docker.io", "library/debian")
+
+
+# ------------------------------------------------------------------ outdated
+
+
+def test_outdated_lists_newer_final_releases(images: Path) -> None:
+    releases = {"vllm": ["0.16.0", "0.17.0", "0.17.1", "0.18.0"], "flashinfer-python": ["0.6.6", "0.7.0"],
+                "ray": ["2.40.0", "2.41.0"]}
+    assert newer_releases("vllm", "0.17.1rc1.dev158", releases.__getitem__) == ("0.17.1", "0.18.0")
+    comps = {c.component: c for c in check_components(plan_variant(layout(images), "ng17e"), releases.__getitem__)}
+    assert comps["vllm"].newer == ("0.17.1", "0.18.0")
+    assert comps["flashinfer"].newer == ("0.7.0",) and comps["flashinfer"].newest == "0.7.0"
+    assert comps["ray"].pinned == "UNPINNED" and comps["ray"].newer == ("2.40.0", "2.41.0")
+    assert comps["cutlass"].newer == () and comps["cutlass"].note.startswith("not checked")
+
+
+# ------------------------------------------------------------------ repro: naming what differs
+
+
+def _oci_tar(path: Path, files: dict[str, bytes], created: str) -> None:
+    """A minimal single-image OCI tarball, as buildx exports it, with one fixed and one varying layer."""
+    blobs: dict[str, bytes] = {}
+
+    def add(body: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        blobs[digest] = body
+        return digest
+
+    def layer(entries: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, body in entries.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(body), 1704067200
+                tf.addfile(info, io.BytesIO(body))
+        return buf.getvalue()
+
+    layers = [add(layer({"etc/fixed": b"same"})), add(layer(files))]
+    config = add(json.dumps({"created": created, "history": [{"created_by": "COPY fixed"},
+                                                             {"created_by": "RUN /bin/bash -euo pipefail -c pip"}]}).encode())
+    manifest = add(json.dumps({"config": {"digest": config}, "layers": [{"digest": d} for d in layers]}).encode())
+    index = json.dumps({"manifests": [{"digest": manifest}]}).encode()
+    with tarfile.open(path, "w") as tf:
+        for name, body in [("index.json", index)] + [(f"blobs/{d.replace(':', '/')}", b) for d, b in blobs.items()]:
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
+
+
+def test_repro_names_the_layer_and_the_files_that_differ(tmp_path: Path) -> None:
+    _oci_tar(tmp_path / "1.tar", {"a.pyc": b"x1", "same.py": b"s", "gone": b"g"}, "2024-01-01T00:00:00Z")
+    _oci_tar(tmp_path / "2.tar", {"a.pyc": b"x2", "same.py": b"s", "new": b"n"}, "2024-01-02T00:00:00Z")
+    first, second = read_digests(tmp_path / "1.tar"), read_digests(tmp_path / "2.tar")
+    assert first.manifest != second.manifest and first.layers[0] == second.layers[0]
+    cfg, layers = compare_images(first, second)
+    assert cfg == ("created",)
+    (layer,) = layers
+    assert layer.index == 2 and layer.step == "pip"
+    assert [(f.path, f.what) for f in layer.files] == [
+        ("a.pyc", ("content",)), ("gone", ("only in build 1",)), ("new", ("only in build 2",))]
+    _oci_tar(tmp_path / "3.tar", {"a.pyc": b"x1", "same.py": b"s", "gone": b"g"}, "2024-01-01T00:00:00Z")
+    assert read_digests(tmp_path / "3.tar").manifest == first.manifest
