@@ -256,6 +256,10 @@ class ModSpec(Strict):
 # ---------------------------------------------------------------- loading
 
 
+# libyaml's loader when PyYAML was built with it: the same safe subset, parsed several times faster.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_yaml(path: Path) -> Any:
     """Parse one YAML file, turning parse errors into one line that names the file and line."""
     try:
@@ -265,7 +269,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
