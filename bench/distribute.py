@@ -135,6 +135,11 @@ def main() -> None:
     env = dict(os.environ, **env_state)
     pushed_refs: list[str] = []
     print(f"bench-distribute: variant {VARIANT} (real vLLM 0.17.0 wheel) on {BASE}, 3 dockerd nodes")
+    # BuildKit can hold several cache records for one step (one per earlier --no-cache build, for
+    # instance), and a later build may continue from any of them; the classic image store cannot
+    # make those layers bit-identical. Start from an empty build cache, so that the head and the
+    # mod-changed build of run 3 share one chain, as on a machine that built only this image.
+    subprocess.run(["docker", "builder", "prune", "--all", "--force"], check=True, capture_output=True)
     sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
     layout = Layout.default(ROOT, images_dir=IMAGES)
     head = distribute.head_image(plan_variant(layout, VARIANT, base=BASE))
