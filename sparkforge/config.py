@@ -260,14 +260,19 @@ class ModSpec(Strict):
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse one YAML file, turning parse errors into one line that names the file and line."""
+def read_text(path: Path, missing: str = "file not found") -> str:
+    """A file's text; a missing or unreadable file is one line naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError("file not found", path=path) from None
+        raise ConfigError(missing, path=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse one YAML file, turning parse errors into one line that names the file and line."""
+    text = read_text(path)
     try:
         return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:

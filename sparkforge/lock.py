@@ -42,6 +42,7 @@ from .config import (
     Repository,
     Strict,
     Text,
+    read_text,
 )
 from .errors import ConfigError, SparkforgeError
 from .plan import BaseImage, Component, Pin, Plan, rehash
@@ -233,12 +234,7 @@ def _pin(raw: Any) -> Pinned | None:
 
 def read_lock(path: Path) -> Lock:
     """Read and check a lock file; any fault is one line naming the file and the field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("no lock file: run `python build.py lock VARIANT` first", path=path) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    text = read_text(path, missing="no lock file: run `python build.py lock VARIANT` first")
     try:
         raw = json.loads(text)
     except ValueError as exc:
