@@ -39,6 +39,15 @@ class SourceRef:
     fetch: Callable[[], Path]
 
 
+def unavailable(label: str, reason: str) -> SourceRef:
+    """A source that cannot be fetched; checking against it reports the mods unverified, with reason."""
+
+    def fetch() -> Path:
+        raise sources.SourceUnavailable(reason)
+
+    return SourceRef(label, fetch)
+
+
 def vllm_source(plan: Plan) -> SourceRef:
     """The vLLM tree at the variant's pin: the release's sdist when the pin is that release
     (for git pins: when the release records a commit that the pinned commit starts with), else git."""
@@ -46,9 +55,7 @@ def vllm_source(plan: Plan) -> SourceRef:
     if v.source == "pypi":
         return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
     if v.commit.value is None:
-        def unpinned() -> Path:
-            raise sources.SourceUnavailable(f"vllm.commit is not pinned ({v.commit.unknown})")
-        return SourceRef(f"vllm {v.ref} (commit unknown)", unpinned)
+        return unavailable(f"vllm {v.ref} (commit unknown)", f"vllm.commit is not pinned ({v.commit.unknown})")
     commit = v.commit.value
     version = Version(v.version)
     if not version.is_prerelease and not version.is_devrelease:
@@ -138,10 +145,7 @@ def _component_source(plan: Plan, component: str) -> SourceRef:
         package = component.replace("-", "_")
         return SourceRef(f"{component} {comp.commit.value[:12]} (git)",
                          lambda: sources.git_tree(comp.repo or "", comp.commit.value or "", package))
-
-    def unpinned() -> Path:
-        raise sources.SourceUnavailable(f"components.{component} is not pinned")
-    return SourceRef(f"{component} (unpinned)", unpinned)
+    return unavailable(f"{component} (unpinned)", f"components.{component} is not pinned")
 
 
 # ------------------------------------------------------------------ the release matrix

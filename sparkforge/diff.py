@@ -71,15 +71,22 @@ def _short(commit: str | None) -> str:
     return commit[:12] if commit else "UNPINNED"
 
 
+def _vllm_text(source: str, version: str, ref: str | None, commit: str | None) -> str:
+    return f"{version} (pypi)" if source == "pypi" else f"{version} (git {ref} @ {_short(commit)})"
+
+
+def _component_text(kind: str, package: str | None, version: str | None, ref: str | None,
+                    commit: str | None, dest: str | None) -> str:
+    if kind == "pip":
+        return f"pip {package}=={_pin(version)}"
+    return f"git {ref} @ {_short(commit)} -> {dest}"
+
+
 def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snapshot:
     v = plan.vllm
-    vllm = f"{v.version} (pypi)" if v.source == "pypi" else f"{v.version} (git {v.ref} @ {_short(v.commit.value)})"
-    comps = []
-    for c in plan.components:
-        if c.kind == "pip":
-            comps.append((c.name, f"pip {c.package}=={_pin(c.version.value)}"))
-        else:
-            comps.append((c.name, f"git {c.ref} @ {_short(c.commit.value)} -> {c.dest}"))
+    vllm = _vllm_text(v.source, v.version, v.ref, v.commit.value)
+    comps = [(c.name, _component_text(c.kind, c.package, c.version.value, c.ref, c.commit.value, c.dest))
+             for c in plan.components]
     packages = lock.packages if lock is not None and not lock.packages_unresolved else None
     note = lock_note or (f"lock: {lock.packages_unresolved}" if lock is not None and lock.packages_unresolved else "")
     return Snapshot(f"variant {plan.variant}", plan.base.ref + ("" if plan.base.digest.value else " (digest unknown)"),
@@ -92,13 +99,9 @@ def _p(pin: Pinned | None) -> str | None:
 
 def from_lock(lock: Lock, path: Path) -> Snapshot:
     v = lock.vllm
-    vllm = f"{v.version} (pypi)" if v.source == "pypi" else f"{v.version} (git {v.ref} @ {_short(_p(v.commit))})"
-    comps = []
-    for c in lock.components:
-        if c.kind == "pip":
-            comps.append((c.name, f"pip {c.package}=={_pin(_p(c.version))}"))
-        else:
-            comps.append((c.name, f"git {c.ref} @ {_short(_p(c.commit))} -> {c.dest}"))
+    vllm = _vllm_text(v.source, v.version, v.ref, _p(v.commit))
+    comps = [(c.name, _component_text(c.kind, c.package, _p(c.version), c.ref, _p(c.commit), c.dest))
+             for c in lock.components]
     base = f"{lock.base.repository}:{lock.base.tag}"
     base += f"@{lock.base.digest.value}" if lock.base.digest.value else " (digest unresolved)"
     return Snapshot(f"lock {path}", base, vllm, tuple(comps), lock.mods,
@@ -112,16 +115,16 @@ def from_record(image: str, record: dict[str, Any]) -> Snapshot:
     base += f"@{b['digest']['value']}" if b["digest"].get("value") else " (digest unknown)"
     v = record["vllm"]
     commit = v["commit"].get("value") or v.get("built_commit")
-    vllm = f"{v['version']} (pypi)" if v["source"] == "pypi" else f"{v['version']} (git {v['ref']} @ {_short(commit)})"
+    vllm = _vllm_text(v["source"], v["version"], v["ref"], commit)
     installed = record.get("installed", {})
     comps = []
     for c in record["components"]:
         if c["kind"] == "pip":
-            got = installed.get(c["package"].split("[")[0])
-            comps.append((c["name"], f"pip {c['package']}=={_pin(c['version'].get('value') or got)}"))
+            version = c["version"].get("value") or installed.get(c["package"].split("[")[0])
+            comps.append((c["name"], _component_text("pip", c["package"], version, None, None, None)))
         else:
-            got = installed.get(c["name"]) or c["commit"].get("value")
-            comps.append((c["name"], f"git {c['ref']} @ {_short(got)} -> {c['dest']}"))
+            commit = installed.get(c["name"]) or c["commit"].get("value")
+            comps.append((c["name"], _component_text("git", None, None, c["ref"], commit, c["dest"])))
     packages = record.get("packages")
     return Snapshot(f"image {image}", base, vllm, tuple(comps), tuple((m["name"], m["digest"]) for m in record["mods"]),
                     tuple(sorted(packages.items())) if packages is not None else None,

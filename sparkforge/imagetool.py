@@ -346,12 +346,13 @@ def _torch_cuda() -> str:
     """torch.version.cuda of the installed torch ("None" for a CPU build); asked in a subprocess."""
     proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
                           capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else f"import failed: {_tail(proc.stderr)}"
+    return proc.stdout.strip() if proc.returncode == 0 else f"import failed: {last_line(proc.stderr)}"
 
 
-def _tail(text: str) -> str:
+def last_line(text: str, default: str = "") -> str:
+    """The last non-blank line of a command's output: usually the error that matters."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return lines[-1] if lines else default
 
 
 def protect(names: list[str], out_dir: Path) -> dict[str, str]:
@@ -440,7 +441,11 @@ def _release_commit() -> str | None:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    version_file = Path(list(spec.submodule_search_locations)[0]) / "_version.py"
+    return version_file_commit(Path(list(spec.submodule_search_locations)[0]) / "_version.py")
+
+
+def version_file_commit(version_file: Path) -> str | None:
+    """The short commit a setuptools-scm _version.py records (without its 'g'), or None."""
     if not version_file.exists():
         return None
     m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", version_file.read_text())
@@ -483,8 +488,8 @@ def smoke_static(home: Path) -> list[tuple[str, str, str]]:
     add("base packages not replaced by pip", not changed,
         "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())) or
         "the base has none of the protected packages")
-    results = {json.loads(p.read_text())["name"]: json.loads(p.read_text())["result"]
-               for p in (home / "record" / "mods").glob("*.json")}
+    entries = [json.loads(p.read_text()) for p in (home / "record" / "mods").glob("*.json")]
+    results = {entry["name"]: entry["result"] for entry in entries}
     for mod in plan["mods"]:
         name = mod["name"]
         add(f"mod {name} recorded", results.get(name) in (APPLIED, ALREADY), str(results.get(name)))
@@ -512,7 +517,7 @@ def smoke_gpu(home: Path) -> list[tuple[str, str, str]]:
             "'name': torch.cuda.get_device_name(0) if ok else None}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
-        return [("torch.cuda.is_available()", "failed", _tail(proc.stderr))]
+        return [("torch.cuda.is_available()", "failed", last_line(proc.stderr))]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     checks = [("torch.cuda.is_available()", "ok" if info["ok"] else "failed", str(info["name"]))]
     if info["ok"]:

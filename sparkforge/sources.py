@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import html.parser
 import os
-import re
 import shutil
 import subprocess
 import tarfile
@@ -34,6 +33,8 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
+
+from .imagetool import last_line, version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh
@@ -212,11 +213,7 @@ def _ensure(path: Path) -> Path:
 
 def recorded_commit(tree: Path, package: str = "vllm") -> str | None:
     """The short commit a release records in <package>/_version.py (without setuptools-scm's 'g')."""
-    version_file = tree / package / "_version.py"
-    if not version_file.exists():
-        return None
-    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", version_file.read_text())
-    return m.group(1) if m else None
+    return version_file_commit(tree / package / "_version.py")
 
 
 def release_tree(project: str, version: str) -> Path:
@@ -239,23 +236,18 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
         proc = git("clone", "--quiet", "--bare", "--filter=blob:none", repo, str(mirror))
         if proc.returncode != 0:
             shutil.rmtree(mirror, ignore_errors=True)
-            raise SourceUnavailable(f"git clone {repo} failed: {_last(proc.stderr)}")
+            raise SourceUnavailable(f"git clone {repo} failed: {last_line(proc.stderr, 'no output')}")
     if git("-C", str(mirror), "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         proc = git("-C", str(mirror), "fetch", "--quiet", "--filter=blob:none", "origin", commit)
         if proc.returncode != 0:
-            raise SourceUnavailable(f"git fetch {repo} {commit} failed: {_last(proc.stderr)}")
+            raise SourceUnavailable(f"git fetch {repo} {commit} failed: {last_line(proc.stderr, 'no output')}")
     with _staged_tree(root, commit) as staging:
         archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, f"{package}/"],
                                  capture_output=True, env=env, timeout=900)
         if archive.returncode != 0:
-            raise SourceUnavailable(f"git archive {commit} failed: {_last(archive.stderr.decode())}")
+            raise SourceUnavailable(f"git archive {commit} failed: {last_line(archive.stderr.decode(), 'no output')}")
         subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
     return root
-
-
-def _last(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
 
 
 def scratch_copy(tree: Path, dest: Path) -> Path:
