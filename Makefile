@@ -6,7 +6,7 @@ ARGS ?=
 BUILD := $(PYTHON) build.py --images $(IMAGES)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup install image render show list check-mods test lint base-local registry registry-stop bench-rebuild
+.PHONY: help setup install image render show list check-mods test lint base-local registry registry-stop bench-rebuild bench-distribute
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
