@@ -68,10 +68,13 @@ http:
 EOF
   # setsid: the registry must outlive this script and not get the caller's Ctrl-C.
   setsid docker-registry serve "$STATE/config.yml" >>"$STATE/registry.log" 2>&1 </dev/null &
-  echo $! >"$PIDFILE"
+  started=$!
+  echo "$started" >"$PIDFILE"
   deadline=$((SECONDS + TIMEOUT))
   until answers; do
-    if ! running_pid >/dev/null; then
+    # Liveness only: right after the fork the child may not have exec'd docker-registry yet, so
+    # its command line (which running_pid checks) can still be this script's.
+    if ! kill -0 "$started" 2>/dev/null; then
       tail -n 20 "$STATE/registry.log" >&2 || true
       rm -f "$PIDFILE"
       die "docker-registry exited during start-up (log: $STATE/registry.log)"
