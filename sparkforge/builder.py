@@ -102,8 +102,9 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
     cmd += ["--build-arg", f"TORCH_CUDA_ARCH_LIST={build.torch_cuda_arch_list}",
             "--build-arg", f"MAX_JOBS={opts.max_jobs or build.max_jobs}",
             "--build-arg", f"NVCC_THREADS={opts.nvcc_threads or build.nvcc_threads}"]
-    if opts.source_date_epoch is not None:
-        cmd += ["--build-arg", f"SOURCE_DATE_EPOCH={opts.source_date_epoch}"]
+    epoch = opts.source_date_epoch if opts.source_date_epoch is not None else plan.source_date_epoch
+    if epoch is not None:
+        cmd += ["--build-arg", f"SOURCE_DATE_EPOCH={epoch}"]
     cmd.append(str(context.path))
     return cmd
 

@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from packaging.version import Version
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
 from .config import list_variants, load_variant
+from .builder import BuildOptions
 from .errors import BuildError, SparkforgeError
-from .plan import PROJECT_ROOT, Layout, Plan, plan_variant
+from .pipeline import LoadedPlan, LockPolicy, load_plan
+from .plan import PROJECT_ROOT, Layout, Plan
 from .render import render_context
 
 app = typer.Typer(
@@ -60,8 +61,19 @@ def main(
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
 
 
-def _plan(variant: str, base: Optional[str] = None) -> Plan:
-    return plan_variant(State.layout, variant, base=base)
+def _load(variant: str, base: Optional[str] = None, *, locked: bool = False,
+          policy: Optional[LockPolicy] = None) -> LoadedPlan:
+    """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
+    loaded = load_plan(State.layout, variant, base=base,
+                       lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO))
+    for warning in loaded.warnings:
+        err.print(f"warning: {warning}", markup=False)
+    return loaded
+
+
+def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
+          policy: Optional[LockPolicy] = None) -> Plan:
+    return _load(variant, base, locked=locked, policy=policy).plan
 
 
 BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
@@ -92,14 +104,16 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the whole resolved plan as JSON."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
 ) -> None:
-    """Show the fully resolved plan of a variant. Never touches Docker."""
-    plan = _plan(variant, base)
+    """Show the fully resolved plan of a variant, with its lock applied. Never touches Docker."""
+    loaded = _load(variant, base)
+    plan = loaded.plan
     if as_json:
         sys.stdout.write(plan.to_json())
         return
-    out.print(f"[bold]{plan.variant}[/bold]  {plan.description}")
+    out.print(f"[bold]{plan.variant}[/bold]  {escape(plan.description)}")
     out.print(f"  chain       {' <- '.join(plan.chain)}")
     out.print(f"  tag         {plan.tag}  (moving: {plan.moving_tag})")
+    out.print(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}", markup=False)
     out.print(f"  base        {plan.base.ref}")
     v = plan.vllm
     src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}" if v.source == "git" else "pypi release"
@@ -119,6 +133,8 @@ def show(
         out.print(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}")
     for fld, reason in plan.unpinned():
         out.print(f"  [yellow]UNPINNED[/yellow]    {fld}: {escape(reason)}")
+    for fld, reason in loaded.unresolved:
+        out.print(f"  [yellow]UNRESOLVED[/yellow]  {escape(fld)} (in the lock): {escape(reason)}")
 
 
 @app.command()
@@ -154,8 +170,8 @@ def check_mods(
     """
     import tempfile
 
-    from .checkmods import FAILED, UNVERIFIED, applies_ranges, check_variant, matrix
-    from .sources import release_versions
+    from .checkmods import FAILED, UNVERIFIED, applies_ranges
+    from .pipeline import check_mods as run_checks
 
     names = list(variants or [])
     if all_variants:
@@ -163,54 +179,51 @@ def check_mods(
     if not names:
         raise SparkforgeError("name at least one variant, or use --all", field="check-mods")
     plans = [_plan(n) for n in names]
+    with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
+        report = run_checks(plans, Path(work), matrix_range=(since, until) if show_matrix else None,
+                            say=lambda line: err.print(line, markup=False))
     table = Table(box=None, pad_edge=False)
     for col in ("variant", "mod", "result", "checked against", "detail"):
         table.add_column(col)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
-        for plan in plans:
-            err.print(f"checking {plan.variant} ({len(plan.mods)} mods)")
-            for row in check_variant(plan, Path(work)):
-                rows.append(row)
-                table.add_row(row.variant, row.mod, f"[{STATE_STYLE[row.state]}]{row.state}[/]",
-                              escape(row.source), escape(row.detail))
-            if not plan.mods:
-                table.add_row(plan.variant, "-", "no mods", "", "")
-        out.print(table)
-        failed = [r for r in rows if r.state == FAILED]
-        unverified = [r for r in rows if r.state == UNVERIFIED]
-        out.print(f"{len(rows)} checked: {len(rows) - len(failed) - len(unverified)} ok, "
-                  f"{len(failed)} failed, {len(unverified)} unverified (source not reachable from here)")
-        matrix_failed = False
-        if show_matrix:
-            mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}
-            versions = [v for v in release_versions("vllm")
-                        if Version(v) >= Version(since) and (until is None or Version(v) <= Version(until))]
-            cells = matrix(list(mods.values()), versions, Path(work),
-                           progress=lambda v: err.print(f"matrix: vllm {v}"))
-            mt = Table(box=None, pad_edge=False, title="mods x vLLM releases (! = differs from the mod's targets)")
-            mt.add_column("vllm")
-            for name in mods:
-                mt.add_column(name)
-            for version in versions:
-                marks = []
-                for name in mods:
-                    cell = next(c for c in cells if c.mod == name and c.version == version)
-                    ok = cell.state in ("applied", "already")
-                    mark = {True: "[green]applies[/]", False: "[red]fails[/]"}[ok]
-                    if cell.state == UNVERIFIED:
-                        mark = "[yellow]unverified[/]"
-                    elif ok != cell.declared:
-                        mark += "!"
-                        matrix_failed |= cell.declared  # declared but does not apply
-                    marks.append(mark)
-                mt.add_row(version, *marks)
-            out.print(mt)
-            for name, mod in mods.items():
-                runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in applies_ranges(cells, name)) or "none"
-                out.print(f"{name}: applies to vllm {runs}; declares {mod.spec.targets.versions}")
-    if failed or matrix_failed or (strict and unverified):
+    for row in report.rows:
+        table.add_row(row.variant, row.mod, f"[{STATE_STYLE[row.state]}]{row.state}[/]",
+                      escape(row.source), escape(row.detail))
+    for plan in plans:
+        if not plan.mods:
+            table.add_row(plan.variant, "-", "no mods", "", "")
+    out.print(table)
+    failed, unverified = report.in_state(FAILED), report.in_state(UNVERIFIED)
+    out.print(f"{len(report.rows)} checked: {len(report.rows) - len(failed) - len(unverified)} ok, "
+              f"{len(failed)} failed, {len(unverified)} unverified (source not reachable from here)")
+    if show_matrix:
+        out.print(_matrix_table(report.cells, [m.name for m in report.mods], report.versions,
+                                "mods x vLLM releases (! = differs from the mod's targets)"))
+        for mod in report.mods:
+            runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in applies_ranges(list(report.cells), mod.name))
+            out.print(f"{mod.name}: applies to vllm {runs or 'none'}; declares {mod.spec.targets.versions}")
+    if report.failed(strict):
         raise typer.Exit(1)
+
+
+def _matrix_table(cells, mods: list[str], versions, title: str) -> Table:
+    """Releases down, mods across: applies, fails or unverified, with ! where that differs from the declared range."""
+    from .checkmods import ALREADY, APPLIED, UNVERIFIED
+
+    table = Table(box=None, pad_edge=False, title=title)
+    table.add_column("vllm")
+    for name in mods:
+        table.add_column(name)
+    for version in versions:
+        marks = []
+        for name in mods:
+            cell = next(c for c in cells if c.mod == name and c.version == version)
+            ok = cell.state in (APPLIED, ALREADY)
+            if cell.state == UNVERIFIED:
+                marks.append("[yellow]unverified[/]")
+                continue
+            marks.append(("[green]applies[/]" if ok else "[red]fails[/]") + ("!" if ok != cell.declared else ""))
+        table.add_row(version, *marks)
+    return table
 
 
 def _smoke_table(results) -> Table:
@@ -255,6 +268,8 @@ def build(
     locked: bool = typer.Option(False, "--locked", help="Build with the lock (images/VARIANT.lock.json) and refuse "
                                 "when the recipe disagrees with it or there is none. Without it a lock that agrees "
                                 "is used, and one that does not is ignored with a warning."),
+    dry: bool = typer.Option(False, "--dry-run", help="Print the tags and the exact `docker buildx build` command; "
+                             "write nothing and do not touch Docker."),
 ) -> None:
     """Render, build with BuildKit, smoke-test, then tag a variant.
 
@@ -262,39 +277,30 @@ def build(
     after the static smoke tier passes. When a build or smoke test fails, every existing tag
     stays where it was.
     """
-    from .builder import BuildOptions, build_image, image_ids, keep_candidate, promote
-    from .smoke import run_static
+    import shlex
 
-    plan, epoch = _with_lock(_plan(variant, base), locked)
-    ctx = render_context(plan, State.layout, PROJECT_ROOT / "build" / "contexts" / f"{variant}-{plan.plan_hash[:12]}")
-    out.print(f"building {plan.tag} from {ctx.path}")
+    from .pipeline import build_variant, context_dir, dry_run
+
+    plan = _plan(variant, base, locked=locked)
     opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, no_cache=no_cache,
-                        max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir, source_date_epoch=epoch)
-    try:
-        result = build_image(plan, ctx, opts, progress=_progress_printer(variant))
-    except SparkforgeError as exc:
-        exc.detail += "; " + _kept(plan, image_ids(plan.moving_tag)[plan.moving_tag])
-        raise
+                        max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir)
+    if dry:
+        d = dry_run(plan, opts)
+        out.print(f"tag         {d.tag}\nmoving tag  {d.moving_tag}\ncontext     {d.context} (not written)",
+                  markup=False)
+        out.print(shlex.join(d.command), markup=False, soft_wrap=True)
+        return
+    out.print(f"building {plan.tag} from {context_dir(plan)}")
+    done = build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),
+                         on_smoke=lambda static: out.print(_smoke_table([static])))
+    result = done.result
     ran = len(result.ran)
     out.print(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
               f"{len(result.steps) - ran} cached; log: {result.log_path}")
-    now = image_ids(plan.tag, plan.moving_tag, result.candidate)
-    if smoke and now[plan.tag] == result.image_id:
+    if done.smoke_already_passed:
         out.print(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})")
-    elif smoke:
-        static = run_static(result.image_id)
-        out.print(_smoke_table([static]))
-        if not static.ok:
-            raise BuildError(f"static smoke tier failed; image left as {keep_candidate(result)}; "
-                             f"{_kept(plan, now[plan.moving_tag])}", field=plan.variant)
-    for ref in promote(result, now):
+    for ref in done.tagged:
         out.print(f"tagged {ref}")
-
-
-def _kept(plan: Plan, before: str | None) -> str:
-    if before:
-        return f"{plan.moving_tag} still points to {before[:19]}"
-    return f"{plan.moving_tag} was not created"
 
 
 @app.command("test")
@@ -528,31 +534,6 @@ def status(
 DEFAULT_EPOCH = 1704067200  # 2024-01-01T00:00:00Z: verify-repro's epoch when neither a lock nor the option gives one
 
 
-def _with_lock(plan: Plan, locked: bool) -> tuple[Plan, Optional[int]]:
-    """The plan with its lock applied, and the lock's SOURCE_DATE_EPOCH; checked before Docker is touched."""
-    from .errors import ConfigError
-    from .lock import apply_lock, check_lock, compare, lock_path, read_lock
-
-    path = lock_path(State.layout.images_dir, plan.variant)
-    if not path.exists():
-        if locked:
-            raise ConfigError(f"no lock file: run `python build.py lock {plan.variant}` first", path=path,
-                              field="--locked")
-        return plan, None
-    lock = read_lock(path)
-    if locked:
-        check_lock(plan, lock, path)
-    else:
-        stale = compare(plan, lock)
-        if stale:
-            err.print(f"warning: {path.name} not used: {stale[0].field}: recipe says {stale[0].recipe}, lock says "
-                      f"{stale[0].lock} (lock again, or pass --locked to refuse)", markup=False)
-            return plan, None
-    for fld, reason in lock.unresolved():
-        err.print(f"note: the lock leaves {fld} unresolved: {reason}", markup=False)
-    return apply_lock(plan, lock), lock.source_date_epoch
-
-
 @app.command()
 def lock(
     variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
@@ -584,54 +565,21 @@ def lock(
 
       python build.py --images tests/variants lock testvllm --base 127.0.0.1:5000/sparkforge/base-local:bookworm
     """
-    from rich.markup import escape
+    from .pipeline import lock_variant
 
-    from .builder import BuildOptions, build_image
-    from .inspect import read_record
-    from .lock import BuiltFrom, existing_epoch, lock_path, make_lock, pinned_plan, resolve_pins, today_epoch, write_lock
-
-    if no_build and image:
-        raise SparkforgeError("--no-build and --image exclude each other", field="--image")
-    plan = _plan(variant, base)
-    path = lock_path(State.layout.images_dir, variant)
-    sde = epoch or existing_epoch(path) or today_epoch()
-    pins = resolve_pins(plan, say=lambda line: err.print(f"  {line}", markup=False))
-    packages = built_from = None
-    unresolved = None
-    if no_build:
-        unresolved = (f"not taken from a real build (lock --no-build): this needs a build of {variant} on its real "
-                      f"base, e.g. on a GB10 machine that reaches its registry and GitHub; run `python build.py lock "
-                      f"{variant}` there")
-    else:
-        if image is None:
-            to_build = pinned_plan(plan, pins, sde)
-            ctx = render_context(to_build, State.layout,
-                                 PROJECT_ROOT / "build" / "contexts" / f"{variant}-{to_build.plan_hash[:12]}")
-            out.print(f"building {to_build.tag} to see what it installs")
-            opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert,
-                                log_dir=log_dir, source_date_epoch=sde)
-            image = build_image(to_build, ctx, opts, progress=_progress_printer(variant)).image_id
-        record, _ = read_record(image)
-        if "packages" not in record:
-            raise SparkforgeError(f"the build record of {image} lists no packages (built by an older sparkforge); "
-                                  "build it again", field="--image")
-        packages = record["packages"]
-        built_from = BuiltFrom(_image_id(image), record["plan_hash"])
-    result = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from)
-    write_lock(path, result)
+    plan = _plan(variant, base, policy=LockPolicy.IGNORE)
+    opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, log_dir=log_dir)
+    path, result = lock_variant(plan, State.layout, opts, epoch=epoch, no_build=no_build, image=image,
+                                say=lambda line: err.print(f"  {line}", markup=False),
+                                progress=_progress_printer(variant))
     out.print(f"locked {variant} -> {path}")
     out.print(f"  base      {result.base.repository}:{result.base.tag} @ {result.base.digest.show()}")
-    out.print(f"  packages  {len(result.packages)} installed" if packages is not None else "  packages  unresolved")
+    out.print(f"  packages  {len(result.packages)} installed" if result.packages_unresolved is None
+              else "  packages  unresolved")
     out.print(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in result.mods) or '-'}")
     out.print(f"  epoch     SOURCE_DATE_EPOCH={result.source_date_epoch}")
     for fld, reason in result.unresolved():
         out.print(f"  [yellow]UNRESOLVED[/] {escape(fld)}: {escape(reason)}")
-
-
-def _image_id(ref: str) -> str:
-    from .builder import current_image
-
-    return ref if ref.startswith("sha256:") else (current_image(ref) or ref)
 
 
 @app.command("verify-repro")
@@ -664,18 +612,14 @@ def verify_repro_cmd(
     import shutil
     import tempfile
 
-    from .builder import BuildOptions
     from .repro import verify_repro
 
-    plan, lock_epoch = _with_lock(_plan(variant, base), locked)
-    sde = epoch or lock_epoch or DEFAULT_EPOCH
-    if plan.source_date_epoch != sde:
-        from dataclasses import replace
+    from .pipeline import context_dir, with_epoch
 
-        from .plan import rehash
-
-        plan = rehash(replace(plan, source_date_epoch=sde))
-    ctx = render_context(plan, State.layout, PROJECT_ROOT / "build" / "contexts" / f"{variant}-{plan.plan_hash[:12]}")
+    plan = _plan(variant, base, locked=locked)
+    sde = epoch or plan.source_date_epoch or DEFAULT_EPOCH
+    plan = with_epoch(plan, sde)
+    ctx = render_context(plan, State.layout, context_dir(plan))
     workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{variant}-", dir=PROJECT_ROOT / "build"))
     out.print(f"verify-repro {plan.tag}: two --no-cache builds, SOURCE_DATE_EPOCH={sde}")
     opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, source_date_epoch=sde,
@@ -763,7 +707,6 @@ def outdated(
 
     from rich.markup import escape
 
-    from .checkmods import UNVERIFIED
     from .outdated import outdated as find_outdated
 
     plan = _plan(variant)
@@ -782,21 +725,8 @@ def outdated(
             out.print("no newer vLLM release to try the mods on")
         return
     versions = list(dict.fromkeys(c.version for c in report.cells))
-    mt = Table(box=None, pad_edge=False, title="vLLM mods on the newer releases (! = differs from the mod's targets)")
-    mt.add_column("vllm")
-    for name in report.mods:
-        mt.add_column(name)
-    for version in versions:
-        marks = []
-        for name in report.mods:
-            cell = next(c for c in report.cells if c.mod == name and c.version == version)
-            ok = cell.state in ("applied", "already")
-            mark = "[yellow]unverified[/]" if cell.state == UNVERIFIED else ("[green]applies[/]" if ok else "[red]fails[/]")
-            if cell.state != UNVERIFIED and ok != cell.declared:
-                mark += "!"
-            marks.append(mark)
-        mt.add_row(version, *marks)
-    out.print(mt)
+    out.print(_matrix_table(report.cells, list(report.mods), versions,
+                            "vLLM mods on the newer releases (! = differs from the mod's targets)"))
     for name in report.mods:
         runs = ", ".join(x if x == y else f"{x}..{y}" for x, y in report.applies_to(name)) or "none"
         out.print(f"{name}: applies to newer vllm {runs}")
