@@ -132,6 +132,8 @@ class BuildSpec(Strict):
     torch_cuda_arch_list: ArchList | None = None
     max_jobs: Count | None = None
     nvcc_threads: Count | None = None
+    # Environment of the compile step only, e.g. VLLM_TARGET_DEVICE; never the image's ENV.
+    env: dict[EnvName, Union[EnvValue, None]] | None = None
 
 
 class ModChanges(Strict):
