@@ -500,6 +500,17 @@ def smoke_static(home: Path) -> list[tuple[str, str, str]]:
             add(f"mod {name}: component root", False, str(exc))
             continue
         for label, state, detail in verify_mod(spec, root, in_image=True):
+            if spec["phase"] == "source" and not label.startswith("python:"):
+                # A source-phase mod edits the source tree before the compile; its file checks ran
+                # there when it was applied (the record above), and the tree is not in the image.
+                state, detail = "skipped", "checked in the source tree at build time"
+            missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", detail)
+            if (state == "failed" and missing and spec["component"] == "vllm" and not plan["vllm"]["install_deps"]
+                    and importlib.util.find_spec(missing.group(1).split(".")[0]) is None):
+                # As `needs` does for declared modules: vLLM was installed --no-deps, so its own
+                # dependencies are the base's to provide, and this base lacks one.
+                state, detail = "skipped", (f"needs {missing.group(1)}, not installed (vllm was installed with "
+                                            "--no-deps; the base provides its dependencies)")
             checks.append((f"mod {name}: {label}", state, detail))
     entry = shutil.which("vllm")
     add("vllm entry point on PATH", entry is not None, entry or "not found")

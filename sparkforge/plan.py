@@ -40,6 +40,7 @@ class Layout:
     mods_dir: Path
     template: Path
     imagetool: Path
+    gitfetch: Path
 
     @classmethod
     def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
@@ -49,6 +50,7 @@ class Layout:
             mods_dir=mods_dir or root / "mods",
             template=root / "Dockerfile.j2",
             imagetool=Path(__file__).resolve().parent / "imagetool.py",
+            gitfetch=Path(__file__).resolve().parent / "gitfetch.py",
         )
 
 
@@ -113,6 +115,8 @@ class BuildArgs:
     torch_cuda_arch_list: str
     max_jobs: int
     nvcc_threads: int
+    # Environment of the compile step only (recipe `build.env`); never the image's ENV.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -284,8 +288,9 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
                               path=leaf, field=fld)
 
     bs = need(data.build, "build")
+    build_env = {k: v for k, v in (getattr(bs, "env", None) or {}).items() if v is not None}
     build = BuildArgs(need(bs.torch_cuda_arch_list, "build.torch_cuda_arch_list"),
-                      bs.max_jobs or 4, bs.nvcc_threads or 2)
+                      bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
 
     known_components = {"vllm", "image"} | {c.name for c in components}
     mods = []
@@ -314,7 +319,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         build=build,
         env=tuple(sorted(env.items())),
         mods=tuple(mods),
-        tooling_digest=digest_files(layout.template, layout.imagetool),
+        tooling_digest=digest_files(layout.template, layout.imagetool, layout.gitfetch),
     )
     return rehash(plan)
 

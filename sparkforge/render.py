@@ -80,6 +80,7 @@ def context_files(plan: Plan, layout: Layout) -> dict[str, bytes]:
         DOCKERFILE: render_dockerfile(plan, layout).encode(),
         "plan.json": plan.to_json().encode(),
         "sparkforge/imagetool.py": layout.imagetool.read_bytes(),
+        "sparkforge/gitfetch.py": layout.gitfetch.read_bytes(),
         MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
     }
     if plan.pins:

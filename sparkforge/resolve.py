@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
 import re
 import subprocess
 import time
@@ -17,8 +18,10 @@ import urllib.parse
 import urllib.request
 from typing import Callable
 
+from . import gitfetch
 from .lock import Pinned
 from .plan import Plan
+from .sources import cache_dir
 
 # ------------------------------------------------------------------ resolving: registry and git
 
@@ -104,12 +107,20 @@ def registry_digest(repository: str, tag: str, *, timeout: float = 15) -> str:
 
 
 def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
-    """The commit a branch or tag names on a git remote (a tag is peeled to its commit)."""
-    if re.fullmatch(r"[0-9a-f]{7,39}", ref):
-        raise Unreachable(f"{ref} is a short commit, which a remote cannot expand; write the full commit")
+    """The commit a branch, tag or short SHA names on a git remote (a tag is peeled to its commit).
+
+    A short SHA cannot be asked of a remote: it is looked up among the commits of every branch and
+    tag, in a blob-less mirror in the cache (sparkforge/gitfetch.py, as the image build does).
+    """
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
+    if gitfetch.SHORT.fullmatch(ref):
+        try:
+            return gitfetch.resolve(cache_dir() / "git", repo, ref)[1]
+        except gitfetch.FetchError as exc:
+            raise Unreachable(f"cannot resolve the short commit {ref} in {repo}: {exc}") from None
     try:
         proc = subprocess.run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], capture_output=True, text=True,
-                              timeout=timeout, env={"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin"})
+                              timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unreachable(f"git ls-remote {repo}: {exc}") from None
     if proc.returncode != 0:

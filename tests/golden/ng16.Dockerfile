@@ -20,41 +20,32 @@ RUN python3 /opt/sparkforge/imagetool.py protect --out /opt/sparkforge/protect t
 # ---------------------------------------------------------------- component cutlass (v4.3.5)
 FROM base AS component-cutlass
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
-    mirror=/var/cache/sparkforge/git/cutlass; \
-    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/NVIDIA/cutlass.git "$mirror"; fi; \
-    git -C "$mirror" fetch --quiet --filter=blob:none origin v4.3.5; \
-    mkdir -p /opt/cutlass; \
-    git -C "$mirror" archive FETCH_HEAD | tar -x -C /opt/cutlass; \
-    git -C "$mirror" rev-parse FETCH_HEAD > /opt/cutlass/.sparkforge-commit
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/NVIDIA/cutlass.git --ref v4.3.5 --dest /opt/cutlass
 
 # ---------------------------------------------------------------- component transformers (main)
 FROM base AS component-transformers
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
-    mirror=/var/cache/sparkforge/git/transformers; \
-    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/huggingface/transformers.git "$mirror"; fi; \
-    git -C "$mirror" fetch --quiet --filter=blob:none origin main; \
-    mkdir -p /opt/src/transformers; \
-    git -C "$mirror" archive FETCH_HEAD | tar -x -C /opt/src/transformers; \
-    git -C "$mirror" rev-parse FETCH_HEAD > /opt/src/transformers/.sparkforge-commit
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/huggingface/transformers.git --ref main --dest /opt/src/transformers
 
 # ---------------------------------------------------------------- vLLM source at 882682ab8
 FROM base AS vllm-source
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
-    mirror=/var/cache/sparkforge/git/vllm; \
-    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/vllm-project/vllm.git "$mirror"; fi; \
-    git -C "$mirror" fetch --quiet --filter=blob:none origin 882682ab8; \
-    mkdir -p /workspace/vllm; \
-    git -C "$mirror" archive FETCH_HEAD | tar -x -C /workspace/vllm; \
-    git -C "$mirror" rev-parse FETCH_HEAD > /workspace/vllm/.sparkforge-commit
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/vllm-project/vllm.git --ref 882682ab8 --dest /workspace/vllm
 
 # ---------------------------------------------------------------- compile (depends on no install-phase mod)
 FROM vllm-source AS vllm-build
@@ -111,7 +102,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng16" \
       io.sparkforge.chain="ng16" \
-      io.sparkforge.plan-hash="1d8e57eb718d5ff3517b203517fc79ed7a2f88d9af1281cb4d7dbec824c4be5d" \
+      io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97" \
       io.sparkforge.tool-version="0.1.0"

@@ -20,29 +20,22 @@ RUN python3 /opt/sparkforge/imagetool.py protect --out /opt/sparkforge/protect t
 # ---------------------------------------------------------------- component cutlass (v4.4.0)
 FROM base AS component-cutlass
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
-    mirror=/var/cache/sparkforge/git/cutlass; \
-    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/NVIDIA/cutlass.git "$mirror"; fi; \
-    git -C "$mirror" fetch --quiet --filter=blob:none origin v4.4.0; \
-    mkdir -p /opt/cutlass; \
-    git -C "$mirror" archive FETCH_HEAD | tar -x -C /opt/cutlass; \
-    git -C "$mirror" rev-parse FETCH_HEAD > /opt/cutlass/.sparkforge-commit
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/NVIDIA/cutlass.git --ref v4.4.0 --dest /opt/cutlass
 
 # ---------------------------------------------------------------- vLLM source at v0.17.0
 FROM base AS vllm-source
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
-    mirror=/var/cache/sparkforge/git/vllm; \
-    if [ ! -d "$mirror/.git" ]; then git clone --quiet --filter=blob:none --no-checkout https://github.com/vllm-project/vllm.git "$mirror"; fi; \
-    git -C "$mirror" fetch --quiet --filter=blob:none origin b31e9326a7d9394aab8c767f8ebe225c65594b60; \
-    test "$(git -C "$mirror" rev-parse FETCH_HEAD)" = b31e9326a7d9394aab8c767f8ebe225c65594b60; \
-    mkdir -p /workspace/vllm; \
-    git -C "$mirror" archive FETCH_HEAD | tar -x -C /workspace/vllm; \
-    git -C "$mirror" rev-parse FETCH_HEAD > /workspace/vllm/.sparkforge-commit
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/vllm-project/vllm.git --ref v0.17.0 --commit b31e9326a7d9394aab8c767f8ebe225c65594b60 --dest /workspace/vllm
 
 # ---------------------------------------------------------------- compile (depends on no install-phase mod)
 FROM vllm-source AS vllm-build
@@ -97,7 +90,7 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       org.opencontainers.image.base.digest="" \
       io.sparkforge.variant="ng17" \
       io.sparkforge.chain="ng17" \
-      io.sparkforge.plan-hash="6e45d20557ef820739867ed54225fb93a82240381f6f50b6868a62242930d3d3" \
+      io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
       io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
       io.sparkforge.tool-version="0.1.0"
