@@ -26,6 +26,7 @@ _CACHED = re.compile(r"^#(\d+) CACHED$")
 _DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
 _ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 _MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
+_FETCH_FAILED = re.compile(r"gitfetch: (\S+ \S+: .*)$")  # gitfetch.py's one line when a ref cannot be fetched
 
 
 @dataclass
@@ -135,6 +136,7 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
     cmd[-1:-1] = ["--metadata-file", str(metadata)]
     steps: dict[int, Step] = {}
     mod_failures: list[tuple[str, str]] = []
+    fetch_failures: list[str] = []
     start = time.monotonic()
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     if opts.docker_host:
@@ -166,6 +168,8 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
                     steps[int(m.group(1))].error = m.group(2)
             if m := _MOD_FAILED.search(line):
                 mod_failures.append((m.group(1), m.group(2)))
+            elif m := _FETCH_FAILED.search(line):
+                fetch_failures.append(m.group(1))
         code = proc.wait()
     seconds = time.monotonic() - start
     if code != 0:
@@ -175,6 +179,9 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
         if mod_failures:
             name, reason = mod_failures[0]
             raise BuildError(f"mod {name} failed: {reason} (build log: {log_path})", field=f"mods: {name}")
+        if fetch_failures:
+            raise BuildError(f"cannot fetch the source: {fetch_failures[0]} (build log: {log_path})",
+                             field=plan.variant)
         where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
         raise BuildError(f"build failed at {where} (build log: {log_path})", field=plan.variant)
     try:

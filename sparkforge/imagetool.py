@@ -505,7 +505,7 @@ def smoke_static(home: Path) -> list[tuple[str, str, str]]:
                 # there when it was applied (the record above), and the tree is not in the image.
                 state, detail = "skipped", "checked in the source tree at build time"
             missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", detail)
-            if (state == "failed" and missing and spec["component"] == "vllm" and not plan["vllm"]["install_deps"]
+            if (state == "failed" and missing and not plan["vllm"]["install_deps"]
                     and importlib.util.find_spec(missing.group(1).split(".")[0]) is None):
                 # As `needs` does for declared modules: vLLM was installed --no-deps, so its own
                 # dependencies are the base's to provide, and this base lacks one.

@@ -56,6 +56,8 @@ ARG TORCH_CUDA_ARCH_LIST='12.0a;12.1a'
 ARG MAX_JOBS=8
 ARG NVCC_THREADS=2
 # Set from the lock: pip then writes hash-based .pyc files, which do not depend on the build's time.
+# The lock pins what the runtime installs; the compile's build tools follow the pinned source's
+# requirements/build.txt, constrained only by the base's protected builds.
 ARG SOURCE_DATE_EPOCH
 WORKDIR /workspace/vllm
 RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \

@@ -107,10 +107,15 @@ def test_the_locked_plan_pins_base_packages_and_epoch(images: Path) -> None:
     assert files["lock/constraints.txt"] == b"pip==23.0.1\nsetuptools==66.1.1\nvllm==0.17.0\n"
     dockerfile = files["Dockerfile"].decode()
     assert f"ARG BASE_IMAGE=nvcr.io/nvidia/vllm:26.02-py3@{DIGEST}" in dockerfile
-    uses = dockerfile.count("-c /opt/sparkforge/protect/constraints.txt")
-    assert uses == dockerfile.count("-c /opt/sparkforge/protect/constraints.txt -c /opt/sparkforge/lock/constraints.txt")
-    assert uses == 2  # the build requirements of the compile, and the vLLM wheel
-    assert dockerfile.count("COPY lock/constraints.txt /opt/sparkforge/lock/constraints.txt") == 2
+    runtime = dockerfile[dockerfile.index("AS runtime"):]
+    uses = runtime.count("-c /opt/sparkforge/protect/constraints.txt")
+    assert uses == runtime.count("-c /opt/sparkforge/protect/constraints.txt -c /opt/sparkforge/lock/constraints.txt")
+    assert uses == 1  # the vLLM wheel, in the runtime stage
+    # The compile's build tools are not the runtime's packages: only the base's builds constrain them.
+    build_stage = dockerfile[dockerfile.index("AS vllm-build"):dockerfile.index("AS runtime")]
+    assert "-c /opt/sparkforge/protect/constraints.txt -r requirements/build.txt" in build_stage
+    assert "lock/constraints.txt" not in build_stage
+    assert dockerfile.count("COPY lock/constraints.txt /opt/sparkforge/lock/constraints.txt") == 1
     assert "lock/constraints.txt" not in context_files(plan, layout(images))
 
 
