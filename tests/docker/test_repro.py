@@ -15,6 +15,9 @@ import pytest
 
 from conftest import BASE, CA, ROOT, VARIANTS, build_args, image_id, sparkforge
 
+from sparkforge.pipeline import LockPolicy, load_plan
+from sparkforge.plan import Layout
+
 MANIFEST_ACCEPT = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"])
@@ -73,7 +76,9 @@ def test_build_locked_uses_the_digest_the_constraints_and_the_epoch(locked: dict
     assert proc.returncode == 0, proc.stdout + proc.stderr
     show = json.loads(sparkforge("--images", str(lock_images), "show", "testvllm", "--json").stdout)
     tag = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("building "))
-    assert tag != show["tag"]  # the locked plan is another plan than the bare recipe
+    assert tag == show["tag"]  # every command applies the lock that agrees with the recipe
+    bare = load_plan(Layout.default(images_dir=lock_images), "testvllm", lock_policy=LockPolicy.IGNORE).plan
+    assert tag != bare.tag  # the locked plan is another plan than the bare recipe
     labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag],
                                        capture_output=True, text=True, check=True).stdout)
     assert labels["org.opencontainers.image.base.digest"] == locked["base"]["digest"]
