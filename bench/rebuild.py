@@ -1,5 +1,7 @@
 """Rebuild benchmark: a cold build, a rebuild after one install-phase mod changed, and the tool's
-overhead on a fully cached build against a raw `docker buildx build` of the same rendered folder.
+overhead on a fully cached build against a raw `docker buildx build` of the same rendered folder;
+then the git-source variant (tests/gitsource.py): a cold build, and rebuilds after an install-phase
+and after a source-phase mod changed.
 
 Run with `make bench-rebuild` (needs Docker and the local base: `make base-local`).
 """
@@ -17,8 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "tests"))
+
+from gitsource import VARIANT as GIT_VARIANT  # noqa: E402
+from gitsource import GitSource, ensure_torch_base  # noqa: E402
+
 from sparkforge.builder import BuildOptions, build_image, buildx_command  # noqa: E402
-from sparkforge.plan import Layout, plan_variant  # noqa: E402
+from sparkforge.pipeline import load_plan  # noqa: E402
+from sparkforge.plan import Layout  # noqa: E402
 from sparkforge.render import render_context  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
@@ -41,7 +49,7 @@ def main() -> None:
     opts = BuildOptions(network="host", ca_cert=CA, log_dir=work / "logs")
 
     def build(no_cache: bool = False):
-        plan = plan_variant(layout, VARIANT, base=BASE)
+        plan = load_plan(layout, VARIANT, base=BASE).plan
         ctx = render_context(plan, layout, work / "ctx" / plan.plan_hash[:12])
         start = time.monotonic()
         result = build_image(plan, ctx, BuildOptions(**{**opts.__dict__, "no_cache": no_cache}))
@@ -85,9 +93,51 @@ def main() -> None:
     print(f"  cached build, raw docker buildx:    median {raw_med:5.2f} s  ({', '.join(f'{t:.2f}' for t in raw_times)})")
     print(f"ratio rebuild/cold:           {rebuild_s / cold_s:6.3f}  (target < 0.10)")
     print(f"ratio cached tool/raw buildx: {tool_med / raw_med:6.3f}  (target < 1.20)")
+    git_ok = bench_git_source(work)
     shutil.rmtree(work, ignore_errors=True)
-    if before_mods:
+    if before_mods or not git_ok:
         sys.exit(1)
+
+
+def bench_git_source(work: Path) -> bool:
+    """The git-source variant: cold, then one install-phase mod edited, then one source-phase mod edited.
+    True when the install-phase edit left the compile cached and the source-phase edit re-ran it."""
+    git = GitSource(work / "git")
+    try:
+        ensure_torch_base(BASE, work / "torch-base")
+        layout = Layout.default(images_dir=git.images, mods_dir=git.mods)
+        opts = BuildOptions(network="host", ca_cert=git.ca_bundle, log_dir=work / "logs")
+
+        def build(no_cache: bool = False):
+            plan = load_plan(layout, GIT_VARIANT).plan
+            ctx = render_context(plan, layout, work / "ctx" / plan.plan_hash[:12])
+            start = time.monotonic()
+            result = build_image(plan, ctx, BuildOptions(**{**opts.__dict__, "no_cache": no_cache}))
+            return result, time.monotonic() - start
+
+        def edit(mod: str) -> None:
+            spec = git.mods / mod / "mod.yaml"
+            spec.write_text(spec.read_text().replace("summary: ", "summary: (bench-edited) ", 1))
+
+        def compiled(result) -> bool:
+            return any(s.stage == "vllm-build" for s in result.ran)
+
+        print(f"bench-rebuild: git-source variant {GIT_VARIANT} (vLLM 0.17.0 over HTTPS, VLLM_TARGET_DEVICE=empty)")
+        cold, cold_s = build(no_cache=True)
+        print(f"  cold build (--no-cache):                  {cold_s:7.1f} s, {len(cold.ran)} steps ran")
+        edit("uf17-eager-allreduce")
+        inst, inst_s = build()
+        print(f"  after an install-phase mod edit:          {inst_s:7.1f} s, {len(inst.ran)} steps ran, "
+              f"compile {'re-ran (FAIL)' if compiled(inst) else 'cached (ok)'}")
+        edit("probe-source-mark")
+        src, src_s = build()
+        print(f"  after a source-phase mod edit:            {src_s:7.1f} s, {len(src.ran)} steps ran, "
+              f"compile {'re-ran (ok)' if compiled(src) else 'cached (FAIL)'}")
+        print(f"ratio git install-mod rebuild/cold: {inst_s / cold_s:6.3f}")
+        print(f"ratio git source-mod rebuild/cold:  {src_s / cold_s:6.3f}")
+        return not compiled(inst) and compiled(src)
+    finally:
+        git.stop()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__
+from . import __version__, views
 from .config import list_variants, load_variant
 from .builder import BuildOptions
 from .errors import BuildError, SparkforgeError
@@ -71,6 +71,11 @@ def _load(variant: str, base: Optional[str] = None, *, locked: bool = False,
     return loaded
 
 
+def _emit(lines) -> None:
+    for line in lines:
+        out.print(line)
+
+
 def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
           policy: Optional[LockPolicy] = None) -> Plan:
     return _load(variant, base, locked=locked, policy=policy).plan
@@ -85,17 +90,11 @@ def list_cmd(names: bool = typer.Option(False, "--names", help="Print only the v
     if names:
         out.print("\n".join(list_variants(State.layout.images_dir)))
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("variant", "parent", "vllm", "mods", "unpinned"):
-        table.add_column(col)
+    rows = []
     for name in list_variants(State.layout.images_dir):
-        recipe = load_variant(State.layout.images_dir, name)
-        plan = _plan(name)
-        vllm = plan.vllm.version + (f" ({plan.vllm.ref})" if plan.vllm.ref else " (pypi)")
-        parent = recipe.chain[1] if len(recipe.chain) > 1 else "-"
-        mods = ", ".join(m.name for m in plan.mods) or "-"
-        table.add_row(name, parent, vllm, mods, str(len(plan.unpinned())))
-    out.print(table)
+        chain = load_variant(State.layout.images_dir, name).chain
+        rows.append((name, chain[1] if len(chain) > 1 else "-", _plan(name)))
+    out.print(views.variants_table(rows))
 
 
 @app.command()
@@ -106,35 +105,10 @@ def show(
 ) -> None:
     """Show the fully resolved plan of a variant, with its lock applied. Never touches Docker."""
     loaded = _load(variant, base)
-    plan = loaded.plan
     if as_json:
-        sys.stdout.write(plan.to_json())
+        sys.stdout.write(loaded.plan.to_json())
         return
-    out.print(f"[bold]{plan.variant}[/bold]  {escape(plan.description)}")
-    out.print(f"  chain       {' <- '.join(plan.chain)}")
-    out.print(f"  tag         {plan.tag}  (moving: {plan.moving_tag})")
-    out.print(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}", markup=False)
-    out.print(f"  base        {plan.base.ref}")
-    v = plan.vllm
-    src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}" if v.source == "git" else "pypi release"
-    out.print(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})")
-    for c in plan.components:
-        if c.kind == "pip":
-            out.print(f"  {c.name:<11} pip {c.requirement}", markup=False)
-        else:
-            out.print(f"  {c.name:<11} git {c.repo} {c.ref} @ {c.commit.value or 'UNPINNED'} -> {c.dest}")
-    b = plan.build
-    out.print(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
-              f"NVCC_THREADS={b.nvcc_threads}")
-    out.print(f"  protect     {', '.join(plan.protect) or '-'}")
-    for k, val in plan.env:
-        out.print(f"  env         {k}={val}")
-    for i, m in enumerate(plan.mods, 1):
-        out.print(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}")
-    for fld, reason in plan.unpinned():
-        out.print(f"  [yellow]UNPINNED[/yellow]    {fld}: {escape(reason)}")
-    for fld, reason in loaded.unresolved:
-        out.print(f"  [yellow]UNRESOLVED[/yellow]  {escape(fld)} (in the lock): {escape(reason)}")
+    _emit(views.plan_lines(loaded))
 
 
 @app.command()
@@ -149,7 +123,6 @@ def render(
     out.print(f"rendered {plan.tag} to {ctx.path} ({len(ctx.files)} files)")
 
 
-STATE_STYLE = {"applied": "green", "already": "cyan", "failed": "bold red", "unverified": "yellow"}
 
 
 @app.command("check-mods")
@@ -182,62 +155,18 @@ def check_mods(
     with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
         report = run_checks(plans, Path(work), matrix_range=(since, until) if show_matrix else None,
                             say=lambda line: err.print(line, markup=False))
-    table = Table(box=None, pad_edge=False)
-    for col in ("variant", "mod", "result", "checked against", "detail"):
-        table.add_column(col)
-    for row in report.rows:
-        table.add_row(row.variant, row.mod, f"[{STATE_STYLE[row.state]}]{row.state}[/]",
-                      escape(row.source), escape(row.detail))
-    for plan in plans:
-        if not plan.mods:
-            table.add_row(plan.variant, "-", "no mods", "", "")
-    out.print(table)
+    out.print(views.check_table(report.rows, plans))
     failed, unverified = report.in_state(FAILED), report.in_state(UNVERIFIED)
     out.print(f"{len(report.rows)} checked: {len(report.rows) - len(failed) - len(unverified)} ok, "
               f"{len(failed)} failed, {len(unverified)} unverified (source not reachable from here)")
     if show_matrix:
-        out.print(_matrix_table(report.cells, [m.name for m in report.mods], report.versions,
-                                "mods x vLLM releases (! = differs from the mod's targets)"))
-        for mod in report.mods:
-            runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in applies_ranges(list(report.cells), mod.name))
-            out.print(f"{mod.name}: applies to vllm {runs or 'none'}; declares {mod.spec.targets.versions}")
+        names = [m.name for m in report.mods]
+        out.print(views.matrix_table(report.cells, names, report.versions,
+                                     "mods x vLLM releases (! = differs from the mod's targets)"))
+        _emit(views.applies_lines(names, lambda n: applies_ranges(list(report.cells), n),
+                                  {m.name: m.spec.targets.versions for m in report.mods}))
     if report.failed(strict):
         raise typer.Exit(1)
-
-
-def _matrix_table(cells, mods: list[str], versions, title: str) -> Table:
-    """Releases down, mods across: applies, fails or unverified, with ! where that differs from the declared range."""
-    from .checkmods import ALREADY, APPLIED, UNVERIFIED
-
-    table = Table(box=None, pad_edge=False, title=title)
-    table.add_column("vllm")
-    for name in mods:
-        table.add_column(name)
-    for version in versions:
-        marks = []
-        for name in mods:
-            cell = next(c for c in cells if c.mod == name and c.version == version)
-            ok = cell.state in (APPLIED, ALREADY)
-            if cell.state == UNVERIFIED:
-                marks.append("[yellow]unverified[/]")
-                continue
-            marks.append(("[green]applies[/]" if ok else "[red]fails[/]") + ("!" if ok != cell.declared else ""))
-        table.add_row(version, *marks)
-    return table
-
-
-def _smoke_table(results) -> Table:
-    table = Table(box=None, pad_edge=False)
-    for col in ("tier", "check", "result", "detail"):
-        table.add_column(col)
-    style = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
-    for res in results:
-        if res.skipped:
-            table.add_row(res.tier, "(whole tier)", "[yellow]skipped[/]", escape(res.skipped))
-        for c in res.checks:
-            name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
-            table.add_row(res.tier, escape(name), f"[{style[c.state]}]{c.state}[/]", escape(c.detail))
-    return table
 
 
 def _progress_printer(label: str):
@@ -292,7 +221,7 @@ def build(
         return
     out.print(f"building {plan.tag} from {context_dir(plan)}")
     done = build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),
-                         on_smoke=lambda static: out.print(_smoke_table([static])))
+                         on_smoke=lambda static: out.print(views.smoke_table([static])))
     result = done.result
     ran = len(result.ran)
     out.print(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
@@ -324,7 +253,7 @@ def test_cmd(
         raise BuildError(f"image {ref} not found; build it first with `python build.py build {variant}`",
                          field="--image" if image else variant)
     results = [run_tier(t, ref, model) for t in tier]
-    out.print(_smoke_table(results))
+    out.print(views.smoke_table(results))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
@@ -339,28 +268,7 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
     if as_json:
         sys.stdout.write(json.dumps({"record": record, "labels": labels}, indent=2, sort_keys=True) + "\n")
         return
-    out.print(f"[bold]{image}[/bold]  variant {record['variant']} ({' <- '.join(record['chain'])})")
-    out.print(f"  tag          {record['tag']}")
-    out.print(f"  built        {record['built_at']} by sparkforge {record['tool_version']}")
-    base = record["base"]
-    out.print(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}")
-    v = record["vllm"]
-    out.print(f"  vllm         {v['version']} ({v['source']}) commit {v['commit']['value'] or v.get('built_commit') or '-'}"
-              f"; installed {record['installed'].get('vllm')}")
-    for c in record["components"]:
-        pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
-        out.print(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
-                  f"installed {record['installed'].get((c.get('package') or c['name']).split('[')[0])}",
-                  markup=False)
-    out.print(f"  arch list    {record['build']['torch_cuda_arch_list']}")
-    for m in record["mods"]:
-        out.print(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}")
-    for name, version in sorted(record["protected"].items()):
-        out.print(f"  protected    {name} {version}")
-    for u in record["unpinned"]:
-        out.print(f"  [yellow]UNPINNED[/]     {u['field']}: {escape(u['reason'])}")
-    for key in sorted(labels):
-        out.print(f"  label        {key}={labels[key]}")
+    _emit(views.record_lines(image, record, labels))
 
 
 # ---------------------------------------------------------------- distribute: push, deploy, status
@@ -630,21 +538,9 @@ def verify_repro_cmd(
     finally:
         if keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    for n, img in ((1, result.first), (2, result.second)):
-        out.print(f"build {n}: manifest {img.manifest}  image ID {img.config}  ({len(img.layers)} layers)")
-    if result.identical:
-        out.print(f"identical: both builds give manifest {result.first.manifest}")
-        return
-    out.print(f"[bold red]DIFFERENT[/]: {len(result.layers)} of {len(result.first.layers)} layers differ")
-    for layer in result.layers:
-        out.print(f"  layer {layer.index} [{layer.step}]: {len(layer.files)} files differ", markup=False)
-        for f in layer.files[:15]:
-            out.print(f"    {f.path}: {', '.join(f.what)}", markup=False)
-        if len(layer.files) > 15:
-            out.print(f"    ... and {len(layer.files) - 15} more", markup=False)
-    if result.config_fields:
-        out.print(f"  config: {', '.join(result.config_fields[:12])}", markup=False)
-    raise typer.Exit(1)
+    _emit(views.repro_lines(result))
+    if not result.identical:
+        raise typer.Exit(1)
 
 
 @app.command("diff")
@@ -667,21 +563,7 @@ def diff_cmd(
     """
     from .diff import SECTIONS, diff, summary
 
-    d = diff(a, b, State.layout)
-    out.print(f"diff {d.a.label} -> {d.b.label}", markup=False)
-    for section in SECTIONS:
-        changes = d.in_section(section)
-        if not changes:
-            out.print(f"  {section:<11} {summary(d, section)}", markup=False)
-            continue
-        lines = [c.line() for c in changes]
-        out.print(f"  {section:<11} {lines[0]}", markup=False)
-        for line in lines[1:]:
-            out.print(f"  {'':<11} {line}", markup=False)
-    for note in d.notes:
-        out.print(f"  note: {note}", markup=False)
-    count = len(d.changes)
-    out.print(f"{count} change{'s' if count != 1 else ''}", markup=False)
+    _emit(views.diff_lines(diff(a, b, State.layout), SECTIONS, summary))
 
 
 @app.command()
@@ -705,7 +587,6 @@ def outdated(
     """
     import tempfile
 
-    from rich.markup import escape
 
     from .outdated import outdated as find_outdated
 
@@ -713,24 +594,15 @@ def outdated(
     with tempfile.TemporaryDirectory(prefix="sparkforge-outdated-") as work:
         report = find_outdated(plan, Path(work), try_mods=mods, until=until,
                                progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
-    table = Table(box=None, pad_edge=False)
-    for col in ("component", "pinned", "newest", "newer releases", "note"):
-        table.add_column(col)
-    for c in report.components:
-        newer = ", ".join(c.newer) if len(c.newer) <= 6 else f"{', '.join(c.newer[:3])}, ... {c.newer[-1]} ({len(c.newer)})"
-        table.add_row(c.component, c.pinned, c.newest or "-", newer or "up to date", escape(c.note))
-    out.print(table)
+    out.print(views.outdated_table(report.components))
     if not report.cells:
         if mods and report.mods and report.components[0].newer:
             out.print("no newer vLLM release to try the mods on")
         return
     versions = list(dict.fromkeys(c.version for c in report.cells))
-    out.print(_matrix_table(report.cells, list(report.mods), versions,
-                            "vLLM mods on the newer releases (! = differs from the mod's targets)"))
-    for name in report.mods:
-        runs = ", ".join(x if x == y else f"{x}..{y}" for x, y in report.applies_to(name)) or "none"
-        out.print(f"{name}: applies to newer vllm {runs}")
-
+    out.print(views.matrix_table(report.cells, list(report.mods), versions,
+                                 "vLLM mods on the newer releases (! = differs from the mod's targets)"))
+    _emit(views.applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm"))
 
 
 def run() -> None:

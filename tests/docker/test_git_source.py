@@ -1,34 +1,24 @@
 """The users' path, built for real: vLLM compiled from a git commit served over HTTPS, with its lock.
 
-A git server on loopback (tests/gitserver.py, a test CA given as --ca-cert) holds the real vLLM
-0.17.0 source (from the release sdist) under an annotated tag, and a small Python project as a git
-component. The base holds a real CPU torch and numpy; `build.env` sets VLLM_TARGET_DEVICE=empty,
-so the real `pip wheel` of the vLLM tree runs without CUDA. One source-phase mod edits setup.py and
-vllm/__init__.py before the compile; the shipped install-phase mods follow.
+The setup (tests/gitsource.py): the real vLLM 0.17.0 source under an annotated tag and a small git
+component on an HTTPS git server with a test CA, a base with a real CPU torch and numpy, a
+source-phase mod and the shipped install-phase mods, VLLM_TARGET_DEVICE=empty for the compile.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, image_id, sparkforge
+from conftest import ROOT, sparkforge
 
 sys.path.insert(0, str(ROOT / "tests"))
-import gitserver  # noqa: E402
-
-from sparkforge import sources  # noqa: E402
-
-TORCH_BASE = "sparkforge-test/base-torch:bookworm"
-NUMPY = "1.24.4"  # older than what the newest scipy needs, so an unconstrained install would upgrade it
-VARIANT = "testgit"
+from gitsource import NUMPY, VARIANT, GitSource, Unavailable, ensure_torch_base  # noqa: E402
 
 
 def _run(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -37,111 +27,21 @@ def _run(*args: str, **kw) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def torch_base(base_image: str, tmp_path_factory) -> str:
-    """The local base plus a real CPU torch 2.13.0 and numpy, as an NGC base holds its own builds."""
-    if image_id(TORCH_BASE):
-        return TORCH_BASE
-    ctx = tmp_path_factory.mktemp("torch-base")
-    proc = _run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "torch==2.13.0", "-d", str(ctx))
-    if proc.returncode != 0:
-        pytest.skip(f"no torch 2.13.0 wheel for this Python: {proc.stderr.strip()[-200:]}")
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base_image}\n"
-        "RUN --mount=type=bind,source=.,target=/ctx --mount=type=secret,id=ca \\\n"
-        "    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\\n"
-        f"    python3 -m pip install --break-system-packages --no-cache-dir /ctx/torch-*.whl numpy=={NUMPY}\n")
-    proc = _run("docker", "buildx", "build", "--load", "--network", "host", "--secret",
-                "id=ca,src=/etc/ssl/certs/ca-certificates.crt", "-t", TORCH_BASE, str(ctx), timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return TORCH_BASE
-
-
-def _recipe(server: gitserver.GitServer, vllm_commit: str) -> str:
-    return f"""# Written by tests/docker/test_git_source.py: the git-source path over HTTPS.
-description: vLLM 0.17.0 compiled from git (VLLM_TARGET_DEVICE=empty), a git component, a source-phase mod
-image: sparkforge-test/vllm
-base:
-  repository: sparkforge-test/base-torch
-  tag: bookworm
-  digest:
-    unknown: made by the tests on this machine; no registry holds it
-os_packages: [jq]
-vllm:
-  source: git
-  repo: {server.repo_url("vllm")}
-  ref: v0.17.0
-  commit: {vllm_commit}
-  version: "0.17.0"
-  install_deps: false
-components:
-  sparkprobe:
-    git: {server.repo_url("sparkprobe")}
-    ref: v1.0.0
-    commit:
-      unknown: the tests resolve the annotated tag v1.0.0 in the build, and `lock` records it
-    dest: /opt/src/sparkprobe
-    pip_install: true
-  scipy:
-    pip: scipy
-    version:
-      unknown: the newest scipy that the protected numpy allows; `lock` pins what the build installed
-protect: [torch, numpy]
-build:
-  torch_cuda_arch_list: 12.1a
-  max_jobs: 2
-  env:
-    VLLM_TARGET_DEVICE: empty
-mods:
-  - probe-source-mark
-  - uf17-eager-allreduce
-  - fix-qwen35-tp4-marlin
-  - serve-torchrun
-"""
-
-
-class Setup:
-    def __init__(self, root: Path, server: gitserver.GitServer, commit: str, tag_object: str, probe: str) -> None:
-        self.root, self.server, self.commit, self.tag_object, self.probe = root, server, commit, tag_object, probe
-        self.images, self.mods = root / "images", root / "mods"
-
-    def cli(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-        env = dict(os.environ, GIT_SSL_CAINFO=str(self.ca_bundle))
-        return subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(self.images), "--mods",
-                               str(self.mods), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env=env)
-
-    @property
-    def ca_bundle(self) -> Path:
-        """The system CA bundle plus the test CA: PyPI and the git server both verify."""
-        return self.root / "ca-bundle.crt"
-
-    def build(self, variant: str = VARIANT, *extra: str) -> subprocess.CompletedProcess:
-        return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra)
+    try:
+        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
 def git_setup(torch_base: str, tmp_path_factory):
-    root = tmp_path_factory.mktemp("gitsrc")
-    repos = root / "repos"
-    repos.mkdir()
-    tree = gitserver.extract_sdist(sources.download(sources.find_release("vllm", "0.17.0")), root / "sdist")
-    commit = gitserver.init_repo(repos, "vllm", tree, tag="v0.17.0", message="vLLM 0.17.0 (release sdist)")
-    tag_object = gitserver.git(repos / "vllm.git", "rev-parse", "v0.17.0")
-    probe = gitserver.init_repo(repos, "sparkprobe", ROOT / "tests" / "gitrepos" / "sparkprobe", tag="v1.0.0")
-    server = gitserver.start(repos, root / "certs")
-    setup = Setup(root, server, commit, tag_object, probe)
-    setup.ca_bundle.write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes() + server.ca.read_bytes())
-    setup.images.mkdir()
-    (setup.images / f"{VARIANT}.yaml").write_text(_recipe(server, commit))
-    short = f"extends: {VARIANT}\nvllm:\n  ref: {commit[:9]}\n  commit:\n    unknown: only the short SHA is on record\n"
-    (setup.images / f"{VARIANT}-short.yaml").write_text(short)
-    shutil.copytree(ROOT / "mods", setup.mods)
-    shutil.copytree(ROOT / "tests" / "mods" / "probe-source-mark", setup.mods / "probe-source-mark")
+    setup = GitSource(tmp_path_factory.mktemp("gitsrc"))
     yield setup
-    server.stop()
+    setup.stop()
 
 
 @pytest.fixture(scope="module")
-def built(git_setup: Setup) -> dict:
+def built(git_setup: GitSource) -> dict:
     proc = git_setup.build()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     tag = json.loads(git_setup.cli("show", VARIANT, "--json").stdout)["tag"]
@@ -149,7 +49,7 @@ def built(git_setup: Setup) -> dict:
     return {"tag": tag, "record": record, "stdout": proc.stdout}
 
 
-def test_annotated_tag_is_recorded_as_its_commit(git_setup: Setup, built: dict) -> None:
+def test_annotated_tag_is_recorded_as_its_commit(git_setup: GitSource, built: dict) -> None:
     assert git_setup.tag_object != git_setup.commit  # an annotated tag: its own object
     record = built["record"]
     assert record["vllm"]["built_commit"] == git_setup.commit
@@ -185,7 +85,7 @@ def test_build_env_stays_out_of_the_runtime_env(built: dict) -> None:
     assert "VLLM_UF_EAGER_ALLREDUCE=0" in env
 
 
-def test_short_sha_is_resolved_to_the_full_commit(git_setup: Setup, built: dict) -> None:
+def test_short_sha_is_resolved_to_the_full_commit(git_setup: GitSource, built: dict) -> None:
     proc = git_setup.build(f"{VARIANT}-short")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tag = json.loads(git_setup.cli("show", f"{VARIANT}-short", "--json").stdout)["tag"]
@@ -193,7 +93,7 @@ def test_short_sha_is_resolved_to_the_full_commit(git_setup: Setup, built: dict)
     assert record["vllm"]["built_commit"] == git_setup.commit
 
 
-def test_a_short_sha_that_names_no_commit_fails_in_one_line(git_setup: Setup, built: dict) -> None:
+def test_a_short_sha_that_names_no_commit_fails_in_one_line(git_setup: GitSource, built: dict) -> None:
     (git_setup.images / "testgit-nosuch.yaml").write_text(
         f"extends: {VARIANT}\nvllm:\n  ref: 0000000ab\n  commit:\n    unknown: a short SHA that is in no branch\n")
     proc = git_setup.build("testgit-nosuch")
@@ -202,7 +102,7 @@ def test_a_short_sha_that_names_no_commit_fails_in_one_line(git_setup: Setup, bu
     assert "Traceback" not in proc.stderr
 
 
-def test_rebuilds_rerun_only_what_a_change_touches(git_setup: Setup, built: dict) -> None:
+def test_rebuilds_rerun_only_what_a_change_touches(git_setup: GitSource, built: dict) -> None:
     again = git_setup.build()
     assert again.returncode == 0 and ": 0 steps ran," in again.stdout, again.stdout[-2000:]
     install_mod = git_setup.mods / "uf17-eager-allreduce" / "mod.yaml"
@@ -231,7 +131,7 @@ def _ran_steps(stdout: str) -> list[str]:
     return [name for n, name in heads.items() if n not in cached]
 
 
-def test_with_a_lock_every_command_names_one_tag(git_setup: Setup, built: dict, registry) -> None:
+def test_with_a_lock_every_command_names_one_tag(git_setup: GitSource, built: dict, registry) -> None:
     proc = git_setup.cli("lock", VARIANT, "--image", built["tag"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lock = json.loads((git_setup.images / f"{VARIANT}.lock.json").read_text())

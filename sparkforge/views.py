@@ -1,0 +1,195 @@
+"""What the command line prints: results of the library turned into Rich tables and lines.
+
+Every value that came from a file, an image or a remote is shown as plain text (a `Text`, never
+markup), so a description holding `[bold]` prints as written instead of being eaten or crashing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED
+from .pipeline import LoadedPlan
+from .plan import Plan
+
+STATE_STYLE = {APPLIED: "green", ALREADY: "cyan", FAILED: "bold red", UNVERIFIED: "yellow"}
+CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    table = Table(box=None, pad_edge=False, title=title)
+    for col in columns:
+        table.add_column(col)
+    return table
+
+
+def _styled(text: str, style: str) -> Text:
+    return Text(text, style=style)
+
+
+def _line(*parts: str | tuple[str, str]) -> Text:
+    """A line of plain text; (text, style) pairs are styled, nothing is read as markup."""
+    return Text.assemble(*parts)
+
+
+def variants_table(rows: Iterable[tuple[str, str, Plan]]) -> Table:
+    """(name, parent, plan) rows of `list`."""
+    table = _table("variant", "parent", "vllm", "mods", "unpinned")
+    for name, parent, plan in rows:
+        vllm = plan.vllm.version + (f" ({plan.vllm.ref})" if plan.vllm.ref else " (pypi)")
+        mods = ", ".join(m.name for m in plan.mods) or "-"
+        table.add_row(Text(name), Text(parent), Text(vllm), Text(mods), str(len(plan.unpinned())))
+    return table
+
+
+def plan_lines(loaded: LoadedPlan) -> list[Text]:
+    """The resolved plan of `show`, one fact a line."""
+    plan = loaded.plan
+    v, b = plan.vllm, plan.build
+    lines = [
+        _line((plan.variant, "bold"), f"  {plan.description}"),
+        _line(f"  chain       {' <- '.join(plan.chain)}"),
+        _line(f"  tag         {plan.tag}  (moving: {plan.moving_tag})"),
+        _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
+        _line(f"  base        {plan.base.ref}"),
+    ]
+    src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}" if v.source == "git" else "pypi release"
+    lines.append(_line(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})"))
+    for c in plan.components:
+        if c.kind == "pip":
+            lines.append(_line(f"  {c.name:<11} pip {c.requirement}"))
+        else:
+            lines.append(_line(f"  {c.name:<11} git {c.repo} {c.ref} @ {c.commit.value or 'UNPINNED'} -> {c.dest}"))
+    lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
+                       f"NVCC_THREADS={b.nvcc_threads}"))
+    lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
+    lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
+    lines += [_line(f"  env         {k}={val}") for k, val in plan.env]
+    lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}")
+              for i, m in enumerate(plan.mods, 1)]
+    lines += [_line("  ", ("UNPINNED", "yellow"), f"    {fld}: {reason}") for fld, reason in plan.unpinned()]
+    lines += [_line("  ", ("UNRESOLVED", "yellow"), f"  {fld} (in the lock): {reason}")
+              for fld, reason in loaded.unresolved]
+    return lines
+
+
+def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
+    """check-mods: a row per variant and mod."""
+    table = _table("variant", "mod", "result", "checked against", "detail")
+    for row in rows:
+        table.add_row(Text(row.variant), Text(row.mod), _styled(row.state, STATE_STYLE[row.state]),
+                      Text(row.source), Text(row.detail))
+    for plan in plans:
+        if not plan.mods:
+            table.add_row(Text(plan.variant), "-", "no mods", "", "")
+    return table
+
+
+def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[str], title: str) -> Table:
+    """Releases down, mods across: applies, fails or unverified, with ! where that differs from the declared range."""
+    table = _table("vllm", *mods, title=title)
+    for version in versions:
+        marks = []
+        for name in mods:
+            cell = next(c for c in cells if c.mod == name and c.version == version)
+            if cell.state == UNVERIFIED:
+                marks.append(_styled("unverified", "yellow"))
+                continue
+            ok = cell.state in (APPLIED, ALREADY)
+            marks.append(_line(("applies", "green") if ok else ("fails", "red"), "!" if ok != cell.declared else ""))
+        table.add_row(version, *marks)
+    return table
+
+
+def smoke_table(results: Iterable[Any]) -> Table:
+    """Smoke tiers: a row per check, and one for a tier skipped whole."""
+    table = _table("tier", "check", "result", "detail")
+    for res in results:
+        if res.skipped:
+            table.add_row(res.tier, "(whole tier)", _styled("skipped", "yellow"), Text(res.skipped))
+        for c in res.checks:
+            name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
+            table.add_row(res.tier, Text(name), _styled(c.state, CHECK_STYLE[c.state]), Text(c.detail))
+    return table
+
+
+def record_lines(image: str, record: dict, labels: dict) -> list[Text]:
+    """`inspect`: the build record of an image, one fact a line."""
+    base, v, installed = record["base"], record["vllm"], record["installed"]
+    lines = [
+        _line((image, "bold"), f"  variant {record['variant']} ({' <- '.join(record['chain'])})"),
+        _line(f"  tag          {record['tag']}"),
+        _line(f"  built        {record['built_at']} by sparkforge {record['tool_version']}"),
+        _line(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}"),
+        _line(f"  vllm         {v['version']} ({v['source']}) commit "
+              f"{v['commit']['value'] or v.get('built_commit') or '-'}; installed {installed.get('vllm')}"),
+    ]
+    for c in record["components"]:
+        pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
+        name = (c.get("package") or c["name"]).split("[")[0]
+        lines.append(_line(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
+                           f"installed {installed.get(name, installed.get(c['name']))}"))
+    lines.append(_line(f"  arch list    {record['build']['torch_cuda_arch_list']}"))
+    lines += [_line(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}")
+              for m in record["mods"]]
+    lines += [_line(f"  protected    {name} {version}") for name, version in sorted(record["protected"].items())]
+    lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u['field']}: {u['reason']}") for u in record["unpinned"]]
+    lines += [_line(f"  label        {key}={labels[key]}") for key in sorted(labels)]
+    return lines
+
+
+def repro_lines(result: Any) -> list[Text]:
+    """verify-repro: both builds, and where they differ."""
+    lines = [_line(f"build {n}: manifest {img.manifest}  image ID {img.config}  ({len(img.layers)} layers)")
+             for n, img in ((1, result.first), (2, result.second))]
+    if result.identical:
+        return lines + [_line(f"identical: both builds give manifest {result.first.manifest}")]
+    lines.append(_line(("DIFFERENT", "bold red"), f": {len(result.layers)} of {len(result.first.layers)} layers differ"))
+    for layer in result.layers:
+        lines.append(_line(f"  layer {layer.index} [{layer.step}]: {len(layer.files)} files differ"))
+        lines += [_line(f"    {f.path}: {', '.join(f.what)}") for f in layer.files[:15]]
+        if len(layer.files) > 15:
+            lines.append(_line(f"    ... and {len(layer.files) - 15} more"))
+    if result.config_fields:
+        lines.append(_line(f"  config: {', '.join(result.config_fields[:12])}"))
+    return lines
+
+
+def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
+    """diff: each section's changes, or what stayed the same."""
+    lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
+    for section in sections:
+        changes = d.in_section(section)
+        if not changes:
+            lines.append(_line(f"  {section:<11} {summary(d, section)}"))
+            continue
+        for i, change in enumerate(changes):
+            lines.append(_line(f"  {section if i == 0 else '':<11} {change.line()}"))
+    lines += [_line(f"  note: {note}") for note in d.notes]
+    count = len(d.changes)
+    lines.append(_line(f"{count} change{'s' if count != 1 else ''}"))
+    return lines
+
+
+def outdated_table(components: Iterable[Any]) -> Table:
+    table = _table("component", "pinned", "newest", "newer releases", "note")
+    for c in components:
+        newer = (", ".join(c.newer) if len(c.newer) <= 6
+                 else f"{', '.join(c.newer[:3])}, ... {c.newer[-1]} ({len(c.newer)})")
+        table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(newer or "up to date"),
+                      Text(c.note))
+    return table
+
+
+def applies_lines(names: Iterable[str], runs_of, declared: dict[str, str] | None = None,
+                  prefix: str = "applies to vllm") -> list[Text]:
+    """Where each mod applies, as runs of releases, and (check-mods) what it declares."""
+    lines = []
+    for name in names:
+        runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in runs_of(name)) or "none"
+        tail = f"; declares {declared[name]}" if declared else ""
+        lines.append(_line(f"{name}: {prefix} {runs}{tail}"))
+    return lines

@@ -1,0 +1,135 @@
+"""The git-source setup shared by tests/docker/test_git_source.py and bench/rebuild.py.
+
+A git server on loopback (tests/gitserver.py, a test CA) holds the real vLLM 0.17.0 source (from
+the release sdist) under an annotated tag, and a small Python project as a git component. The base
+holds a real CPU torch and numpy; `build.env` sets VLLM_TARGET_DEVICE=empty, so the real
+`pip wheel` of the vLLM tree runs without CUDA. One source-phase mod (tests/mods) edits setup.py
+and vllm/__init__.py before the compile; the shipped install-phase mods follow.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gitserver
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sparkforge import sources  # noqa: E402
+
+TORCH_BASE = "sparkforge-test/base-torch:bookworm"
+NUMPY = "1.24.4"  # older than what the newest scipy needs, so an unconstrained install would upgrade it
+VARIANT = "testgit"
+SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+class Unavailable(Exception):
+    """The setup cannot be made on this machine; the message says why."""
+
+
+def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, **kw)
+
+
+def ensure_torch_base(base_image: str, workdir: Path) -> str:
+    """The local base plus a real CPU torch 2.13.0 and numpy, as an NGC base holds its own builds."""
+    if _run("docker", "image", "inspect", TORCH_BASE).returncode == 0:
+        return TORCH_BASE
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = _run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "torch==2.13.0", "-d", str(workdir))
+    if proc.returncode != 0:
+        raise Unavailable(f"no torch 2.13.0 wheel for this Python: {proc.stderr.strip()[-200:]}")
+    (workdir / "Dockerfile").write_text(
+        f"FROM {base_image}\n"
+        "RUN --mount=type=bind,source=.,target=/ctx --mount=type=secret,id=ca \\\n"
+        "    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\\n"
+        f"    python3 -m pip install --break-system-packages --no-cache-dir /ctx/torch-*.whl numpy=={NUMPY}\n")
+    proc = _run("docker", "buildx", "build", "--load", "--network", "host", "--secret",
+                f"id=ca,src={SYSTEM_CA}", "-t", TORCH_BASE, str(workdir), timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {TORCH_BASE} failed:\n{proc.stderr[-3000:]}")
+    return TORCH_BASE
+
+
+def recipe(server: gitserver.GitServer, vllm_commit: str) -> str:
+    return f"""# Written by tests/gitsource.py: the git-source path over HTTPS.
+description: vLLM 0.17.0 compiled from git (VLLM_TARGET_DEVICE=empty), a git component, a source-phase mod
+image: sparkforge-test/vllm
+base:
+  repository: sparkforge-test/base-torch
+  tag: bookworm
+  digest:
+    unknown: made by the tests on this machine; no registry holds it
+os_packages: [jq]
+vllm:
+  source: git
+  repo: {server.repo_url("vllm")}
+  ref: v0.17.0
+  commit: {vllm_commit}
+  version: "0.17.0"
+  install_deps: false
+components:
+  sparkprobe:
+    git: {server.repo_url("sparkprobe")}
+    ref: v1.0.0
+    commit:
+      unknown: the tests resolve the annotated tag v1.0.0 in the build, and `lock` records it
+    dest: /opt/src/sparkprobe
+    pip_install: true
+  scipy:
+    pip: scipy
+    version:
+      unknown: the newest scipy that the protected numpy allows; `lock` pins what the build installed
+protect: [torch, numpy]
+build:
+  torch_cuda_arch_list: 12.1a
+  max_jobs: 2
+  env:
+    VLLM_TARGET_DEVICE: empty
+mods:
+  - probe-source-mark
+  - uf17-eager-allreduce
+  - fix-qwen35-tp4-marlin
+  - serve-torchrun
+"""
+
+
+class GitSource:
+    """A running git server with its repositories, and a recipe folder and mods folder that use it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        repos = root / "repos"
+        repos.mkdir(parents=True)
+        tree = gitserver.extract_sdist(sources.download(sources.find_release("vllm", "0.17.0")), root / "sdist")
+        self.commit = gitserver.init_repo(repos, "vllm", tree, tag="v0.17.0", message="vLLM 0.17.0 (release sdist)")
+        self.tag_object = gitserver.git(repos / "vllm.git", "rev-parse", "v0.17.0")
+        self.probe = gitserver.init_repo(repos, "sparkprobe", ROOT / "tests" / "gitrepos" / "sparkprobe", tag="v1.0.0")
+        self.server = gitserver.start(repos, root / "certs")
+        self.ca_bundle = root / "ca-bundle.crt"  # the system's CAs plus the test CA: PyPI and the git server
+        self.ca_bundle.write_bytes(SYSTEM_CA.read_bytes() + self.server.ca.read_bytes())
+        self.images, self.mods = root / "images", root / "mods"
+        self.images.mkdir()
+        (self.images / f"{VARIANT}.yaml").write_text(recipe(self.server, self.commit))
+        (self.images / f"{VARIANT}-short.yaml").write_text(
+            f"extends: {VARIANT}\nvllm:\n  ref: {self.commit[:9]}\n  commit:\n    unknown: only the short SHA is on record\n")
+        shutil.copytree(ROOT / "mods", self.mods)
+        shutil.copytree(ROOT / "tests" / "mods" / "probe-source-mark", self.mods / "probe-source-mark")
+
+    def cli(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+        """The real command line on this setup's recipes and mods (git trusts the test CA)."""
+        env = dict(os.environ, GIT_SSL_CAINFO=str(self.ca_bundle))
+        return subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(self.images), "--mods",
+                               str(self.mods), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                              env=env)
+
+    def build(self, variant: str = VARIANT, *extra: str) -> subprocess.CompletedProcess:
+        return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra)
+
+    def stop(self) -> None:
+        self.server.stop()
