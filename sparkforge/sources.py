@@ -13,7 +13,6 @@ import hashlib
 import html.parser
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -34,7 +33,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from .imagetool import last_line, version_file_commit
+from . import gitfetch
+from .imagetool import version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh
@@ -168,27 +168,40 @@ def _package_dir(project: str) -> str:
     return canonicalize_name(project).replace("-", "_")
 
 
+# Bumped when what a cached tree holds changes, so that older caches are extracted anew.
+TREE_FORMAT = "whole-1"
+
+
 def extract_tree(archive: Path, package: str) -> Path:
-    """Extract the package folder of an sdist or wheel once; return the root that holds it."""
-    root = cache_dir() / "trees" / archive.name
+    """Extract a whole sdist (without its top folder) or wheel once; return its root, which holds package/.
+
+    The whole tree, not only the package: a source-phase mod may touch setup.py, CMakeLists.txt or csrc/.
+    Only regular files and folders are extracted (no links, no devices), each confined to the root.
+    """
+    root = cache_dir() / "trees" / f"{TREE_FORMAT}-{archive.name}"
     if (root / ".complete").exists():
         return root
     with _staged_tree(root, archive.name) as staging:
         if archive.name.endswith(".whl"):
             with zipfile.ZipFile(archive) as zf:
                 for info in zf.infolist():
-                    if info.filename.startswith(f"{package}/") and not info.is_dir():
+                    if not info.is_dir() and _confined(info.filename):
                         zf.extract(info, staging)
         else:
             with tarfile.open(archive) as tf:
                 for member in tf.getmembers():
                     parts = member.name.split("/", 1)
-                    if len(parts) == 2 and parts[1].startswith(f"{package}/") and member.isfile():
+                    if len(parts) == 2 and member.isfile() and _confined(parts[1]):
                         member.name = parts[1]
                         tf.extract(member, staging, filter="data")
         if not (staging / package).is_dir():
             raise SourceUnavailable(f"{archive.name} holds no {package}/ folder")
     return root
+
+
+def _confined(name: str) -> bool:
+    """A relative archive member name that stays inside the folder it is extracted to."""
+    return bool(name) and not name.startswith("/") and ".." not in name.split("/")
 
 
 @contextlib.contextmanager
@@ -222,31 +235,18 @@ def release_tree(project: str, version: str) -> Path:
 
 
 def git_tree(repo: str, commit: str, package: str) -> Path:
-    """A cached tree of package/ at a commit, fetched with git into a bare partial mirror."""
-    root = cache_dir() / "trees" / f"git-{hashlib.sha256(repo.encode()).hexdigest()[:12]}-{commit}"
+    """A cached tree of a whole commit, fetched into the same blob-less mirror the builds use."""
+    root = cache_dir() / "trees" / f"{TREE_FORMAT}-git-{hashlib.sha256(repo.encode()).hexdigest()[:12]}-{commit}"
     if (root / ".complete").exists():
         return root
-    mirror = cache_dir() / "git" / hashlib.sha256(repo.encode()).hexdigest()[:16]
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
-
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", *args], capture_output=True, text=True, env=env, timeout=900)
-
-    if not mirror.exists():
-        proc = git("clone", "--quiet", "--bare", "--filter=blob:none", repo, str(mirror))
-        if proc.returncode != 0:
-            shutil.rmtree(mirror, ignore_errors=True)
-            raise SourceUnavailable(f"git clone {repo} failed: {last_line(proc.stderr, 'no output')}")
-    if git("-C", str(mirror), "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        proc = git("-C", str(mirror), "fetch", "--quiet", "--filter=blob:none", "origin", commit)
-        if proc.returncode != 0:
-            raise SourceUnavailable(f"git fetch {repo} {commit} failed: {last_line(proc.stderr, 'no output')}")
-    with _staged_tree(root, commit) as staging:
-        archive = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit, f"{package}/"],
-                                 capture_output=True, env=env, timeout=900)
-        if archive.returncode != 0:
-            raise SourceUnavailable(f"git archive {commit} failed: {last_line(archive.stderr.decode(), 'no output')}")
-        subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
+    try:
+        mirror, full = gitfetch.resolve(cache_dir() / "git", repo, commit, commit)
+        with _staged_tree(root, commit) as staging:
+            gitfetch.export(mirror, full, staging)
+            if not (staging / package).is_dir():
+                raise SourceUnavailable(f"{repo} at {commit[:12]} holds no {package}/ folder")
+    except gitfetch.FetchError as exc:
+        raise SourceUnavailable(f"{repo} {commit[:12]}: {exc}") from None
     return root
 
 
