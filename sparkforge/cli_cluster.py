@@ -1,0 +1,177 @@
+"""The cluster verbs of the command line: push, deploy and status, registered on the one typer app.
+
+Only flags and printing live here; what to do on the nodes is decided in distribute.py and cluster.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .cli import BASE_HELP, _plan, app, err, out
+from .errors import SparkforgeError
+
+CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
+NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
+              "comma-separated or repeated. Default: every node of the cluster file.")
+REGISTRY_HELP = "Registry as HOST:PORT, e.g. 127.0.0.1:5000 (default: registry: of the cluster file)."
+
+
+def _cluster_path(cluster: Optional[Path]) -> Optional[Path]:
+    if cluster is not None:
+        return cluster
+    default = Path("cluster.yaml")
+    return default if default.is_file() else None
+
+
+def _distribute_printer():
+    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move."""
+    from .distribute import Progress, human_bytes
+
+    last: dict[str, tuple[str, float]] = {}
+
+    def show(p: Progress) -> None:
+        import time
+
+        now = time.monotonic()
+        phase, when = last.get(p.node, ("", 0.0))
+        if p.phase == phase and now - when < 2.0:
+            return
+        last[p.node] = (p.phase, now)
+        moved = f" {human_bytes(p.done)}" + (f" / {human_bytes(p.total)}" if p.total else "") if p.done else ""
+        err.print(f"  {p.node:<14} {p.phase:<7}{moved}  {p.detail}".rstrip(), markup=False)
+
+    return show
+
+
+@app.command()
+def push(
+    variant: str = typer.Argument(..., help="The variant whose built image to push, e.g. ng17e."),
+    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Push a built image's immutable tag and moving tag to a registry.
+
+    Example: python build.py push ng17e --registry 127.0.0.1:5000
+    """
+    from .cluster import check_registry, load_cluster_file
+    from .distribute import head_image, human_bytes, push_image
+
+    plan = _plan(variant, base)
+    path = _cluster_path(cluster)
+    if registry:
+        target = check_registry(registry)
+    elif path is not None and load_cluster_file(path).registry:
+        target = load_cluster_file(path).registry
+    else:
+        raise SparkforgeError("no registry: pass --registry HOST:PORT or set registry: in the cluster file "
+                              "(make registry starts one on 127.0.0.1:5000)", field="--registry")
+    image = head_image(plan)
+    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {target}")
+    result = push_image(image, target, progress=_distribute_printer())
+    for ref in result.refs:
+        out.print(f"pushed {ref}")
+    out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
+              f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
+
+
+@app.command()
+def deploy(
+    variant: str = typer.Argument(..., help="The variant whose built image to deploy, e.g. ng17e."),
+    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    mode: str = typer.Option("registry", "--mode", help="registry: nodes pull what they lack (push first); "
+                             "stream: docker save piped into each node's docker load, no registry needed."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Put a built image on every node, in parallel, and check that every node has the same image ID.
+
+    A node that already has the image is skipped. On each node the moving tag is set last, only
+    after the image ID matches the head's; a node that fails keeps its old image. Exits 1 when
+    any node failed.
+
+    Examples:
+
+      python build.py push ng17e --registry 127.0.0.1:5000
+
+      python build.py deploy ng17e --cluster cluster.yaml
+
+      python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
+    """
+    from .cluster import resolve_cluster
+    from .distribute import FAILED, deploy_registry, deploy_stream, head_image, human_bytes
+
+    if mode not in ("registry", "stream"):
+        raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")
+    plan = _plan(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, registry)
+    if mode == "registry" and not target.registry:
+        raise SparkforgeError("registry mode needs a registry: pass --registry HOST:PORT, set registry: in the "
+                              "cluster file, or use --mode stream", field="--registry")
+    image = head_image(plan)
+    where = f"from {target.registry}" if mode == "registry" else "by docker save | docker load"
+    out.print(f"deploying {plan.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
+    show = _distribute_printer()
+    if mode == "registry":
+        result = deploy_registry(image, target.nodes, target.registry or "", show)
+    else:
+        result = deploy_stream(image, target.nodes, show)
+    table = Table(box=None, pad_edge=False)
+    for col in ("node", "result", "image ID", "moved", "time", "detail"):
+        table.add_column(col)
+    style = {"updated": "green", "current": "cyan", FAILED: "bold red"}
+    for r in result.results:
+        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
+        table.add_row(r.node.name, f"[{style[r.outcome]}]{r.outcome}[/]", (r.image_id or "-")[:19],
+                      human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", detail)
+    out.print(table)
+    for r in result.results:
+        if r.outcome == FAILED:
+            out.print(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on "
+                      f"{(r.previous_id or 'nothing')[:19]}", markup=False)
+    counts = {k: sum(1 for r in result.results if r.outcome == k) for k in ("updated", "current", FAILED)}
+    out.print(f"{len(result.results)} nodes: {counts['updated']} updated, {counts['current']} current, "
+              f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s")
+    if not result.ok:
+        raise typer.Exit(1)
+    out.print(f"every node runs {plan.moving_tag} = {image.image_id}")
+
+
+@app.command()
+def status(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Show which image each node's moving tag points to; exit 1 unless all match (and match the head).
+
+    Example: python build.py status ng17e --cluster cluster.yaml
+    """
+    from .cluster import resolve_cluster
+    from .distribute import cluster_status
+
+    plan = _plan(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, None)
+    st = cluster_status(plan, target.nodes)
+    head_id = st.image.image_id if st.image else None
+    out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("node", "image ID", plan.tag.rpartition(":")[2], "matches head", "detail"):
+        table.add_column(col)
+    for n in st.nodes:
+        match = "-" if head_id is None or n.error else ("[green]yes[/]" if n.moving_id == head_id else "[red]no[/]")
+        tag = "-" if n.error else ("yes" if n.tag_id and n.tag_id == n.moving_id else ("other" if n.tag_id else "no"))
+        table.add_row(n.node.name, (n.moving_id or "-")[:19], tag, match, n.error or n.node.endpoint)
+    out.print(table)
+    if st.all_match:
+        out.print(f"all {len(st.nodes)} nodes match: {next(iter(st.ids))}")
+        return
+    out.print(f"[bold red]nodes differ[/]: {len(st.ids)} distinct images across {len(st.nodes)} nodes"
+              + ("" if not any(n.error for n in st.nodes) else "; some nodes did not answer"))
+    raise typer.Exit(1)
