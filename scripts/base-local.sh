@@ -25,8 +25,8 @@ EPOCH=1704067200 # 2024-01-01T00:00:00Z
 die() { echo "base-local: ERROR: $*" >&2; exit 1; }
 log() { echo "base-local: $*" >&2; }
 
-command -v docker >/dev/null || die "docker not found (run scripts/docker-up.sh)"
-docker info >/dev/null 2>&1 || die "docker engine not answering (run scripts/docker-up.sh)"
+command -v docker >/dev/null || die "docker not found"
+docker info >/dev/null 2>&1 || die "the Docker engine does not answer"
 
 if [[ "${BASE_FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
   log "$IMAGE already present ($(docker image inspect -f '{{.Id}}' "$IMAGE")); nothing to do"
@@ -44,7 +44,7 @@ exec 9>"$CACHE_DIR/.lock"
 flock 9
 
 if [[ ! -s "$TARBALL" ]]; then
-  command -v debootstrap >/dev/null || die "debootstrap not found (run scripts/docker-up.sh)"
+  command -v debootstrap >/dev/null || die "debootstrap not found (on Debian: apt-get install debootstrap)"
   [[ $(id -u) -eq 0 ]] || die "debootstrap needs root"
   ROOTFS="$(mktemp -d "$CACHE_DIR/rootfs.XXXXXX")"
   cleanup() {

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import dockercli
 from .errors import BuildError
 from .plan import Plan
 from .render import Context
@@ -27,6 +27,7 @@ _DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
 _ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 _MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
 _FETCH_FAILED = re.compile(r"gitfetch: (\S+ \S+: .*)$")  # gitfetch.py's one line when a ref cannot be fetched
+_BASE_FAILED = re.compile(r"failed to resolve source metadata for (\S+?):? (.*)$")  # BuildKit cannot get FROM
 
 
 @dataclass
@@ -112,15 +113,60 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
 
 def check_engine() -> None:
     """Fail early, with what to do, when there is no Docker engine with buildx."""
-    if shutil.which("docker") is None:
-        raise BuildError("the docker CLI is not installed (run scripts/docker-up.sh)", field="docker")
-    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BuildError("docker buildx is not available (run scripts/docker-up.sh)", field="docker")
-    proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BuildError(f"the Docker engine does not answer: {proc.stderr.strip().splitlines()[-1:]}"
-                         " (run scripts/docker-up.sh)", field="docker")
+    problem = dockercli.engine_problem()
+    if problem:
+        raise BuildError(problem, field="docker")
+    if dockercli.run(["buildx", "version"], check=False).returncode != 0:
+        raise BuildError("the buildx plugin of the docker CLI is not installed (docker-buildx-plugin)",
+                         field="docker")
+
+
+@dataclass
+class _BuildLog:
+    """What the plain-progress output of a build says: its steps and the failures sparkforge explains."""
+
+    progress: Callable[[Step, float], None]
+    start: float = field(default_factory=time.monotonic)
+    steps: dict[int, Step] = field(default_factory=dict)
+    mod_failures: list[tuple[str, str]] = field(default_factory=list)
+    fetch_failures: list[str] = field(default_factory=list)
+    base_failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def feed(self, line: str) -> None:
+        if m := _STEP.match(line):
+            n = int(m.group(1))
+            if n not in self.steps:
+                self.steps[n] = Step(n, m.group(2), m.group(3))
+                self.progress(self.steps[n], time.monotonic() - self.start)
+        elif (m := _CACHED.match(line)) and int(m.group(1)) in self.steps:
+            self.steps[int(m.group(1))].cached = True
+        elif (m := _DONE.match(line)) and int(m.group(1)) in self.steps:
+            self.steps[int(m.group(1))].seconds = float(m.group(2))
+        elif (m := _ERROR.match(line)) and int(m.group(1)) in self.steps:
+            self.steps[int(m.group(1))].error = m.group(2)
+        if m := _MOD_FAILED.search(line):
+            self.mod_failures.append((m.group(1), m.group(2)))
+        elif m := _FETCH_FAILED.search(line):
+            self.fetch_failures.append(m.group(1))
+        elif m := _BASE_FAILED.search(line):
+            self.base_failures.append((m.group(1), m.group(2)))
+
+    def failure(self, plan: Plan, code: int, log_path: Path) -> BuildError:
+        """The one line that explains a failed build best."""
+        tail = f"(build log: {log_path})"
+        if self.mod_failures:
+            name, reason = self.mod_failures[0]
+            return BuildError(f"mod {name} failed: {reason} {tail}", field=f"mods: {name}")
+        if self.fetch_failures:
+            return BuildError(f"cannot fetch the source: {self.fetch_failures[0]} {tail}", field=plan.variant)
+        if self.base_failures:
+            ref, reason = self.base_failures[0]
+            return BuildError(f"the base image {ref} cannot be pulled from here ({reason[-160:]}); build on a base "
+                              f"this engine has with --base IMAGE, or pull it where the registry is reachable {tail}",
+                              field="base")
+        failed = next((s for s in self.steps.values() if s.error), None)
+        where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
+        return BuildError(f"build failed at {where} {tail}", field=plan.variant)
 
 
 def build_image(plan: Plan, context: Context, opts: BuildOptions,
@@ -128,68 +174,42 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
     """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
     if opts.ca_cert and not opts.ca_cert.is_file():
         raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
+    problem = dockercli.engine_problem(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
+    if problem:
+        raise BuildError(problem, field="docker")
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     log_path = opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}.log"
     metadata = log_path.with_suffix(".json")
     cmd = buildx_command(plan, context, opts)
     cmd[-1:-1] = ["--metadata-file", str(metadata)]
-    steps: dict[int, Step] = {}
-    mod_failures: list[tuple[str, str]] = []
-    fetch_failures: list[str] = []
-    start = time.monotonic()
+    reader = _BuildLog(progress)
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
-    if opts.docker_host:
-        env["DOCKER_HOST"] = opts.docker_host
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
+        # No time limit: a cold compile takes as long as it takes; Ctrl-C or SIGTERM stops it.
+        proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
         try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                    bufsize=1, errors="replace")
-        except FileNotFoundError:
-            raise BuildError("the docker CLI is not installed (run scripts/docker-up.sh)", field="docker") from None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            line = line.rstrip("\n")
-            if m := _STEP.match(line):
-                n = int(m.group(1))
-                if n not in steps:
-                    steps[n] = Step(n, m.group(2), m.group(3))
-                    progress(steps[n], time.monotonic() - start)
-            elif m := _CACHED.match(line):
-                if int(m.group(1)) in steps:
-                    steps[int(m.group(1))].cached = True
-            elif m := _DONE.match(line):
-                if int(m.group(1)) in steps:
-                    steps[int(m.group(1))].seconds = float(m.group(2))
-            elif m := _ERROR.match(line):
-                if int(m.group(1)) in steps:
-                    steps[int(m.group(1))].error = m.group(2)
-            if m := _MOD_FAILED.search(line):
-                mod_failures.append((m.group(1), m.group(2)))
-            elif m := _FETCH_FAILED.search(line):
-                fetch_failures.append(m.group(1))
-        code = proc.wait()
-    seconds = time.monotonic() - start
+            for line in proc.stdout or ():
+                log.write(line)
+                reader.feed(line.rstrip("\n"))
+        except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the build stops too
+            dockercli.stop(proc)
+            dockercli.finish(proc)
+            raise
+        code = dockercli.finish(proc)
+    seconds = time.monotonic() - reader.start
     if code != 0:
-        if not steps:
+        if not reader.steps:
             check_engine()  # explains a missing engine or buildx; otherwise fall through
-        failed = next((s for s in steps.values() if s.error), None)
-        if mod_failures:
-            name, reason = mod_failures[0]
-            raise BuildError(f"mod {name} failed: {reason} (build log: {log_path})", field=f"mods: {name}")
-        if fetch_failures:
-            raise BuildError(f"cannot fetch the source: {fetch_failures[0]} (build log: {log_path})",
-                             field=plan.variant)
-        where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
-        raise BuildError(f"build failed at {where} (build log: {log_path})", field=plan.variant)
+        raise reader.failure(plan, code, log_path)
     try:
         image_id = json.loads(metadata.read_text())["containerimage.config.digest"]
     except (OSError, ValueError, KeyError):
         raise BuildError(f"the build finished but wrote no image ID to {metadata}", field="docker") from None
     return BuildResult(plan, image_id, candidate_tag(plan), log_path, seconds,
-                       sorted(steps.values(), key=lambda s: s.number))
+                       sorted(reader.steps.values(), key=lambda s: s.number))
 
 
 def image_ids(*refs: str) -> dict[str, str | None]:
@@ -198,8 +218,11 @@ def image_ids(*refs: str) -> dict[str, str | None]:
     The docker CLI, not the SDK, on this path: a cached rebuild should cost little more than
     BuildKit itself, and importing the SDK alone takes longer than this call.
     """
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", *refs],
-                          capture_output=True, text=True)
+    proc = dockercli.run(["image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", *refs],
+                         what="docker image inspect", check=False)
+    unexplained = [line for line in proc.stderr.splitlines() if line.strip() and "No such image" not in line]
+    if proc.returncode != 0 and unexplained:
+        raise dockercli.EngineError(unexplained[-1].strip(), field="docker image inspect")
     found: dict[str, str | None] = {ref: None for ref in refs}
     for line in proc.stdout.splitlines():
         ident, _, tags = line.partition(" ")
@@ -220,13 +243,13 @@ def promote(result: BuildResult, now: dict[str, str | None]) -> list[str]:
     refs = (result.plan.tag, result.plan.moving_tag)
     for ref in refs:
         if now.get(ref) != result.image_id:
-            subprocess.run(["docker", "tag", result.image_id, ref], check=True, capture_output=True)
+            dockercli.run(["tag", result.image_id, ref])
     if now.get(result.candidate):
-        subprocess.run(["docker", "image", "rm", "--no-prune", result.candidate], capture_output=True)
+        dockercli.run(["image", "rm", "--no-prune", result.candidate], check=False)
     return list(refs)
 
 
 def keep_candidate(result: BuildResult) -> str:
     """Tag an image that failed its smoke test, so that it can be looked into; no other tag moves."""
-    subprocess.run(["docker", "tag", result.image_id, result.candidate], check=True, capture_output=True)
+    dockercli.run(["tag", result.image_id, result.candidate])
     return result.candidate

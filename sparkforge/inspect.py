@@ -6,6 +6,7 @@ import io
 import json
 import tarfile
 
+from . import dockercli
 from .errors import BuildError
 
 RECORD_PATH = "/opt/sparkforge/build-record.json"
@@ -16,8 +17,11 @@ def read_record(image: str) -> tuple[dict, dict]:
     import docker
     from docker.errors import DockerException, ImageNotFound
 
+    problem = dockercli.engine_problem()
+    if problem:
+        raise BuildError(problem, field="docker")
     try:
-        client = docker.from_env()
+        client = docker.from_env(timeout=dockercli.LONG)
         img = client.images.get(image)
     except ImageNotFound:
         raise BuildError(f"image {image} not found in the local engine", field="IMAGE") from None

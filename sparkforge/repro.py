@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .builder import BuildOptions, Step, build_image
+from . import dockercli
 from .errors import SparkforgeError
 from .plan import Plan
 from .render import Context
@@ -69,18 +70,16 @@ class ReproResult:
         return self.first.manifest == self.second.manifest
 
 
-def _docker(host: str | None, *args: str, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("DOCKER_CONTEXT", None)
-    if host:
-        env["DOCKER_HOST"] = host
-    return subprocess.run(["docker", *args], env=env, **kw)
+def _docker(host: str | None, *args: str, timeout: float = dockercli.QUICK, **kw) -> subprocess.CompletedProcess:
+    """`docker ARGS` on `host` (the default engine when None), never the user's current context."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
+    return dockercli.run(list(args), host=host, env=env, timeout=timeout, check=False, **kw)
 
 
 def check_engine(host: str | None) -> str:
     """Refuse, in one line, an engine whose builder cannot export reproducibly; else describe it."""
     where = host or "the default Docker engine"
-    proc = _docker(host, "info", "--format", "{{json .DriverStatus}} {{.Driver}}", capture_output=True, text=True)
+    proc = _docker(host, "info", "--format", "{{json .DriverStatus}} {{.Driver}}")
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
         raise ReproError(f"{where} does not answer: {tail}", field="--builder-host")
@@ -106,18 +105,21 @@ def ensure_base(plan: Plan, host: str | None, progress: Callable[[str], None] = 
     if host is None or plan.base.digest.value:
         return
     ref = plan.base.ref
-    if _docker(host, "image", "inspect", ref, capture_output=True).returncode == 0:
+    if _docker(host, "image", "inspect", ref).returncode == 0:
         return
-    if _docker(None, "image", "inspect", ref, capture_output=True).returncode != 0:
+    if _docker(None, "image", "inspect", ref).returncode != 0:
         raise ReproError(f"base image {ref} is neither on {host} nor in the default engine; pull or build it first",
                          field="base")
     progress(f"copying base image {ref} to {host}")
-    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE,
-                            env={k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")})
-    load = _docker(host, "load", stdin=save.stdout, capture_output=True, text=True)
-    assert save.stdout is not None
-    save.stdout.close()
-    if save.wait() != 0 or load.returncode != 0:
+    save = dockercli.start(["save", ref], stdout=subprocess.PIPE,
+                           env={k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")})
+    try:
+        load = _docker(host, "load", stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=dockercli.LONG)
+    finally:
+        if save.stdout:
+            save.stdout.close()
+    if dockercli.finish(save, timeout=dockercli.LONG) != 0 or load.returncode != 0:
         raise ReproError(f"could not copy {ref} to {host}: {load.stderr.strip()[-200:]}", field="base")
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the project root and a runner for the real command line."""
+"""Shared fixtures: the project root and a runner for the real command line; and a check, around the
+whole run, that the tests left the machine's apt, system Python and Docker settings as they were."""
 
 from __future__ import annotations
 
@@ -9,6 +10,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import hoststate  # noqa: E402 - the tests folder is not a package
+
+_before: dict[str, str] = {}
+
+
+def pytest_sessionstart(session):
+    _before.update(hoststate.snapshot())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _before:
+        return
+    changed = hoststate.changed(_before, hoststate.snapshot())
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "the test run changed this machine: " + ", ".join(changed)
+        if reporter:
+            reporter.write_line(message, red=True)
+        session.exitstatus = 1
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ and for distribution a real registry and three real dockerd nodes."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def _docker_ok() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"no docker CLI or engine: {exc}"
     if proc.returncode != 0:
-        return "the Docker engine does not answer (start it with scripts/docker-up.sh)"
+        return "the Docker engine does not answer (start it, or point DOCKER_HOST at one)"
     return None
 
 
@@ -40,10 +41,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def base_image() -> str:
-    """The local Debian base; `make base-local` makes it (CI does before the tests)."""
-    proc = subprocess.run(["docker", "image", "inspect", BASE], capture_output=True)
-    if proc.returncode != 0:
-        subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True)
+    """The local Debian base; made by scripts/base-local.sh (debootstrap, root) when it is missing."""
+    if subprocess.run(["docker", "image", "inspect", BASE], capture_output=True).returncode == 0:
+        return BASE
+    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
+        pytest.skip(f"{BASE} is missing, and making it needs root and debootstrap: run `sudo make base-local` once")
+    subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True)
     return BASE
 
 
@@ -139,7 +142,7 @@ def _free_port() -> int:
 def registry(tmp_path_factory) -> Registry:
     """A registry for one test module, stopped (data deleted with the tmp dir) at its end."""
     if shutil.which("docker-registry") is None:
-        pytest.skip("docker-registry not installed (run scripts/docker-up.sh)")
+        pytest.skip("docker-registry is not installed (Debian package docker-registry)")
     reg = Registry(_free_port(), tmp_path_factory.mktemp("registry"))
     reg.start()
     yield reg
@@ -157,7 +160,7 @@ def nodes():
     import tempfile
 
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("extra dockerd nodes need root and dockerd (scripts/docker-up.sh)")
+        pytest.skip("extra dockerd nodes need root and dockerd on PATH")
     sys.path.insert(0, str(ROOT / "tests" / "infra"))
     from nodes import start_nodes, stop_nodes
 

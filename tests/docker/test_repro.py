@@ -113,7 +113,7 @@ def test_build_locked_refuses_a_recipe_edited_after_locking(locked: dict, lock_i
 def containerd_node():
     """One extra real dockerd with the containerd image store (tests/infra/nodes.py)."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("an extra dockerd needs root and dockerd (scripts/docker-up.sh)")
+        pytest.skip("an extra dockerd needs root and dockerd on PATH")
     sys.path.insert(0, str(ROOT / "tests" / "infra"))
     from nodes import start_nodes, stop_nodes
 
