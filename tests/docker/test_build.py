@@ -146,3 +146,15 @@ def test_bad_build_input_is_one_line(args, words) -> None:
     assert proc.returncode in (1, 2)
     assert "Traceback" not in proc.stderr
     assert words in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_base_that_cannot_be_pulled_is_one_line_that_says_how_to_swap_it(base_image) -> None:
+    # Nothing listens on port 9 of loopback: the same failure as nvcr.io out of reach, with no traffic out.
+    unreachable = "127.0.0.1:9/sparkforge-test/ngc-base:26.02-py3"
+    before = image_id("sparkforge-test/vllm:testvllm")
+    proc = sparkforge("--images", str(VARIANTS), "build", "testvllm", "--base", unreachable, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert f"the base image {unreachable} cannot be pulled" in lines[0] and "--base" in lines[0], lines[0]
+    assert image_id("sparkforge-test/vllm:testvllm") == before, "no tag moves"
