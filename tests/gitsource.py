@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,11 @@ def ensure_torch_base(base_image: str, workdir: Path) -> str:
     if _run("docker", "image", "inspect", TORCH_BASE).returncode == 0:
         return TORCH_BASE
     workdir.mkdir(parents=True, exist_ok=True)
-    proc = _run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "torch==2.13.0", "-d", str(workdir))
+    # The base's Python is bookworm's 3.11, whatever runs the tests; a uv-made .venv has no pip of its own,
+    # and a download into workdir installs nothing anywhere.
+    pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else ["python3", "-m", "pip"]
+    proc = _run(*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+                "torch==2.13.0", "-d", str(workdir))
     if proc.returncode != 0:
         raise Unavailable(f"no torch 2.13.0 wheel for this Python: {proc.stderr.strip()[-200:]}")
     (workdir / "Dockerfile").write_text(
