@@ -17,32 +17,69 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .errors import ConfigError
 
-# Patterns for every value that is rendered into the Dockerfile.
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-URL_RE = re.compile(r"^https://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~-]+)+/?$")
-REPOSITORY_RE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-PKG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ENV_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:;/=+@%-]*$")
-ARCH_LIST_RE = re.compile(r"^[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*$")
-ABS_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
-REL_PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
-OS_PKG_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]*(=[A-Za-z0-9.+:~-]+)?$")
+# Patterns for every value that is rendered into the Dockerfile. Each is anchored with \A and \Z
+# (never ^ and $: `$` also matches before a final newline) and is used with fullmatch, so a
+# value such as "12.1a\n" is refused instead of reaching a Dockerfile line.
+NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]*\Z")
+COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+DIGEST_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
+REF_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
+URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~-]+)+/?\Z")
+REPOSITORY_RE = re.compile(r"\A[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*\Z")
+TAG_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
+PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
+ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+ENV_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.,:;/=+@%-]*\Z")
+ARCH_LIST_RE = re.compile(r"\A[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*\Z")
+ABS_PATH_RE = re.compile(r"\A(/[A-Za-z0-9._-]+)+\Z")
+REL_PATH_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*\Z")
+OS_PKG_RE = re.compile(r"\A[a-z0-9][a-z0-9.+-]*(=[A-Za-z0-9.+:~-]+)?\Z")
+PEP440_CHARS_RE = re.compile(r"\A[A-Za-z0-9.+!_-]+\Z")
+MODE_RE = re.compile(r"\A0[0-7]{3}\Z")
+
+# Docker refuses a tag over 128 characters and a repository over 255. The immutable tag is
+# "<variant>-<12 hex>", so a variant name may use 128 - 13 of them.
+MAX_TAG = 128
+MAX_REPOSITORY = 255
+MAX_VARIANT = MAX_TAG - 13
 
 
-def _matching(pattern: re.Pattern[str], what: str):
-    """A str type whose values must match pattern; the error says what was expected."""
+def _matching(pattern: re.Pattern[str], what: str, max_len: int | None = None):
+    """A str type whose values must match pattern in full; the error says what was expected."""
 
     def check(value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid {what}")
+        if max_len is not None and len(value) > max_len:
+            raise ValueError(f"{value[:40]!r}... is {len(value)} characters long; a {what} has at most {max_len}")
         return value
 
     return Annotated[str, AfterValidator(check)]
+
+
+def _segments_ok(value: str) -> bool:
+    """No `.` or `..` segment: a path stays where it is named, and reads the same everywhere."""
+    return all(seg not in (".", "..") for seg in value.split("/"))
+
+
+def _path(pattern: re.Pattern[str], what: str):
+    """A path type: matched in full, with no empty, `.` or `..` segment."""
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value) or not _segments_ok(value):
+            raise ValueError(f"{value!r} is not a valid {what} (letters, digits, '._-' and '/' between "
+                             f"segments; no empty, '.' or '..' segment)")
+        return value
+
+    return Annotated[str, AfterValidator(check)]
+
+
+def check_path(value: str) -> str:
+    """An absolute path, or one relative to a component's root; either never leaves via `..`."""
+    if not ((ABS_PATH_RE.fullmatch(value) or REL_PATH_RE.fullmatch(value)) and _segments_ok(value)):
+        raise ValueError(f"{value!r} is not a valid path (absolute, or relative to the component; no empty, "
+                         f"'.' or '..' segment)")
+    return value
 
 
 def _pep440(value: str) -> str:
@@ -50,12 +87,15 @@ def _pep440(value: str) -> str:
         Version(value)
     except InvalidVersion:
         raise ValueError(f"{value!r} is not a valid PEP 440 version") from None
-    if not re.match(r"^[A-Za-z0-9.+!_-]+$", value):
+    if not PEP440_CHARS_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid PEP 440 version")
     return value
 
 
 def _specifier(value: str) -> str:
+    # packaging strips surrounding whitespace; a newline or tab in a range is still a typo.
+    if not value.isprintable():
+        raise ValueError(f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'")
     try:
         SpecifierSet(value)
     except InvalidSpecifier:
@@ -74,14 +114,15 @@ Commit = _matching(COMMIT_RE, "full commit: write 40 lowercase hex digits (put a
 Digest = _matching(DIGEST_RE, "digest: write sha256:<64 hex>")
 GitRef = _matching(REF_RE, "git ref")
 GitUrl = _matching(URL_RE, "https git URL")
-Repository = _matching(REPOSITORY_RE, "image repository")
+Repository = _matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)
 ImageTag = _matching(TAG_RE, "image tag")
 Package = _matching(PKG_RE, "pip package name")
 EnvName = _matching(ENV_NAME_RE, "environment variable name")
 EnvValue = _matching(ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")
 ArchList = _matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")
-AbsPath = _matching(ABS_PATH_RE, "absolute path")
-RelPath = _matching(REL_PATH_RE, "relative path")
+AbsPath = _path(ABS_PATH_RE, "absolute path")
+RelPath = _path(REL_PATH_RE, "relative path")
+ModPath = Annotated[str, AfterValidator(check_path)]
 OsPackage = _matching(OS_PKG_RE, "Debian package name")
 PipVersion = Annotated[str, AfterValidator(_pep440)]
 Specifier = Annotated[str, AfterValidator(_specifier)]
@@ -182,20 +223,13 @@ class ModEnv(Strict):
 
 class ModFile(Strict):
     src: RelPath
-    dest: str
+    dest: ModPath
     mode: str = "0644"
-
-    @field_validator("dest")
-    @classmethod
-    def _dest(cls, v: str) -> str:
-        if not (ABS_PATH_RE.match(v) or REL_PATH_RE.match(v)) or ".." in v.split("/"):
-            raise ValueError(f"{v!r} is not a valid destination path")
-        return v
 
     @field_validator("mode")
     @classmethod
     def _mode(cls, v: str) -> str:
-        if not re.match(r"^0[0-7]{3}$", v):
+        if not MODE_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not an octal file mode such as '0644'")
         return v
 
@@ -208,7 +242,7 @@ class ModVerify(Strict):
     not installed, as in a test image that installs vLLM without its dependencies.
     """
 
-    file: str | None = None
+    file: ModPath | None = None
     contains: str | None = None
     python: str | None = None
     needs: list[str] = []
@@ -263,13 +297,19 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_text(path: Path, missing: str = "file not found") -> str:
-    """A file's text; a missing or unreadable file is one line naming it."""
+    """A file's text; a missing, unreadable or non-UTF-8 file is one line naming it."""
     try:
-        return path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(missing, path=path) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8",
+                          path=path) from None
 
 
 def read_yaml(path: Path) -> Any:
@@ -284,12 +324,47 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError(f"malformed YAML: {where}{problem}", path=path) from None
 
 
-def _validation_error(exc: ValidationError, path: Path) -> ConfigError:
+_NO_DATA = object()
+
+
+def field_path(loc: tuple[Any, ...], data: Any = _NO_DATA) -> str:
+    """A pydantic error location in the user's terms: `mods[0]`, `components.cutlass.ref`.
+
+    pydantic puts the branch of a union it tried (`list[function-after[check(), str]]`,
+    `ComponentSpec`, `none`, ...) into the location. Walking the input alongside the location
+    keeps only what the user wrote: keys of the mappings and indexes of the lists they hold.
+    Without the input, every part that names a branch is dropped instead.
+    """
+    out = ""
+    node = data
+    for part in loc:
+        if data is not _NO_DATA and isinstance(node, dict) and part in node:
+            node = node[part]
+        elif data is not _NO_DATA and isinstance(node, list) and isinstance(part, int):
+            node = node[part] if 0 <= part < len(node) else None
+        elif _is_branch(part) or (data is not _NO_DATA and not isinstance(node, dict)):
+            continue
+        else:
+            node = None  # a key the user did not write: a missing field
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _is_branch(part: Any) -> bool:
+    """A location part that names a type pydantic tried, not a key the user wrote."""
+    return isinstance(part, str) and (part in _UNION_BRANCHES or any(c in part for c in "[](),' "))
+
+
+# The union members of the schemas below, as pydantic names them in a location.
+_UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec"}
+
+
+def _validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA) -> ConfigError:
+    """One ConfigError for a pydantic error: the field in the user's terms and what is wrong."""
     errors = exc.errors()
     # Of the branches of a union, report the one the user meant: a value error over a type mismatch.
     err = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
-    parts = [str(p) for p in err["loc"]]
-    loc = ".".join(p for p in parts if p not in _UNION_BRANCHES and not p.startswith("function-"))
+    loc = field_path(tuple(err["loc"]), data)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
@@ -302,10 +377,6 @@ def _validation_error(exc: ValidationError, path: Path) -> ConfigError:
     return ConfigError(msg, path=path, field=loc or None)
 
 
-_UNION_BRANCHES = {"str", "Unknown", "list[str]", "ModChanges", "ComponentSpec", "[key]", "none",
-                   "function-after[check(), str]", "function-after[_pep440(), str]"}
-
-
 def load_recipe_file(path: Path) -> RecipeFile:
     data = read_yaml(path)
     if data is None:
@@ -315,7 +386,7 @@ def load_recipe_file(path: Path) -> RecipeFile:
     try:
         return RecipeFile.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, path) from None
+        raise _validation_error(exc, path, data) from None
 
 
 def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple[ModSpec, Path]:
@@ -330,7 +401,7 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     try:
         spec = ModSpec.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, meta) from None
+        raise _validation_error(exc, meta, data) from None
     if spec.name != name:
         raise ConfigError(f"name {spec.name!r} differs from the folder name {name!r}", path=meta, field="name")
     assets = [("patch", spec.patch), ("patcher", spec.patcher)] + [("files", f.src) for f in spec.files]
@@ -364,8 +435,12 @@ def list_variants(images_dir: Path) -> list[str]:
 
 def load_variant(images_dir: Path, name: str) -> Recipe:
     """Load a variant and its ancestors, and merge them parent first."""
-    if not NAME_RE.match(name):
-        raise ConfigError(f"{name!r} is not a variant name", path=images_dir)
+    if not NAME_RE.fullmatch(name):
+        raise ConfigError(f"{name!r} is not a variant name (lowercase letters, digits and '-')", path=images_dir)
+    if len(name) > MAX_VARIANT:
+        raise ConfigError(f"the variant name is {len(name)} characters long; its tag ({name[:12]}...-<12 hex>) "
+                          f"would pass Docker's {MAX_TAG}: rename it to at most {MAX_VARIANT}",
+                          path=recipe_path(images_dir, name), field="variant name")
     chain: list[str] = []
     files: list[RecipeFile] = []
     paths: list[Path] = []
@@ -396,7 +471,7 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
     try:
         data = RecipeFile.model_validate(merged)
     except ValidationError as exc:  # a merge can only recombine valid parts; kept as a guard
-        raise _validation_error(exc, paths[0]) from None
+        raise _validation_error(exc, paths[0], merged) from None
     return Recipe(variant=name, chain=tuple(chain), files=tuple(_shown(p, images_dir) for p in paths),
                   data=data)
 

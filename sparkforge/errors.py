@@ -28,7 +28,7 @@ class SparkforgeError(Exception):
             where += ": "
         elif self.field:
             where = f"{self.field}: "
-        return f"{where}{self.detail}"
+        return _one_line(f"{where}{self.detail}")
 
 
 class ConfigError(SparkforgeError):
@@ -49,6 +49,11 @@ class DistributeError(SparkforgeError):
     """Moving an image to the nodes of a cluster failed."""
 
     exit_code = 1
+
+
+def _one_line(text: str) -> str:
+    """The message on one line: a line break that came from a file or a tool is shown escaped."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _display(path: str) -> str:

@@ -152,6 +152,72 @@ def test_bad_input_gives_one_line_and_exit_2(case: str, project: Path, cli) -> N
     assert words in lines[0], lines[0]
 
 
+def write_bytes(project: Path, rel: str, old: bytes, new: bytes) -> None:
+    path = project / rel
+    body = path.read_bytes()
+    assert old in body, old
+    path.write_bytes(body.replace(old, new))
+
+
+LONG = "v" * 116  # its tag, v...v-<12 hex>, would be 129 characters
+
+# Bad input found by trying the tool as a new user (issue 11): same contract, and nothing written.
+NEW_CASES = {
+    "recipe not utf-8": (lambda p: write_bytes(p, "images/good.yaml", b"base:", b"# caf\xe9\nbase:"), "good",
+                         "images/good.yaml", "not UTF-8 text: byte 0xe9 on line 1"),
+    "mod.yaml not utf-8": (lambda p: write_bytes(p, "mods/good-mod/mod.yaml", b"a test mod\ndescription",
+                                                 b"a test mod\ndescription: \xff\xfe\nfoo"), "good",
+                           "mods/good-mod/mod.yaml", "not UTF-8 text: byte 0xff on line 3"),
+    "newline after an arch list": (lambda p: replace(p, '"12.1a"', '"12.1a\\n"'), "good", "images/good.yaml",
+                                   "build.torch_cuda_arch_list: '12.1a\\n' is not a valid TORCH_CUDA_ARCH_LIST"),
+    "newline after a version": (lambda p: replace(p, '"0.16.0"', '"0.16.0\\n"'), "good", "images/good.yaml",
+                                "vllm.version: '0.16.0\\n'"),
+    "newline after a mod name": (lambda p: replace(p, "[good-mod]", '["good-mod\\n"]'), "good",
+                                 "images/good.yaml", "mods[0]: 'good-mod\\n' is not a valid name"),
+    "field path of a list item": (lambda p: replace(p, "[good-mod]", "[good-mod, Bad_Mod]"), "good",
+                                  "images/good.yaml", "mods[1]: 'Bad_Mod' is not a valid name"),
+    "field path of an added mod": (lambda p: write(p, "images/kid.yaml", child("mods: {add: [Bad]}")), "kid",
+                                   "images/kid.yaml", "mods.add[0]: 'Bad' is not a valid name"),
+    "markup in a bad value": (lambda p: replace(p, "mods:", "env:\n  A: '[/]x[bold]'\nmods:"), "good",
+                              "images/good.yaml", "env.A: '[/]x[bold]' is not a valid environment value"),
+    "variant name too long for a tag": (lambda p: write(p, f"images/{LONG}.yaml", child("")), LONG,
+                                        f"images/{LONG}.yaml", "variant name: the variant name is 116 characters"),
+    "variant name with a newline": (lambda p: None, "good\n", "images", "'good\\n' is not a variant name"),
+    "patch path climbs out": (lambda p: replace(p, "patch: fix.patch", "patch: sub/../../x.patch",
+                                                "mods/good-mod/mod.yaml"), "good",
+                              "mods/good-mod/mod.yaml", "patch: 'sub/../../x.patch' is not a valid relative path"),
+    "absolute patch path": (lambda p: replace(p, "patch: fix.patch", "patch: /etc/passwd", "mods/good-mod/mod.yaml"),
+                            "good", "mods/good-mod/mod.yaml", "patch: '/etc/passwd' is not a valid relative path"),
+    "verify file climbs out": (lambda p: replace(p, "file: vllm/x.py", "file: ../../etc/passwd",
+                                                 "mods/good-mod/mod.yaml"), "good",
+                               "mods/good-mod/mod.yaml", "verify[0].file: '../../etc/passwd' is not a valid path"),
+    "repository too long": (lambda p: replace(p, "example.org/base", "example.org/" + "b" * 250), "good",
+                            "images/good.yaml", "base.repository: "),
+}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", sorted(NEW_CASES))
+def test_bad_input_renders_nothing(case: str, project: Path, cli) -> None:
+    breaker, variant, file_named, words = NEW_CASES[case]
+    breaker(project)
+    before = tree(project)
+    proc = cli("--images", str(project / "images"), "--mods", str(project / "mods"), "render", variant,
+               "-o", str(project / "out"), cwd=project)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and proc.stderr.endswith("\n") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "function-after" not in proc.stderr
+    assert lines[0].startswith(f"error: {file_named}"), lines[0]
+    assert words in lines[0], lines[0]
+    assert proc.stdout == ""
+    assert tree(project) == before
+    assert not (project / "out").exists()
+
+
 def test_the_good_project_is_good(project: Path, cli) -> None:
     proc = cli("--images", str(project / "images"), "--mods", str(project / "mods"), "show", "good", cwd=project)
     assert proc.returncode == 0, proc.stderr
@@ -166,7 +232,8 @@ def test_render_refuses_a_folder_it_did_not_write(tmp_path: Path, cli) -> None:
     assert (tmp_path / "keep.txt").read_text() == "mine"
 
 
-def test_bad_base_reference(cli) -> None:
-    proc = cli("show", "ng17", "--base", "not a ref!")
+@pytest.mark.parametrize("ref", ["not a ref!", "example.org/base:1.0\n", "example.org/base:1.0\n@sha256:" + "a" * 64])
+def test_bad_base_reference(cli, ref: str) -> None:
+    proc = cli("show", "ng17", "--base", ref)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: --base: 'not a ref!' is not an image reference REPOSITORY:TAG[@sha256:DIGEST]"
+    assert proc.stderr == f"error: --base: {ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]\n"

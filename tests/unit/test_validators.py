@@ -1,0 +1,158 @@
+"""Validators match in full: a valid value with a line break, or a path that leaves its tree, is refused."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
+
+from sparkforge import config
+from sparkforge.config import ModFile, ModVerify, field_path
+from sparkforge.plan import parse_image_ref
+from sparkforge.errors import ConfigError
+
+# Every pattern-validated type of config.py, with the pattern its valid values come from.
+TYPES = {
+    "Name": (config.Name, config.NAME_RE),
+    "Commit": (config.Commit, config.COMMIT_RE),
+    "Digest": (config.Digest, config.DIGEST_RE),
+    "GitRef": (config.GitRef, config.REF_RE),
+    "GitUrl": (config.GitUrl, config.URL_RE),
+    "Repository": (config.Repository, config.REPOSITORY_RE),
+    "ImageTag": (config.ImageTag, config.TAG_RE),
+    "Package": (config.Package, config.PKG_RE),
+    "EnvName": (config.EnvName, config.ENV_NAME_RE),
+    "EnvValue": (config.EnvValue, config.ENV_VALUE_RE),
+    "ArchList": (config.ArchList, config.ARCH_LIST_RE),
+    "AbsPath": (config.AbsPath, config.ABS_PATH_RE),
+    "RelPath": (config.RelPath, config.REL_PATH_RE),
+    "ModPath": (config.ModPath, config.REL_PATH_RE),
+    "OsPackage": (config.OsPackage, config.OS_PKG_RE),
+    # Not every string of PEP 440's characters is a version: generate versions pip would accept.
+    "PipVersion": (config.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
+                                                 r"(\.post[0-9])?(\.dev[0-9]{1,3})?(\+[a-z0-9]{1,5})?")),
+}
+
+BREAKS = ("\n", "\r\n", "\r", "\x00", "\t", " ")
+
+
+def valid_values(pattern: re.Pattern[str], adapter: TypeAdapter) -> st.SearchStrategy[str]:
+    """Strings of the pattern that the validator accepts (paths also refuse '.' and '..' segments)."""
+
+    def accepted(value: str) -> bool:
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            return False
+        return True
+
+    return st.from_regex(pattern, fullmatch=True).filter(accepted)
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_a_valid_value_with_a_break_after_it_is_refused(name: str) -> None:
+    kind, pattern = TYPES[name]
+    adapter = TypeAdapter(kind)
+
+    @settings(max_examples=150, deadline=None)
+    @given(valid_values(pattern, adapter), st.sampled_from(BREAKS))
+    def check(value: str, brk: str) -> None:
+        assert adapter.validate_python(value) == value
+        for bad in (value + brk, brk + value):
+            with pytest.raises(ValidationError):
+                adapter.validate_python(bad)
+
+    check()
+
+
+def test_every_pattern_is_covered() -> None:
+    """A pattern added to config.py joins the table above, or this fails."""
+    patterns = {name for name in dir(config) if name.endswith("_RE")}
+    covered = {name for name in dir(config) if name.endswith("_RE")
+               and any(getattr(config, name) is p for _, p in TYPES.values())}
+    # Used inside other validators, each tested on its own below.
+    assert patterns - covered == {"PEP440_CHARS_RE", "MODE_RE"}
+
+
+def test_every_pattern_is_anchored_at_both_ends() -> None:
+    """\\A and \\Z, never ^ and $: `$` also matches before a final newline, for any caller that uses match."""
+    for name in dir(config):
+        if name.endswith("_RE"):
+            source = getattr(config, name).pattern
+            assert source.startswith("\\A") and source.endswith("\\Z"), name
+
+
+@pytest.mark.parametrize("value", ["1.0\n", "0.17.0 ", "1.0\t"])
+def test_a_version_with_a_break_is_refused(value: str) -> None:
+    with pytest.raises(ValidationError):
+        TypeAdapter(config.PipVersion).validate_python(value)
+
+
+@pytest.mark.parametrize("value", [">=0.16\n", ">=0.16,\n<0.18", "\t>=0.16"])
+def test_a_version_range_with_a_break_is_refused(value: str) -> None:
+    with pytest.raises(ValidationError):
+        TypeAdapter(config.Specifier).validate_python(value)
+
+
+@pytest.mark.parametrize("mode", ["0644\n", "644", "0648", "00644"])
+def test_a_bad_file_mode_is_refused(mode: str) -> None:
+    with pytest.raises(ValidationError):
+        ModFile(src="a.py", dest="/opt/a.py", mode=mode)
+
+
+@pytest.mark.parametrize("value", ["sub/../../x", "../x", "..", "a/..", "a/./b", ".", "a//b", "a/", "/abs",
+                                   "a/b/../c", "a\\b", "a b", "a/\n"])
+def test_a_relative_path_stays_below_its_root(value: str) -> None:
+    with pytest.raises(ValidationError):
+        TypeAdapter(config.RelPath).validate_python(value)
+
+
+@pytest.mark.parametrize("value", ["sub/x.py", "a", "vllm/model_executor/models/qwen3_next.py", "a/.hidden", "a/b..c"])
+def test_a_plain_relative_path_is_accepted(value: str) -> None:
+    assert TypeAdapter(config.RelPath).validate_python(value) == value
+
+
+@pytest.mark.parametrize("value", ["/opt/../etc/passwd", "//opt", "/opt/", "/", "/opt/./x", "opt/x/../../.."])
+def test_absolute_and_mod_paths_have_no_dot_segments(value: str) -> None:
+    for kind in (config.AbsPath, config.ModPath):
+        with pytest.raises(ValidationError):
+            TypeAdapter(kind).validate_python(value)
+
+
+@pytest.mark.parametrize("value", ["../../etc/passwd", "/etc/../etc/passwd", "vllm/../../x"])
+def test_a_verify_file_or_a_files_dest_cannot_climb(value: str) -> None:
+    with pytest.raises(ValidationError):
+        ModVerify(file=value, contains="x")
+    with pytest.raises(ValidationError):
+        ModFile(src="a.py", dest=value)
+
+
+@given(st.from_regex(config.REF_RE, fullmatch=True))
+@settings(max_examples=50, deadline=None)
+def test_other_modules_using_the_patterns_match_in_full(ref: str) -> None:
+    """plan.py checks --base with the same patterns through .match: the anchors hold there too."""
+    tag = ref.replace("/", "-")[:100] or "x"
+    if not config.TAG_RE.fullmatch(tag):
+        return
+    with pytest.raises(ConfigError):
+        parse_image_ref(f"example.org/base:{tag}\n")
+
+
+@pytest.mark.parametrize("loc, data, shown", [
+    (("mods", "list[function-after[check(), str]]", 0), {"mods": ["BAD"]}, "mods[0]"),
+    (("mods", "ModChanges", "add", 1), {"mods": {"add": ["a", "B"]}}, "mods.add[1]"),
+    (("components", "none", "ComponentSpec", "ref"), {"components": {"none": {"ref": "a b"}}}, "components.none.ref"),
+    (("env", "1A", "[key]"), {"env": {"1A": "x"}}, "env.1A"),
+    (("base", "digest", "Unknown", "unknown"), {"base": {"digest": {}}}, "base.digest.unknown"),
+    (("verify", 1, "file"), {"verify": [{}, {"file": "x"}]}, "verify[1].file"),
+])
+def test_field_paths_read_as_the_user_wrote_them(loc, data, shown) -> None:
+    assert field_path(loc, data) == shown
+
+
+def test_field_paths_without_the_input_drop_the_branches() -> None:
+    assert field_path(("mods", "list[function-after[check(), str]]", 0)) == "mods[0]"
+    assert field_path(("nodes", "spark-1", "endpoint")) == "nodes.spark-1.endpoint"
