@@ -161,7 +161,9 @@ def repro_lines(result: Any) -> list[Text]:
 def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
     """diff: each section's changes, or what stayed the same."""
     lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
-    for section in sections:
+    # A section outside the usual ones is shown only when it holds a change.
+    extra = [c.section for c in d.changes if c.section not in sections]
+    for section in (*sections, *dict.fromkeys(extra)):
         changes = d.in_section(section)
         if not changes:
             lines.append(_line(f"  {section:<11} {summary(d, section)}"))
