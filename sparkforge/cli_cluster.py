@@ -5,10 +5,12 @@ Only flags and printing live here; what to do on the nodes is decided in distrib
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .cli import BASE_HELP, _plan, app, err, out
@@ -118,7 +120,7 @@ def deploy(
     out.print(f"deploying {plan.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
     show = _distribute_printer()
     if mode == "registry":
-        result = deploy_registry(image, target.nodes, target.registry or "", show)
+        result = deploy_registry(image, target.nodes, target.registry_spec or target.registry or "", show)
     else:
         result = deploy_stream(image, target.nodes, show)
     table = Table(box=None, pad_edge=False)
@@ -126,7 +128,7 @@ def deploy(
         table.add_column(col)
     style = {"updated": "green", "current": "cyan", FAILED: "bold red"}
     for r in result.results:
-        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
+        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else escape(r.node.endpoint)
         table.add_row(r.node.name, f"[{style[r.outcome]}]{r.outcome}[/]", (r.image_id or "-")[:19],
                       human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", detail)
     out.print(table)
@@ -165,13 +167,36 @@ def status(
     for col in ("node", "image ID", plan.tag.rpartition(":")[2], "matches head", "detail"):
         table.add_column(col)
     for n in st.nodes:
-        match = "-" if head_id is None or n.error else ("[green]yes[/]" if n.moving_id == head_id else "[red]no[/]")
-        tag = "-" if n.error else ("yes" if n.tag_id and n.tag_id == n.moving_id else ("other" if n.tag_id else "no"))
-        table.add_row(n.node.name, (n.moving_id or "-")[:19], tag, match, n.error or n.node.endpoint)
+        match = "-" if head_id is None or n.error else ("[green]yes[/]" if n.current else "[red]no[/]")
+        tag = "-" if n.error else ("yes" if n.tag_current or (n.tag_id and n.tag_id == n.moving_id)
+                                   else ("other" if n.tag_id else "no"))
+        table.add_row(n.node.name, (n.moving_id or "-")[:19], tag, match, escape(n.error or n.node.endpoint))
     out.print(table)
     if st.all_match:
-        out.print(f"all {len(st.nodes)} nodes match: {next(iter(st.ids))}")
+        out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
         return
     out.print(f"[bold red]nodes differ[/]: {len(st.ids)} distinct images across {len(st.nodes)} nodes"
               + ("" if not any(n.error for n in st.nodes) else "; some nodes did not answer"))
     raise typer.Exit(1)
+
+
+@app.command("registry")
+def registry_cmd(
+    action: str = typer.Argument(..., help="start, stop or status."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+) -> None:
+    """Start, stop or check the registry the cluster file describes (address, TLS or insecure).
+
+    Without a cluster file (or without registry: in it): a plain-HTTP registry on 127.0.0.1:5000.
+
+    Example: python build.py registry start --cluster cluster.yaml
+    """
+    from .cluster import Registry, load_cluster_file, registry_of, run_registry
+
+    path = _cluster_path(cluster)
+    reg = registry_of(load_cluster_file(path), path) if path is not None else None
+    proc = run_registry(action, reg or Registry("127.0.0.1:5000", "127.0.0.1:5000"))
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        raise typer.Exit(proc.returncode)

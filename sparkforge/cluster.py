@@ -1,30 +1,52 @@
-"""Cluster stage input: which Docker endpoints are the nodes, and which registry they pull from.
+"""Cluster stage input: which Docker endpoints are the nodes, how to reach them, and the registry.
 
-A cluster file (``cluster.yaml``) names the nodes and their endpoints; the command line may
-name nodes too, by cluster name or by endpoint. Everything is checked here, before any node
-is contacted, so bad input stops the command with one line and nothing done.
+A cluster file (``cluster.yaml``) names the nodes and their endpoints, the ssh options and the
+registry; the command line may name nodes too, by cluster name or by endpoint. Everything is
+checked here, before any node is contacted, so bad input stops the command with one line and
+nothing done. :func:`run_docker` is the one way a command reaches a node's engine: the docker CLI
+with ``-H`` for unix:// and tcp://, and ``ssh … docker`` for ssh:// (never prompting, time-limited).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
-from dataclasses import dataclass
+import json
+import shlex
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Callable, Iterable, TypeVar
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from .config import NAME_RE, Strict, _validation_error, read_yaml
-from .errors import ConfigError
+from .errors import ConfigError, DistributeError
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
 _HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
-_SSH_RE = re.compile(rf"^ssh://([A-Za-z0-9._-]+@)?{_HOST}(:[0-9]{{1,5}})?$")
+_SSH_RE = re.compile(rf"^ssh://(?P<user>[A-Za-z0-9._-]+@)?(?P<host>{_HOST})(:(?P<port>[0-9]{{1,5}}))?$")
 _TCP_RE = re.compile(rf"^tcp://{_HOST}:[0-9]{{1,5}}$")
 _UNIX_RE = re.compile(r"^unix:///[A-Za-z0-9._/-]+$")
 REGISTRY_RE = re.compile(rf"^{_HOST}(:[0-9]{{1,5}})?$")
+LISTEN_RE = re.compile(r"^[0-9.]+:[0-9]{1,5}$")
+
+CONTROL_TIMEOUT = 30.0  # seconds for one control command on a node (inspect, tag, version)
+TRANSFER_TIMEOUT = 3600.0  # seconds a whole pull may take
+T = TypeVar("T")
 
 ENDPOINT_HELP = "ssh://[user@]host[:port], tcp://host:port or unix:///path/to/docker.sock"
+
+
+class NodeFailure(DistributeError):
+    """A per-node failure; its one-line message goes into the node's row, not out of the command."""
 
 
 def is_endpoint(value: str) -> bool:
@@ -43,6 +65,17 @@ def _registry(value: str) -> str:
     return value
 
 
+def _listen(value: str) -> str:
+    host, _, port = value.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)") from None
+    if not LISTEN_RE.match(value) or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)")
+    return value
+
+
 def _node_name(value: str) -> str:
     if not NAME_RE.match(value):
         raise ValueError(f"{value!r} is not a node name (lowercase letters, digits and '-')")
@@ -51,6 +84,7 @@ def _node_name(value: str) -> str:
 
 Endpoint = Annotated[str, AfterValidator(_endpoint)]
 RegistryAddress = Annotated[str, AfterValidator(_registry)]
+ListenAddress = Annotated[str, AfterValidator(_listen)]
 NodeName = Annotated[str, AfterValidator(_node_name)]
 
 
@@ -58,11 +92,55 @@ class NodeSpec(Strict):
     endpoint: Endpoint
 
 
+class SshSpec(Strict):
+    """How ssh:// nodes are reached; host keys are always checked."""
+
+    known_hosts: str | None = None
+    identity_file: str | None = None
+    connect_timeout: int = Field(10, ge=1, le=120)
+
+
+class TlsSpec(Strict):
+    """The registry's certificate and key, and the CA that signed it (what nodes trust)."""
+
+    cert: str
+    key: str
+    ca: str
+
+
+class RegistrySpec(Strict):
+    """Where the registry listens, the address nodes pull from, and how it is secured."""
+
+    address: RegistryAddress
+    listen: ListenAddress | None = None
+    tls: TlsSpec | None = None
+    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "RegistrySpec":
+        if self.tls is not None and self.insecure:
+            raise ValueError("give either tls: or insecure: true, not both")
+        if self.tls is None and not self.insecure and not _is_loopback(self.address):
+            raise ValueError(f"{self.address} is not a loopback address: give tls: (cert, key, ca) or mark it "
+                             "insecure: true (plain HTTP; every node lists it in insecure-registries)")
+        return self
+
+
 class ClusterFile(Strict):
     """The schema of cluster.yaml."""
 
-    registry: RegistryAddress | None = None
+    registry: RegistryAddress | RegistrySpec | None = None
+    ssh: SshSpec | None = None
     nodes: dict[NodeName, NodeSpec] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """The ssh options of every ssh:// node of a cluster."""
+
+    known_hosts: str | None = None  # None: the user's ~/.ssh/known_hosts
+    identity_file: str | None = None  # None: the user's keys and agent
+    connect_timeout: int = 10
 
 
 @dataclass(frozen=True)
@@ -71,6 +149,23 @@ class Node:
 
     name: str
     endpoint: str
+    ssh: SshOptions = field(default_factory=SshOptions)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The registry of a cluster, with paths resolved against the cluster file's folder."""
+
+    address: str  # HOST:PORT, what the head pushes to and nodes pull from
+    listen: str  # IPv4:PORT the registry binds
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    insecure: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.ca else 'http'}://{self.address}"
 
 
 @dataclass(frozen=True)
@@ -80,6 +175,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     registry: str | None
     source: str | None = None  # the cluster file, when one was read
+    registry_spec: Registry | None = None
 
 
 def load_cluster_file(path: Path) -> ClusterFile:
@@ -88,9 +184,45 @@ def load_cluster_file(path: Path) -> ClusterFile:
         raise ConfigError("a cluster file must be a YAML mapping with `nodes:` (see cluster.example.yaml)",
                           path=path)
     try:
-        return ClusterFile.model_validate(data)
+        spec = ClusterFile.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, path) from None
+    for fld, value in _file_fields(spec):
+        if not _resolve(path, value).is_file():
+            raise ConfigError(f"file not found: {_resolve(path, value)}", path=path, field=fld)
+    return spec
+
+
+def _file_fields(spec: ClusterFile) -> list[tuple[str, str]]:
+    found = []
+    if spec.ssh is not None:
+        found += [(f"ssh.{k}", v) for k, v in (("known_hosts", spec.ssh.known_hosts),
+                                                 ("identity_file", spec.ssh.identity_file)) if v]
+    if isinstance(spec.registry, RegistrySpec) and spec.registry.tls is not None:
+        tls = spec.registry.tls
+        found += [("registry.tls.cert", tls.cert), ("registry.tls.key", tls.key), ("registry.tls.ca", tls.ca)]
+    return found
+
+
+def _resolve(cluster_file: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (cluster_file.parent / p)
+
+
+def registry_of(spec: ClusterFile, path: Path) -> Registry | None:
+    """The registry a cluster file names, with its defaults filled in."""
+    reg = spec.registry
+    if reg is None:
+        return None
+    if isinstance(reg, str):
+        reg = RegistrySpec(address=reg, insecure=not _is_loopback(reg))
+    port = reg.address.rpartition(":")[2] if ":" in reg.address else "5000"
+    listen = reg.listen or f"{'127.0.0.1' if _is_loopback(reg.address) else '0.0.0.0'}:{port}"
+    if reg.tls is None:
+        return Registry(reg.address, listen, insecure=reg.insecure)
+    tls = reg.tls
+    return Registry(reg.address, listen, str(_resolve(path, tls.cert)), str(_resolve(path, tls.key)),
+                    str(_resolve(path, tls.ca)))
 
 
 def check_registry(value: str, source: str = "--registry") -> str:
@@ -107,7 +239,13 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
     Without `nodes`, every node of the cluster file is used. `registry` overrides the file's.
     """
     spec = load_cluster_file(cluster_file) if cluster_file is not None else None
-    known = {name: Node(name, s.endpoint) for name, s in (spec.nodes.items() if spec else ())}
+    ssh = SshOptions()
+    if spec is not None and spec.ssh is not None and cluster_file is not None:
+        s = spec.ssh
+        ssh = SshOptions(str(_resolve(cluster_file, s.known_hosts)) if s.known_hosts else None,
+                         str(_resolve(cluster_file, s.identity_file)) if s.identity_file else None,
+                         s.connect_timeout)
+    known = {name: Node(name, s.endpoint, ssh) for name, s in (spec.nodes.items() if spec else ())}
     wanted = [part.strip() for entry in (nodes or []) for part in entry.split(",") if part.strip()]
     chosen: list[Node] = []
     if not wanted:
@@ -119,7 +257,7 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
         if entry in known:
             chosen.append(known[entry])
         elif is_endpoint(entry):
-            chosen.append(Node(_name_of(entry), entry))
+            chosen.append(Node(_name_of(entry), entry, ssh))
         elif "://" in entry:
             raise ConfigError(f"{entry!r} is not a Docker endpoint ({ENDPOINT_HELP})", field="--nodes")
         else:
@@ -133,8 +271,13 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
         if any(n.endpoint == node.endpoint and n.name != node.name for n in seen.values()):
             raise ConfigError(f"endpoint {node.endpoint} is given twice under two names", field="--nodes")
         seen[node.name] = node
-    reg = check_registry(registry) if registry else (spec.registry if spec else None)
-    return Cluster(tuple(seen.values()), reg, str(cluster_file) if cluster_file else None)
+    reg_spec = registry_of(spec, cluster_file) if spec is not None and cluster_file is not None else None
+    if registry:
+        address = check_registry(registry)
+        if reg_spec is None or reg_spec.address != address:
+            reg_spec = Registry(address, f"127.0.0.1:{address.rpartition(':')[2]}")
+    return Cluster(tuple(seen.values()), reg_spec.address if reg_spec else None,
+                   str(cluster_file) if cluster_file else None, reg_spec)
 
 
 def _name_of(endpoint: str) -> str:
@@ -145,3 +288,209 @@ def _name_of(endpoint: str) -> str:
         return parts[-2] if len(parts) >= 2 else rest
     host = rest.rpartition("@")[2]
     return host if scheme == "ssh" else host.replace(":", "-")
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0] if ":" in address else address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------------- reaching a node
+
+
+def ssh_argv(node: Node) -> list[str]:
+    """The ssh command that runs one command on an ssh:// node: no prompt, host keys checked."""
+    m = _SSH_RE.match(node.endpoint)
+    if m is None:
+        raise NodeFailure(f"{node.endpoint} is not an ssh:// endpoint")
+    o = node.ssh
+    # BatchMode: a host-key or password prompt from several threads would fight for one terminal.
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"ConnectTimeout={o.connect_timeout}", "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3"]
+    if o.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={o.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null"]
+    if o.identity_file:
+        argv += ["-i", o.identity_file, "-o", "IdentitiesOnly=yes"]
+    if m.group("port"):
+        argv += ["-p", m.group("port")]
+    if m.group("user"):
+        argv += ["-l", m.group("user")[:-1]]
+    return argv + ["--", m.group("host")]
+
+
+def docker_argv(node: Node, *args: str) -> list[str]:
+    """The command that runs `docker ARGS` against a node's engine."""
+    if node.endpoint.startswith("ssh://"):
+        # ssh hands the words to the remote shell as one line: quote each.
+        return ssh_argv(node) + ["docker " + " ".join(shlex.quote(a) for a in args)]
+    return ["docker", "-H", node.endpoint, *args]
+
+
+def cli_env() -> dict[str, str]:
+    # -H names the node; a DOCKER_HOST or DOCKER_CONTEXT would otherwise be refused next to it.
+    return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
+
+
+def run_docker(node: Node, *args: str, timeout: float, input: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run `docker ARGS` on a node; a timeout or a failed connection is a NodeFailure, one line."""
+    argv = docker_argv(node, *args)
+    try:
+        proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(),
+                              stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise NodeFailure(f"`docker {args[0]}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
+    except OSError as exc:
+        raise NodeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
+    reason = transport_error(node, proc.returncode, proc.stderr.decode(errors="replace"))
+    if reason:
+        raise NodeFailure(reason)
+    return proc
+
+
+def transport_error(node: Node, code: int, stderr: str) -> str | None:
+    """One line when the node itself could not be reached (not when a docker command failed)."""
+    text = " ".join(stderr.split())
+    ssh = node.endpoint.startswith("ssh://")
+    host = node.endpoint.partition("://")[2]
+    if ssh and code == 255:
+        if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+            return (f"host key of {host} is unknown or changed: check it and add it to known_hosts "
+                    f"(ssh-keyscan), sparkforge never accepts one blindly")
+        if "Permission denied" in text:
+            return f"ssh to {host} refused the login (key auth; check the key and authorized_keys)"
+        for marker in ("Connection refused", "timed out", "No route to host", "Could not resolve",
+                       "Network is unreachable", "Connection closed", "Connection reset"):
+            if marker in text:
+                return f"unreachable at {node.endpoint}: {marker.lower()}"
+        return f"ssh to {host} failed: {text[-200:] or 'exit code 255'}"
+    if ssh and code == 127:
+        return f"no docker CLI on {host} (the node needs docker in the ssh user's PATH)"
+    if "Cannot connect to the Docker daemon" in text or "error during connect" in text:
+        return f"unreachable at {node.endpoint}: the Docker engine does not answer"
+    return None
+
+
+def ping(node: Node) -> str:
+    """The engine version of a node; a NodeFailure (one line) when it cannot be reached."""
+    proc = run_docker(node, "version", "--format", "{{.Server.Version}}", timeout=CONTROL_TIMEOUT)
+    if proc.returncode != 0:
+        raise NodeFailure(f"unreachable at {node.endpoint}: {_last_line(proc.stderr)}")
+    return proc.stdout.decode().strip()
+
+
+def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T]) -> tuple[T, ...]:
+    """Run work on every node at once, one thread each; results in the order of nodes."""
+    nodes = list(nodes)
+    if not nodes:
+        return ()
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
+        return tuple(pool.map(work, nodes))
+
+
+def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str], None]) -> int:
+    """`docker pull` on a node; the bytes are the registry sizes of the layers it downloaded."""
+    proc = subprocess.Popen(docker_argv(node, "pull", ref), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=cli_env())
+    deadline = time.monotonic() + TRANSFER_TIMEOUT
+    timer = threading.Timer(TRANSFER_TIMEOUT, proc.kill)  # a pull that never ends is stopped, not waited on
+    timer.daemon = True
+    timer.start()
+    done, present, fetching = 0, 0, set()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            short, _, status = raw.decode(errors="replace").strip().partition(": ")
+            if status == "Pulling fs layer":
+                fetching.add(short)
+            elif status == "Already exists":
+                present += 1
+            elif status == "Download complete" and short in fetching:
+                done += sizes.get(short, 0)
+            else:
+                continue
+            seen(done, f"{len(fetching)} layers to download, {present} already there")
+        stderr = proc.stderr.read() if proc.stderr else b""
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    if time.monotonic() > deadline:
+        raise NodeFailure(f"pull of {ref} did not finish within {TRANSFER_TIMEOUT:.0f}s")
+    if code != 0:
+        reason = transport_error(node, code, stderr.decode(errors="replace"))
+        raise NodeFailure(f"pull of {ref} failed: {reason or _last_line(stderr)}")
+    return done
+
+
+def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
+    """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints."""
+    repo, _, ref = tag.rpartition(":")
+    manifest = _get_manifest(registry, repo, ref)
+    if manifest is None:
+        return {}
+    if "manifests" in manifest:  # an index: the first linux manifest
+        pick = next((m for m in manifest["manifests"] if (m.get("platform") or {}).get("os", "linux") == "linux"),
+                    None)
+        manifest = _get_manifest(registry, repo, pick["digest"]) if pick else None
+    return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in (manifest or {}).get("layers", [])}
+
+
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"])
+
+
+def registry_context(registry: Registry) -> ssl.SSLContext | None:
+    return ssl.create_default_context(cafile=registry.ca) if registry.ca else None
+
+
+def _get_manifest(registry: Registry, repo: str, ref: str) -> dict | None:
+    # Sizes are for the progress and the byte counts only: a registry that does not answer here
+    # is reported by the pulls themselves, so this never fails a deploy.
+    req = urllib.request.Request(f"{registry.url}/v2/{repo}/manifests/{ref}", headers={"Accept": MANIFEST_TYPES})
+    try:
+        with urllib.request.urlopen(req, timeout=CONTROL_TIMEOUT, context=registry_context(registry)) as resp:
+            return json.load(resp)
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def _clean(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _last_line(stderr: bytes | str) -> str:
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return _clean(lines[-1])[:300] if lines else "no message"
+
+
+# ------------------------------------------------------------------------ the registry process
+
+REGISTRY_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "registry.sh"
+
+
+def registry_command(action: str, reg: Registry) -> list[str]:
+    """The scripts/registry.sh line that starts, stops or checks a cluster's registry."""
+    argv = ["bash", str(REGISTRY_SCRIPT), action, reg.listen]
+    if reg.cert and reg.key:
+        argv += ["--cert", reg.cert, "--key", reg.key]
+    if reg.ca:
+        argv += ["--ca", reg.ca]
+    return argv + ["--address", reg.address]
+
+
+def run_registry(action: str, reg: Registry, timeout: float = 90) -> subprocess.CompletedProcess:
+    """Run scripts/registry.sh for a cluster's registry; a hang is one DistributeError line."""
+    if action not in ("start", "stop", "status"):
+        raise ConfigError(f"unknown action {action!r}; choose start, stop or status", field="registry")
+    try:
+        return subprocess.run(registry_command(action, reg), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DistributeError(f"scripts/registry.sh {action} gave no answer within {timeout:.0f}s",
+                              field="registry") from None

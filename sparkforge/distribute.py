@@ -1,48 +1,88 @@
 """Distribute stage: get the tagged image onto every node, and prove they all run the same one.
 
 Two ways to move an image, both parallel over the nodes and both skipping a node that already
-has the head's image ID:
+has the head's image:
 
 - registry: the head pushes the immutable and the moving tag to a registry
   (:func:`push_image`); every node pulls the immutable tag, so only the layers it lacks move.
-- stream: for clusters without a registry, one ``docker save`` on the head is piped straight
-  into ``docker load`` on every node that needs it. No temp file, but always the whole image.
+- stream: for clusters without a registry, one ``docker save`` on the head is piped into
+  ``docker load`` on every node that needs it, one writer per node (:mod:`.stream`).
 
-On a node, the moving tag is set last, and only after the image ID there equals the head's.
-A node that fails keeps its moving tag on its old image, and the other nodes go on.
+"The same image" is decided by what every image store agrees on (:func:`same_image`): the
+ordered layer diff IDs, and the config digest or a manifest digest recorded on the head. An
+image ID alone is not enough: the classic store's ID is the config digest, the containerd
+store's is the manifest digest. On a node, the moving tag is set last, only after the image
+there is the head's; a node that fails keeps its moving tag on its old image.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import queue
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
-from .cluster import Node
+from .cluster import (CONTROL_TIMEOUT, Node, NodeFailure, Registry, _clean, _last_line, cli_env, docker_argv,
+                      layer_sizes, ping, pull, run_docker, run_nodes, transport_error)
 from .errors import DistributeError
-from .plan import Plan
+from .plan import PROJECT_ROOT, Plan
 
 UPDATED = "updated"
 CURRENT = "current"
 FAILED = "failed"
 
-CONTROL_TIMEOUT = 20.0  # seconds for one API call (ping, inspect, tag)
-TRANSFER_TIMEOUT = 600.0  # seconds of silence tolerated on a pull stream
-CHUNK = 1 << 20
+TRANSFER_TIMEOUT = 3600.0  # seconds a whole push may take
+STATE_DIR = PROJECT_ROOT / "build" / "distribute"
+
+__all__ = ["NodeFailure"]
+
+
+@dataclass(frozen=True)
+class ImageIdentity:
+    """What names one image on every image store: config digest, manifest digests, layer diff IDs."""
+
+    config: str | None  # the config digest (the image ID on a classic-store engine)
+    manifests: frozenset[str]  # manifest digests it is known by: registry pushes, docker save
+    layers: tuple[str, ...]  # RootFS.Layers, in order
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """One image as an engine's `docker image inspect` shows it."""
+
+    id: str
+    digests: frozenset[str]  # the digest part of each RepoDigests entry
+    layers: tuple[str, ...]
+
+    @classmethod
+    def from_inspect(cls, data: dict) -> "NodeImage":
+        digests = frozenset(d.rpartition("@")[2] for d in data.get("RepoDigests") or [] if "@" in d)
+        return cls(data["Id"], digests, tuple((data.get("RootFS") or {}).get("Layers") or ()))
+
+
+def same_image(head: ImageIdentity, node: NodeImage) -> bool:
+    """True when a node's image is the head's, on either image store; never by image ID alone."""
+    if not head.layers or node.layers != head.layers:
+        return False
+    if head.config is not None and node.id == head.config:  # classic store: the ID is the config digest
+        return True
+    # containerd store: the ID is a manifest digest (pulled: the registry's; loaded: the tarball's)
+    return node.id in head.manifests or bool(node.digests & head.manifests)
 
 
 @dataclass(frozen=True)
 class HeadImage:
-    """The image on the head (the engine that built it), and the two names it goes by."""
+    """The image on the head (the engine that built it), the two names it goes by, and its identity."""
 
     tag: str  # immutable, e.g. sparkforge/vllm:ng17e-0123456789ab
     moving_tag: str  # e.g. sparkforge/vllm:ng17e
     image_id: str
     size: int  # uncompressed bytes, as the engine reports
+    identity: ImageIdentity
 
     @property
     def repository(self) -> str:
@@ -69,7 +109,7 @@ class NodeResult:
 
     node: Node
     outcome: str  # updated, current or failed
-    image_id: str | None  # where the node's moving tag points after the deploy (as last seen)
+    image_id: str | None  # the node's own ID of the image its moving tag points to after the deploy
     bytes_moved: int
     seconds: float
     error: str | None = None
@@ -94,21 +134,13 @@ class Deployment:
 
 
 @dataclass(frozen=True)
-class PushResult:
-    refs: tuple[str, ...]
-    digest: str | None  # the manifest digest the registry stored
-    layers_pushed: int
-    layers_present: int
-    bytes_pushed: int  # as the engine reports its upload progress
-    seconds: float
-
-
-@dataclass(frozen=True)
 class NodeStatus:
     node: Node
-    moving_id: str | None  # what the moving tag points to on the node
-    tag_id: str | None  # what the immutable tag points to
+    moving_id: str | None  # the node's own ID of what the moving tag points to
+    tag_id: str | None  # the node's own ID of what the immutable tag points to
     error: str | None = None
+    current: bool = False  # the moving tag points to the head's image (by identity)
+    tag_current: bool = False  # the immutable tag does
 
 
 @dataclass(frozen=True)
@@ -124,43 +156,108 @@ class ClusterStatus:
 
     @property
     def all_match(self) -> bool:
-        """Every node answered and its moving tag points at one ID (the head's, when known)."""
-        if not self.nodes or any(n.error or n.moving_id is None for n in self.nodes) or len(self.ids) != 1:
+        """Every node answered and its moving tag points to the head's image (or, without it, one ID)."""
+        if not self.nodes or any(n.error or n.moving_id is None for n in self.nodes):
             return False
-        return self.image is None or self.ids == {self.image.image_id}
+        if self.image is None:
+            return len(self.ids) == 1
+        return all(n.current for n in self.nodes)
 
 
-class NodeFailure(Exception):
-    """A per-node failure; its message goes into the node's row, not out of the command."""
+# ----------------------------------------------------------------------------- the record
+
+
+def _state_file(state_dir: Path | None, repository: str) -> Path:
+    return (state_dir or STATE_DIR) / (repository.replace("/", "_") + ".json")
+
+
+def read_state(state_dir: Path | None, repository: str) -> dict:
+    """The head's record of a repository: manifest digests per tag, and deploys per node."""
+    path = _state_file(state_dir, repository)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"manifests": {}, "deploys": {}}
+    except (OSError, ValueError) as exc:
+        raise DistributeError(f"unreadable deploy record: {exc}", path=path) from None
+    data.setdefault("manifests", {})
+    data.setdefault("deploys", {})
+    return data
+
+
+def _update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
+    path = _state_file(state_dir, repository)
+    data = read_state(state_dir, repository)
+    change(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)  # a crash never leaves half a record
+
+
+def record_manifest(state_dir: Path | None, tag: str, digest: str) -> None:
+    """Remember a manifest digest the image of tag is known by (from a push or a docker save)."""
+    repo = tag.rpartition(":")[0]
+
+    def add(data: dict) -> None:
+        known = data["manifests"].setdefault(tag, [])
+        if digest not in known:
+            known.append(digest)
+
+    _update_state(state_dir, repo, add)
+
+
+def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[NodeResult]) -> None:
+    """Append, per node that now runs it, the tag deployed and when."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def add(data: dict) -> None:
+        for r in results:
+            if r.outcome == FAILED:
+                continue
+            past = data["deploys"].setdefault(r.node.name, [])
+            if not past or past[-1]["tag"] != image.tag:
+                past.append({"tag": image.tag, "at": now})
+
+    _update_state(state_dir, image.repository, add)
 
 
 # ------------------------------------------------------------------------------------ head
 
 
-def _docker():
-    import docker
-
-    return docker
-
-
-def head_image(plan: Plan) -> HeadImage:
-    """The image of a plan on the head engine; it must have been built (or loaded) here."""
-    docker = _docker()
+def _inspect_head(ref: str) -> dict | None:
     try:
-        client = docker.from_env(timeout=CONTROL_TIMEOUT)
-        img = client.images.get(plan.tag)
-    except docker.errors.ImageNotFound:
-        raise DistributeError(f"image {plan.tag} is not on this machine; build it first with "
-                              f"`python build.py build {plan.variant}`", field=plan.variant) from None
-    except docker.errors.DockerException as exc:
-        raise DistributeError(f"cannot reach the local Docker engine: {_reason(exc)} (run scripts/docker-up.sh)",
+        proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=CONTROL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise DistributeError(f"the local Docker engine gave no answer within {CONTROL_TIMEOUT:.0f}s",
                               field="docker") from None
-    return HeadImage(plan.tag, plan.moving_tag, img.id, int(img.attrs.get("Size") or 0))
+    except OSError as exc:
+        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
+    if proc.returncode != 0:
+        text = proc.stderr.decode(errors="replace")
+        if "No such image" in text:
+            return None
+        raise DistributeError(f"cannot reach the local Docker engine: {_clean(text)[:200]}", field="docker")
+    return json.loads(proc.stdout)[0]
 
 
-def find_head_image(plan: Plan) -> HeadImage | None:
+def head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage:
+    """The image of a plan on the head engine; it must have been built (or loaded) here."""
+    data = _inspect_head(plan.tag)
+    if data is None:
+        raise DistributeError(f"image {plan.tag} is not on this machine; build it first with "
+                              f"`python build.py build {plan.variant}`", field=plan.variant)
+    own = NodeImage.from_inspect(data)
+    recorded = read_state(state_dir, plan.tag.rpartition(":")[0])["manifests"].get(plan.tag, [])
+    # The head's ID is its config digest on the classic store, a manifest digest on containerd:
+    # either way a node showing it has the same image, so it goes in both places.
+    identity = ImageIdentity(own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
+    return HeadImage(plan.tag, plan.moving_tag, own.id, int(data.get("Size") or 0), identity)
+
+
+def find_head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage | None:
     try:
-        return head_image(plan)
+        return head_image(plan, state_dir)
     except DistributeError:
         return None
 
@@ -169,18 +266,30 @@ def registry_ref(registry: str, ref: str) -> str:
     return f"{registry}/{ref}"
 
 
-def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = None) -> PushResult:
-    """Push the immutable tag, then the moving tag, to registry (HOST:PORT)."""
-    docker = _docker()
+@dataclass(frozen=True)
+class PushResult:
+    refs: tuple[str, ...]
+    digest: str | None  # the manifest digest the registry stored
+    layers_pushed: int
+    layers_present: int
+    bytes_pushed: int  # as the engine reports its upload progress
+    seconds: float
+
+
+def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = None,
+               state_dir: Path | None = None) -> PushResult:
+    """Push the immutable tag, then the moving tag, to registry (HOST:PORT); record the manifest digest."""
+    import docker
+
     t0 = time.monotonic()
-    client = docker.from_env(timeout=TRANSFER_TIMEOUT)
     refs, digest = [], None
     pushed: dict[str, int] = {}
     present: set[str] = set()
-    for ref in (image.tag, image.moving_tag):
-        full = registry_ref(registry, ref)
-        repo, _, tag = full.rpartition(":")
-        try:
+    try:
+        client = docker.from_env(timeout=TRANSFER_TIMEOUT)
+        for ref in (image.tag, image.moving_tag):
+            full = registry_ref(registry, ref)
+            repo, _, tag = full.rpartition(":")
             client.api.tag(image.image_id, repo, tag, force=True)
             for ev in client.api.push(repo, tag=tag, stream=True, decode=True):
                 if "error" in ev:
@@ -196,311 +305,357 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
                     digest = aux["Digest"]
                 if progress and status:
                     progress(Progress(registry, "push", sum(pushed.values()), None, f"{ref}: {status}"))
-        except docker.errors.DockerException as exc:
-            raise DistributeError(f"push of {full} failed: {_reason(exc)}", field="--registry") from None
-        refs.append(full)
+            refs.append(full)
+    except docker.errors.DockerException as exc:
+        raise DistributeError(f"push to {registry} failed: {_sdk_reason(exc)}", field="--registry") from None
     present -= set(pushed)  # the moving tag's push finds every layer the first push sent
+    if digest:
+        record_manifest(state_dir, image.tag, digest)
     return PushResult(tuple(refs), digest, len(pushed), len(present), sum(pushed.values()),
                       time.monotonic() - t0)
+
+
+def _sdk_reason(exc: BaseException) -> str:
+    explanation = getattr(exc, "explanation", None)
+    text = _clean(explanation or str(exc)) or type(exc).__name__
+    for marker in ("Connection refused", "timed out", "certificate", "Connection reset"):
+        if marker in text:
+            return f"{marker.lower()}: {text[:200]}"
+    return text[:300]
 
 
 # ----------------------------------------------------------------------------------- nodes
 
 
-def connect(node: Node, timeout: float = CONTROL_TIMEOUT):
-    """A Docker SDK client for a node, checked with a ping."""
-    docker = _docker()
-    try:
-        client = docker.DockerClient(base_url=node.endpoint, timeout=timeout,
-                                     use_ssh_client=node.endpoint.startswith("ssh://"))
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here means: not reachable
-        raise NodeFailure(f"unreachable at {node.endpoint}: {_reason(exc)}") from None
-    return client
+def inspect(node: Node, ref: str) -> NodeImage | None:
+    """The image a reference names on a node, or None when there is none."""
+    proc = run_docker(node, "image", "inspect", ref, timeout=CONTROL_TIMEOUT)
+    if proc.returncode != 0:
+        text = proc.stderr.decode(errors="replace")
+        if "No such image" in text or "not found" in text.lower():
+            return None
+        raise NodeFailure(f"inspect of {ref} failed: {_last_line(proc.stderr)}")
+    return NodeImage.from_inspect(json.loads(proc.stdout)[0])
 
 
-def _image_id(client, ref: str) -> str | None:
-    docker = _docker()
-    try:
-        return client.api.inspect_image(ref)["Id"]
-    except docker.errors.ImageNotFound:
-        return None
+def set_tags(node: Node, node_id: str, image: HeadImage) -> None:
+    """Point the immutable tag, then (last) the moving tag, at the node's copy of the image."""
+    for ref in (image.tag, image.moving_tag):
+        proc = run_docker(node, "tag", node_id, ref, timeout=CONTROL_TIMEOUT)
+        if proc.returncode != 0:
+            raise NodeFailure(f"tagging {ref} failed: {_last_line(proc.stderr)}")
 
 
-def _set_tags(client, image: HeadImage) -> bool:
-    """Point the immutable tag, then the moving tag, at the head's image ID. True if one moved."""
-    moved = False
-    for ref in (image.tag, image.moving_tag):  # the moving tag last
-        if _image_id(client, ref) != image.image_id:
-            repo, _, tag = ref.rpartition(":")
-            client.api.tag(image.image_id, repo, tag, force=True)
-            moved = True
-    return moved
+def verify_and_tag(node: Node, image: HeadImage, ref: str) -> NodeImage:
+    """Check that ref on the node is the head's image, then move the tags to it."""
+    got = inspect(node, ref)
+    if got is None or not same_image(image.identity, got):
+        shown = got.id[:19] if got else "missing"
+        raise NodeFailure(f"{ref} on the node is {shown}, not the head's image {image.image_id[:19]} "
+                          "(layers or digests differ); moving tag left where it was")
+    set_tags(node, got.id, image)
+    return got
 
 
-def _check(client, image: HeadImage) -> tuple[str | None, bool]:
-    """(where the moving tag points now, whether the node already has the head's image ID)."""
-    return _image_id(client, image.moving_tag), _image_id(client, image.image_id) == image.image_id
+def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
+    """(the image the moving tag points to, the immutable tag's image when it is the head's)."""
+    ping(node)
+    previous = inspect(node, image.moving_tag)
+    have = previous if previous is not None and same_image(image.identity, previous) else inspect(node, image.tag)
+    return previous, have if have is not None and same_image(image.identity, have) else None
 
 
-def _verify_and_tag(client, image: HeadImage, ref: str) -> None:
-    got = _image_id(client, ref)
-    if got != image.image_id:
-        raise NodeFailure(f"{ref} on the node is {(got or 'missing')[:19]}, not the head's {image.image_id[:19]}; "
-                          "moving tag left where it was")
-    _set_tags(client, image)
-
-
-def _run_nodes(nodes: Iterable[Node], work: Callable[[Node], NodeResult]) -> tuple[NodeResult, ...]:
-    nodes = list(nodes)
-    if not nodes:
-        return ()
-    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
-        return tuple(pool.map(work, nodes))
-
-
-def _failed(node: Node, t0: float, exc: BaseException, previous: str | None, moved: int,
-            progress: ProgressFn) -> NodeResult:
-    reason = str(exc) if isinstance(exc, NodeFailure) else _reason(exc)
+def failed(node: Node, t0: float, exc: BaseException, previous: str | None, moved: int,
+           progress: ProgressFn) -> NodeResult:
+    reason = str(exc) if isinstance(exc, DistributeError) else _clean(f"{type(exc).__name__}: {exc}")
     progress(Progress(node.name, FAILED, moved, None, reason))
     return NodeResult(node, FAILED, previous, moved, time.monotonic() - t0, reason, previous)
 
 
-def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str,
-                    progress: ProgressFn = lambda p: None) -> Deployment:
+def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Registry,
+                    progress: ProgressFn = lambda p: None, state_dir: Path | None = None) -> Deployment:
     """Every node pulls the immutable tag from the registry in parallel; see the module docstring."""
     t0 = time.monotonic()
-    source = registry_ref(registry, image.tag)
+    reg = registry if isinstance(registry, Registry) else Registry(registry, "")
+    source = registry_ref(reg.address, image.tag)
+    sizes = layer_sizes(reg, image.tag)
 
     def one(node: Node) -> NodeResult:
         start, previous, moved = time.monotonic(), None, 0
         try:
             progress(Progress(node.name, "check"))
-            client = connect(node)
-            previous, has = _check(client, image)
-            if has:
-                _set_tags(client, image)
+            before, have = check_node(node, image)
+            previous = before.id if before else None
+            if have is not None:
+                set_tags(node, have.id, image)
                 progress(Progress(node.name, "done", 0, 0, "already current"))
-                return NodeResult(node, CURRENT, image.image_id, 0, time.monotonic() - start, None, previous)
-            pull_client = connect(node, TRANSFER_TIMEOUT)
+                return NodeResult(node, CURRENT, have.id, 0, time.monotonic() - start, None, previous)
 
-            def seen(done: int, total: int | None, detail: str) -> None:
+            def seen(done: int, detail: str) -> None:
                 nonlocal moved
                 moved = done
-                progress(Progress(node.name, "pull", done, total, detail))
+                progress(Progress(node.name, "pull", done, sum(sizes.values()) or None, detail))
 
-            moved = _pull(pull_client, source, seen)
+            moved = pull(node, source, sizes, seen)
             progress(Progress(node.name, "verify", moved, moved))
-            _verify_and_tag(client, image, source)
+            got = verify_and_tag(node, image, source)
             progress(Progress(node.name, "done", moved, moved, "updated"))
-            return NodeResult(node, UPDATED, image.image_id, moved, time.monotonic() - start, None, previous)
+            return NodeResult(node, UPDATED, got.id, moved, time.monotonic() - start, None, previous)
         except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
-            return _failed(node, start, exc, previous, moved, progress)
+            return failed(node, start, exc, previous, moved, progress)
 
-    results = _run_nodes(nodes, one)
+    results = run_nodes(nodes, one)
+    record_deploy(state_dir, image, results)
     return Deployment(image, "registry", source, results, time.monotonic() - t0)
 
 
-def _pull(client, ref: str, seen: Callable[[int, int | None, str], None]) -> int:
-    """Pull ref, reporting progress; the bytes are the layer bytes the engine downloaded."""
-    repo, _, tag = ref.rpartition(":")
-    layers: dict[str, list[int]] = {}  # layer id -> [downloaded, size]
-    present = 0
-    try:
-        events = client.api.pull(repo, tag=tag, stream=True, decode=True)
-    except _docker().errors.APIError as exc:  # the engine could not even fetch the manifest
-        raise NodeFailure(f"pull of {ref} failed: {_reason(exc)}") from None
-    for ev in events:
-        if "error" in ev:
-            raise NodeFailure(f"pull of {ref} failed: {_clean(ev['error'])}")
-        status, lid = ev.get("status", ""), ev.get("id")
-        if not lid or lid == tag:
-            continue
-        if status == "Pulling fs layer":
-            layers.setdefault(lid, [0, 0])
-        elif status == "Already exists":
-            present += 1
-        elif status == "Downloading":
-            detail = ev.get("progressDetail") or {}
-            layer = layers.setdefault(lid, [0, 0])
-            layer[0] = max(layer[0], int(detail.get("current") or 0))
-            layer[1] = max(layer[1], int(detail.get("total") or 0))
-        elif status in ("Download complete", "Verifying Checksum") and lid in layers:
-            layers[lid][0] = max(layers[lid])
-        else:
-            continue
-        done = sum(d for d, _ in layers.values())
-        total = sum(max(d, s) for d, s in layers.values())
-        complete = sum(1 for d, s in layers.values() if s and d >= s)
-        seen(done, total, f"{complete}/{len(layers)} layers downloaded, {present} already there")
-    return sum(d for d, _ in layers.values())
+# ---------------------------------------------------------------------------------- stream
+
+STALL_TIMEOUT = 60.0  # seconds a node's docker load may take nothing before it is dropped
+LOAD_TIMEOUT = 900.0  # seconds a docker load may take to finish after its input ended
+BUFFER_CHUNKS = 32  # chunks held per node: a short hiccup of one node does not slow the others
+CHUNK = 1 << 20
+
+
+class _TarIndex:
+    """Follows the headers of a `docker save` tar stream to catch its index.json on the way.
+
+    A containerd-store node shows the manifest digest named there as the image ID of what it
+    loaded, so the head records it as one more name of the image.
+    """
+
+    def __init__(self) -> None:
+        self.header = bytearray()
+        self.skip = 0  # bytes of the current member (and its padding) still to pass
+        self.keep = 0  # of those, bytes of index.json still to keep
+        self.index = bytearray()
+        self.manifest: str | None = None
+        self.ended = False
+
+    def feed(self, chunk: bytes) -> None:
+        i, n = 0, len(chunk)
+        while i < n and not self.ended:
+            if self.skip:
+                take = min(self.skip, n - i)
+                if self.keep:
+                    part = chunk[i:i + min(take, self.keep)]
+                    self.index += part
+                    self.keep -= len(part)
+                    if not self.keep:
+                        self._parse()
+                self.skip -= take
+                i += take
+                continue
+            take = min(512 - len(self.header), n - i)
+            self.header += chunk[i:i + take]
+            i += take
+            if len(self.header) == 512:
+                self._member(bytes(self.header))
+                self.header.clear()
+
+    def _member(self, h: bytes) -> None:
+        if not h.strip(b"\0"):
+            self.ended = True
+            return
+        raw = h[124:136]
+        # Members over 8 GiB (big layers) carry their size in base-256.
+        size = int.from_bytes(raw[1:], "big") if raw[0] & 0x80 else int(raw.strip(b"\0 ") or b"0", 8)
+        name = h[:100].split(b"\0", 1)[0]
+        self.skip = (size + 511) // 512 * 512
+        if name == b"index.json" and h[156:157] in (b"0", b"\0"):
+            self.index.clear()
+            self.keep = size
+
+    def _parse(self) -> None:
+        try:
+            manifests = json.loads(bytes(self.index)).get("manifests") or []
+        except ValueError:
+            return
+        if len(manifests) == 1:
+            self.manifest = manifests[0].get("digest")
+
+
+class _Writer(threading.Thread):
+    """Feeds one node's `docker load` from its own bounded queue, so a slow node holds up nobody."""
+
+    def __init__(self, node: Node, proc: subprocess.Popen):
+        super().__init__(name=f"stream-{node.name}", daemon=True)
+        self.node, self.proc = node, proc
+        self.queue: queue.Queue[bytes | None] = queue.Queue(BUFFER_CHUNKS)
+        self.sent = 0
+        self.last = time.monotonic()  # when the node last took a chunk
+        self.error: str | None = None
+        self.stderr = b""
+        self.drain = threading.Thread(target=self._read_stderr, daemon=True)
+
+    def _read_stderr(self) -> None:
+        # Read the loader's stderr while it runs, so a chatty one never blocks on a full pipe.
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def run(self) -> None:
+        assert self.proc.stdin is not None
+        while (chunk := self.queue.get()) is not None:
+            try:
+                self.proc.stdin.write(chunk)
+            except (OSError, ValueError):
+                self.error = self.error or "stream interrupted: the node's docker load stopped reading"
+                return
+            self.sent += len(chunk)
+            self.last = time.monotonic()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            self.error = self.error or "stream interrupted: the node's docker load stopped reading"
+
+    def offer(self, chunk: bytes | None, stall: float) -> bool:
+        """Queue a chunk; False when the node is gone or took nothing for `stall` seconds."""
+        while self.error is None:
+            try:
+                self.queue.put(chunk, timeout=0.2)
+                return True
+            except queue.Full:
+                if self.error is None and time.monotonic() - self.last > stall:
+                    self.drop(f"stalled: its docker load took no data for {stall:.0f}s; dropped, the others went on")
+        return False
+
+    def drop(self, why: str) -> None:
+        """Stop this node's load before its input ends, so a cut stream is never committed."""
+        self.error = self.error or why
+        self.proc.kill()
 
 
 def deploy_stream(image: HeadImage, nodes: Iterable[Node], progress: ProgressFn = lambda p: None,
-                  docker_cli: str = "docker") -> Deployment:
+                  state_dir: Path | None = None,
+                  stall_timeout: float = STALL_TIMEOUT) -> Deployment:
     """One `docker save` on the head, piped into `docker load` on each node that needs it."""
     t0 = time.monotonic()
     nodes = list(nodes)
-    checked: dict[str, tuple[object, str | None, bool] | BaseException] = {}
+    checked: dict[str, str | None] = {}
 
     def check(node: Node) -> NodeResult:
         start = time.monotonic()
         try:
             progress(Progress(node.name, "check"))
-            client = connect(node)
-            previous, has = _check(client, image)
-            checked[node.name] = (client, previous, has)
-            if has:
-                _set_tags(client, image)
+            before, have = check_node(node, image)
+            checked[node.name] = before.id if before else None
+            if have is not None:
+                set_tags(node, have.id, image)
                 progress(Progress(node.name, "done", 0, 0, "already current"))
-                return NodeResult(node, CURRENT, image.image_id, 0, time.monotonic() - start, None, previous)
+                return NodeResult(node, CURRENT, have.id, 0, time.monotonic() - start, None, checked[node.name])
         except Exception as exc:  # noqa: BLE001
-            checked[node.name] = exc
-            return _failed(node, start, exc, None, 0, progress)
-        return NodeResult(node, "pending", previous, 0, time.monotonic() - start)
+            return failed(node, start, exc, None, 0, progress)
+        return NodeResult(node, "pending", checked[node.name], 0, time.monotonic() - start)
 
-    first = {r.node.name: r for r in _run_nodes(nodes, check)}
+    first = {r.node.name: r for r in run_nodes(nodes, check)}
     todo = [n for n in nodes if first[n.name].outcome == "pending"]
-    streamed = _stream(image, todo, progress, docker_cli) if todo else {}
+    streamed, manifest = _stream(image, todo, progress, stall_timeout) if todo else ({}, None)
+    if manifest:
+        record_manifest(state_dir, image.tag, manifest)
+        image = replace(image, identity=replace(image.identity, manifests=image.identity.manifests | {manifest}))
 
     def finish(node: Node) -> NodeResult:
         head = first[node.name]
         if head.outcome != "pending":
             return head
-        client, previous, _ = checked[node.name]  # type: ignore[misc]
+        previous = checked[node.name]
         moved, started, error = streamed[node.name]
         try:
             if error:
                 raise NodeFailure(error)
             progress(Progress(node.name, "verify", moved, moved))
-            _verify_and_tag(client, image, image.tag)
+            got = verify_and_tag(node, image, image.tag)
             progress(Progress(node.name, "done", moved, moved, "updated"))
-            return NodeResult(node, UPDATED, image.image_id, moved, time.monotonic() - started, None, previous)
+            return NodeResult(node, UPDATED, got.id, moved, time.monotonic() - started, None, previous)
         except Exception as exc:  # noqa: BLE001
-            return _failed(node, started, exc, previous, moved, progress)
+            return failed(node, started, exc, previous, moved, progress)
 
-    results = _run_nodes(nodes, finish)
+    results = run_nodes(nodes, finish)
+    record_deploy(state_dir, image, results)
     return Deployment(image, "stream", f"docker save {image.tag}", results, time.monotonic() - t0)
 
 
-def _cli_env() -> dict[str, str]:
-    # -H names the node; a DOCKER_CONTEXT would otherwise be refused next to it.
-    return {k: v for k, v in os.environ.items() if k != "DOCKER_CONTEXT"}
+def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: float) -> tuple[dict[str, tuple[int, float, str | None]], str | None]:
+    """Tee one `docker save` into a `docker load` per node, one writer thread each.
 
-
-def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
-            docker_cli: str) -> dict[str, tuple[int, float, str | None]]:
-    """Tee one `docker save` into a `docker load` per node. Returns name -> (bytes, start, error)."""
+    Returns name -> (bytes, start, error), and the manifest digest of the saved tarball.
+    """
     started = time.monotonic()
-    env = _cli_env()
-    save = subprocess.Popen([docker_cli, "save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
-    loaders: dict[str, subprocess.Popen] = {}
-    sent = {n.name: 0 for n in nodes}
-    errors: dict[str, str] = {}
+    env = cli_env()
+    try:
+        save = subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env)
+    except OSError as exc:
+        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
+    writers = []
     for node in nodes:
-        loaders[node.name] = subprocess.Popen([docker_cli, "-H", node.endpoint, "load", "-q"],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, env=env)
-    stderr_of: dict[str, bytes] = {}
-
-    def drain(name: str, proc: subprocess.Popen) -> None:
-        # Read a loader's stderr while it runs, so a chatty one never blocks on a full pipe.
-        assert proc.stderr is not None
-        stderr_of[name] = proc.stderr.read()
-
-    drains = [threading.Thread(target=drain, args=(n, p), daemon=True) for n, p in loaders.items()]
-    for t in drains:
-        t.start()
+        proc = subprocess.Popen(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=env)
+        writers.append(_Writer(node, proc))
+    for w in writers:
+        w.start()
+        w.drain.start()
     save_err: list[bytes] = []
     save_drain = threading.Thread(target=lambda: save_err.append(save.stderr.read()), daemon=True)  # type: ignore
     save_drain.start()
-    last = 0.0
+    index, last = _TarIndex(), 0.0
     assert save.stdout is not None
-    while True:
-        chunk = save.stdout.read1(CHUNK) if hasattr(save.stdout, "read1") else save.stdout.read(CHUNK)
-        if not chunk:
-            break
-        for name, proc in loaders.items():
-            if name in errors:
-                continue
-            try:
-                proc.stdin.write(chunk)  # type: ignore[union-attr]
-                sent[name] += len(chunk)
-            except (BrokenPipeError, OSError):
-                errors[name] = "stream interrupted: the node's docker load stopped reading"
-        now = time.monotonic()
-        if now - last > 0.5:
-            last = now
-            for name in loaders:
-                if name not in errors:
-                    progress(Progress(name, "load", sent[name], image.size or None))
-        if len(errors) == len(loaders):
+    while chunk := save.stdout.read1(CHUNK):
+        index.feed(chunk)
+        live = [w for w in writers if w.error is None]
+        for w in live:
+            w.offer(chunk, stall)
+        if not any(w.error is None for w in writers):
             save.kill()
             break
+        if time.monotonic() - last > 0.5:
+            last = time.monotonic()
+            for w in writers:
+                if w.error is None:
+                    progress(Progress(w.node.name, "load", w.sent, image.size or None))
     code = save.wait()
     save_drain.join(5)
     if code != 0:
-        why = (b"".join(save_err).decode(errors="replace").strip().splitlines() or [f"exit code {code}"])[-1]
-        # A truncated stream must never be committed: stop every load before its input ends.
-        for name, proc in loaders.items():
-            proc.kill()
-            errors.setdefault(name, f"stream interrupted: docker save on the head failed: {_clean(why)}")
-    for name, proc in loaders.items():
-        try:
-            proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
+        why = _last_line(b"".join(save_err)) if save_err and save_err[0] else f"exit code {code}"
+        for w in writers:
+            w.drop(f"stream interrupted: docker save on the head failed: {why}")
+    for w in writers:
+        w.offer(None, stall)  # end of input: the load may commit now
     result = {}
-    for (name, proc), t in zip(loaders.items(), drains):
-        code = proc.wait()
-        t.join(5)
-        if code != 0 and name not in errors:
-            msg = stderr_of.get(name, b"").decode(errors="replace").strip().splitlines()
-            errors[name] = f"docker load failed: {_clean(msg[-1] if msg else f'exit code {code}')}"
-        elif code != 0:
-            msg = stderr_of.get(name, b"").decode(errors="replace").strip().splitlines()
-            if msg and "killed" not in errors[name]:
-                errors[name] += f" ({_clean(msg[-1])})"
-        result[name] = (sent[name], started, errors.get(name))
-    return result
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    for w in writers:
+        try:
+            rc = w.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.drop(f"docker load did not finish within {LOAD_TIMEOUT:.0f}s")
+            rc = w.proc.wait()
+        w.join(10)
+        w.drain.join(10)
+        if rc != 0 and w.error is None:
+            w.error = f"docker load failed: {transport_error(w.node, rc, w.stderr.decode(errors='replace')) or _last_line(w.stderr)}"
+        result[w.node.name] = (w.sent, started, w.error)
+    return result, index.manifest if code == 0 else None
 
 
-def cluster_status(plan: Plan, nodes: Iterable[Node]) -> ClusterStatus:
+def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = None) -> ClusterStatus:
     """Which image each node's tags point to, compared with the head's (when it has it)."""
-    image = find_head_image(plan)
+    image = find_head_image(plan, state_dir)
 
     def one(node: Node) -> NodeStatus:
         try:
-            client = connect(node)
-            return NodeStatus(node, _image_id(client, plan.moving_tag), _image_id(client, plan.tag))
-        except Exception as exc:  # noqa: BLE001
-            return NodeStatus(node, None, None, str(exc) if isinstance(exc, NodeFailure) else _reason(exc))
+            ping(node)
+            moving, tagged = inspect(node, plan.moving_tag), inspect(node, plan.tag)
+        except DistributeError as exc:
+            return NodeStatus(node, None, None, str(exc))
+        ident = image.identity if image else None
+        return NodeStatus(node, moving.id if moving else None, tagged.id if tagged else None, None,
+                          bool(ident and moving and same_image(ident, moving)),
+                          bool(ident and tagged and same_image(ident, tagged)))
 
-    nodes = list(nodes)
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        found = tuple(pool.map(one, nodes))
-    return ClusterStatus(image, plan.tag, plan.moving_tag, found)
+    return ClusterStatus(image, plan.tag, plan.moving_tag, run_nodes(nodes, one))
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def _clean(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _reason(exc: BaseException) -> str:
-    """One readable line for an SDK or transport error."""
-    docker = _docker()
-    if isinstance(exc, docker.errors.APIError) and exc.explanation:
-        return _clean(exc.explanation)
-    text = _clean(str(exc)) or type(exc).__name__
-    for marker in ("Connection refused", "No such file or directory", "timed out", "Connection aborted",
-                   "Connection reset", "Name or service not known", "Remote end closed"):
-        if marker in text:
-            return f"{marker.lower()} ({type(exc).__name__})"
-    return text[:300]
 
 
 def human_bytes(n: int | None) -> str:

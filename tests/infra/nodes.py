@@ -64,7 +64,7 @@ class Node:
     """One dockerd daemon with everything under ``base_dir/name``."""
 
     def __init__(self, name: str, base_dir: str | os.PathLike, daemon_config: dict | None = None,
-                 dockerd: str = "dockerd"):
+                 dockerd: str = "dockerd", netns: str | None = None):
         self.name = name
         self.dir = Path(base_dir).absolute() / name
         self.data_root = self.dir / "data"
@@ -76,6 +76,7 @@ class Node:
         self.config_file = self.dir / "daemon.json"
         self.daemon_config = dict(daemon_config or {})
         self.dockerd = dockerd
+        self.netns = netns  # run dockerd inside this network namespace (`ip netns exec`)
         self.proc: subprocess.Popen | None = None
         self.start_seconds: float | None = None
         containerd_sock = self.exec_root / "containerd" / "containerd.sock"
@@ -150,7 +151,9 @@ class Node:
             ctd_pid = None
         if ctd_pid is not None and not (_alive(ctd_pid) and "containerd" in _cmdline(ctd_pid)):
             ctd_pidfile.unlink(missing_ok=True)
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         cmd = [
+            *prefix,
             self.dockerd,
             "--data-root", str(self.data_root),
             "--exec-root", str(self.exec_root),
