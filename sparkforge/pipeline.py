@@ -8,13 +8,26 @@ always resolve a variant to the same plan, and so to the same tag: the recipe ch
 from __future__ import annotations
 
 import enum
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
-from .builder import BuildOptions, BuildResult, Step, build_image, buildx_command, image_ids, keep_candidate, promote
+from .builder import (
+    BuildOptions,
+    BuildResult,
+    Step,
+    build_image,
+    buildx_command,
+    current_image,
+    image_ids,
+    keep_candidate,
+    promote,
+)
 from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, MatrixCell, Row, check_variant, matrix
 from .errors import BuildError, ConfigError
 from .lock import (
@@ -30,10 +43,11 @@ from .lock import (
     read_lock,
     write_lock,
 )
+from .config import list_variants
 from .plan import PROJECT_ROOT, Layout, Mod, Plan, plan_variant, rehash
 from .render import Context, render_context
 from .resolve import resolve_pins, today_epoch
-from .smoke import TierResult, run_static
+from .smoke import TIERS, TierResult, run_static, run_tier
 from .sources import release_versions
 
 
@@ -93,6 +107,38 @@ def context_dir(plan: Plan) -> Path:
     return PROJECT_ROOT / "build" / "contexts" / f"{plan.variant}-{plan.plan_hash[:12]}"
 
 
+def list_plans(layout: Layout) -> list[LoadedPlan]:
+    """Every variant of the recipe folder, as `show` sees it."""
+    return [load_plan(layout, name) for name in list_variants(layout.images_dir)]
+
+
+def render_variant(plan: Plan, layout: Layout, output: Path | None = None) -> Context:
+    """`render`: write the context to output (default build/VARIANT). An output that is a file,
+    lies below one, or cannot be written is refused before anything is written."""
+    out_dir = (output or PROJECT_ROOT / "build" / plan.variant).absolute()
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError("is a file, not a folder: choose a new or empty folder", path=existing, field="--output")
+    # The context is staged beside out_dir and swapped in, so it is the folder above that is written.
+    above = next(p for p in out_dir.parents if p.exists())
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ConfigError("cannot write here (permission denied): choose another folder", path=above,
+                          field="--output")
+    return render_context(plan, layout, out_dir)
+
+
+NETWORKS = ("host", "none", "default")
+
+
+def build_options(*, network: str = "host", ca_cert: Path | None = None, **options) -> BuildOptions:
+    """BuildOptions from the command line's words: `--network default` is BuildKit's own network."""
+    if network not in NETWORKS:
+        raise ConfigError(f"unknown network {network!r}; choose {', '.join(NETWORKS)}", field="--network")
+    if ca_cert is not None and not ca_cert.is_file():
+        raise ConfigError("CA bundle not found", path=ca_cert, field="--ca-cert")
+    return BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, **options)
+
+
 @dataclass(frozen=True)
 class DryRun:
     """What `build` would do, computed without writing a file or asking Docker."""
@@ -147,6 +193,18 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
             raise BuildError(f"static smoke tier failed; image left as {keep_candidate(result)}; "
                              f"{kept_message(plan, now[plan.moving_tag])}", field=plan.variant)
     return BuildOutcome(result, static, already, tuple(promote(result, now)))
+
+
+def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None, model: str | None = None) -> list[TierResult]:
+    """Run smoke tiers inside the variant's built image (or `image`)."""
+    for tier in tiers:
+        if tier not in TIERS:
+            raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
+    ref = image or plan.tag
+    if current_image(ref) is None:
+        raise BuildError(f"image {ref} not found; build it first with `python build.py build {plan.variant}`",
+                         field="--image" if image else plan.variant)
+    return [run_tier(t, ref, model) if model else run_tier(t, ref) for t in tiers]
 
 
 # ------------------------------------------------------------------ lock
@@ -223,23 +281,42 @@ class ModsReport:
         return bool(self.in_state(FAILED)) or self.matrix_failed or (strict and bool(self.in_state(UNVERIFIED)))
 
 
+def release_version(value: str, flag: str) -> Version:
+    """A release given on the command line; a bad one is bad input, named by its option."""
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise ConfigError(f"{value!r} is not a release version such as 0.17.0", field=flag) from None
+
+
 def release_range(since: str, until: str | None) -> tuple[Version, Version | None]:
-    """The --since/--until bounds as versions; a bad one is bad input, named by its option."""
-    bounds = []
-    for flag, value in (("--since", since), ("--until", until)):
-        try:
-            bounds.append(None if value is None else Version(value))
-        except InvalidVersion:
-            raise ConfigError(f"{value!r} is not a release version such as 0.17.0", field=flag) from None
-    return bounds[0], bounds[1]
+    """The --since/--until bounds as versions; a bad one, or an empty range, is bad input."""
+    low = release_version(since, "--since")
+    high = None if until is None else release_version(until, "--until")
+    if high is not None and high < low:
+        raise ConfigError(f"{until} is before --since {since}: no release to try", field="--until")
+    return low, high
 
 
-def check_mods(plans: list[Plan], workdir: Path, *, matrix_range: tuple[str, str | None] | None = None,
+def plans_to_check(layout: Layout, names: list[str], all_variants: bool) -> list[Plan]:
+    """The variants check-mods looks at: those named, or with --all every one."""
+    if all_variants:
+        names = list_variants(layout.images_dir)
+    if not names:
+        raise ConfigError("name at least one variant, or use --all", field="check-mods")
+    return [load_plan(layout, n).plan for n in names]
+
+
+def check_mods(plans: list[Plan], workdir: Path | None = None, *,
+               matrix_range: tuple[str, str | None] | None = None,
                say: Callable[[str], None] = lambda line: None) -> ModsReport:
     """Apply each variant's mods to the real source they target; with a range, also try each vLLM
-    mod alone against every vLLM release in it."""
+    mod alone against every vLLM release in it. Without a workdir, a scratch folder is used and removed."""
     if matrix_range is not None:
         low, high = release_range(*matrix_range)
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
+            return check_mods(plans, Path(work), matrix_range=matrix_range, say=say)
     rows: list[Row] = []
     for plan in plans:
         say(f"checking {plan.variant} ({len(plan.mods)} mods)")
@@ -250,3 +327,42 @@ def check_mods(plans: list[Plan], workdir: Path, *, matrix_range: tuple[str, str
     versions = [v for v in release_versions("vllm") if Version(v) >= low and (high is None or Version(v) <= high)]
     cells = matrix(list(mods.values()), versions, workdir, progress=lambda v: say(f"matrix: vllm {v}"))
     return ModsReport(tuple(rows), tuple(mods.values()), tuple(versions), tuple(cells))
+
+
+# ------------------------------------------------------------------ verify-repro and outdated
+
+DEFAULT_EPOCH = 1704067200  # 2024-01-01T00:00:00Z: verify-repro's epoch when neither a lock nor the option gives one
+
+
+def repro_plan(plan: Plan, epoch: int | None = None) -> Plan:
+    """The plan verify-repro builds: with --source-date-epoch, else the lock's, else DEFAULT_EPOCH."""
+    return with_epoch(plan, epoch or plan.source_date_epoch or DEFAULT_EPOCH)
+
+
+def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep: Path | None = None,
+                         progress: Callable[[Step, float], None] = lambda step, elapsed: None,
+                         say: Callable[[str], None] = lambda line: None):
+    """Two --no-cache builds of a plan from repro_plan, compared; the tarballs and logs are kept in
+    `keep`, else removed."""
+    from .repro import verify_repro
+
+    ctx = render_context(plan, layout, context_dir(plan))
+    (PROJECT_ROOT / "build").mkdir(exist_ok=True)
+    workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{plan.variant}-", dir=PROJECT_ROOT / "build"))
+    try:
+        return verify_repro(plan, ctx, replace(opts, source_date_epoch=plan.source_date_epoch), workdir,
+                            progress=progress, say=say)
+    finally:
+        if keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def outdated_variant(plan: Plan, *, try_mods: bool = True, until: str | None = None,
+                     progress: Callable[[str], None] = lambda version: None):
+    """`outdated`: newer releases of each pinned component, and where the vLLM mods apply to them."""
+    from .outdated import outdated
+
+    if until is not None:
+        release_version(until, "--until")
+    with tempfile.TemporaryDirectory(prefix="sparkforge-outdated-") as work:
+        return outdated(plan, Path(work), try_mods=try_mods, until=until, progress=progress)

@@ -100,7 +100,7 @@ def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[s
                 continue
             ok = cell.state in (APPLIED, ALREADY)
             marks.append(_line(("applies", "green") if ok else ("fails", "red"), "!" if ok != cell.declared else ""))
-        table.add_row(version, *marks)
+        table.add_row(Text(version), *marks)
     return table
 
 
@@ -195,3 +195,41 @@ def applies_lines(names: Iterable[str], runs_of, declared: dict[str, str] | None
         tail = f"; declares {declared[name]}" if declared else ""
         lines.append(_line(f"{name}: {prefix} {runs}{tail}"))
     return lines
+
+
+def build_lines(plan: Plan, done: Any) -> list[Text]:
+    """`build`: the image built, how much came from the cache, and the tags that moved."""
+    result = done.result
+    ran = len(result.ran)
+    lines = [_line(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
+                   f"{len(result.steps) - ran} cached; log: {result.log_path}")]
+    if done.smoke_already_passed:
+        lines.append(_line(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})"))
+    return lines + [_line(f"tagged {ref}") for ref in done.tagged]
+
+
+def dry_run_lines(d: Any, command: str) -> list[Text]:
+    """`build --dry-run`: the tags, the context and the exact command (shell-quoted by the caller)."""
+    return [_line(f"tag         {d.tag}"), _line(f"moving tag  {d.moving_tag}"),
+            _line(f"context     {d.context} (not written)"), _line(command)]
+
+
+def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
+    """`lock`: what was pinned, and what could not be resolved from here."""
+    lines = [
+        _line(f"locked {variant} -> {path}"),
+        _line(f"  base      {lock.base.repository}:{lock.base.tag} @ {lock.base.digest.show()}"),
+        _line(f"  packages  {len(lock.packages)} installed" if lock.packages_unresolved is None
+              else "  packages  unresolved"),
+        _line(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in lock.mods) or '-'}"),
+        _line(f"  epoch     SOURCE_DATE_EPOCH={lock.source_date_epoch}"),
+    ]
+    return lines + [_line("  ", ("UNRESOLVED", "yellow"), f" {fld}: {reason}") for fld, reason in lock.unresolved()]
+
+
+def check_summary(report: Any) -> Text:
+    """check-mods: one line of counts."""
+    failed, unverified = len(report.in_state(FAILED)), len(report.in_state(UNVERIFIED))
+    total = len(report.rows)
+    return _line(f"{total} checked: {total - failed - unverified} ok, {failed} failed, {unverified} unverified "
+                 "(source not reachable from here)")
