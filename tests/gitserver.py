@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkforge import sources
+
 GIT_ENV = {"GIT_AUTHOR_NAME": "sparkforge tests", "GIT_AUTHOR_EMAIL": "tests@sparkforge.invalid",
            "GIT_COMMITTER_NAME": "sparkforge tests", "GIT_COMMITTER_EMAIL": "tests@sparkforge.invalid",
            "GIT_AUTHOR_DATE": "2026-03-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-03-01T00:00:00Z",
@@ -85,8 +87,9 @@ def add_commit(bare: Path, path: str, text: str, message: str) -> str:
 
 def extract_sdist(archive: Path, dest: Path) -> Path:
     """The whole tree of an sdist (its single top folder), extracted into dest."""
+    dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as tf:
-        tf.extractall(dest, filter="data")
+        sources.extract_files(tf, dest, strip_top=False)
     (top,) = [p for p in dest.iterdir() if p.is_dir()]
     return top
 
