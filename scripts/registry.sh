@@ -1,27 +1,61 @@
 #!/usr/bin/env bash
-# A local, throw-away image registry on loopback (Debian's docker-registry, no container needed).
+# A throw-away image registry (Debian's docker-registry, no container needed), on loopback or on
+# a LAN address of the head, over plain HTTP or TLS.
 #
-# Usage: scripts/registry.sh start|stop|status [PORT]     (default PORT 5000, on 127.0.0.1)
+# Usage: scripts/registry.sh start|stop|status [PORT | ADDR:PORT] [--cert FILE --key FILE] [--ca FILE]
+#                                               [--address HOST:PORT]
+#   PORT              listen on 127.0.0.1:PORT (default 5000)
+#   ADDR:PORT         listen on ADDR:PORT, e.g. 0.0.0.0:5000 (every address of the head) or 10.0.0.1:5000
+#   --cert/--key      serve TLS with this certificate (it must name the address nodes pull from) and key
+#   --ca              the CA that signed --cert, used to check the registry answers after start
+#   --address         the address nodes use (HOST:PORT), used for that check (default: the listen
+#                     address; 127.0.0.1 when listening on 0.0.0.0)
 #   env SPARKFORGE_STATE     state root (default /tmp/sparkforge); everything for one registry
 #                            lives in $SPARKFORGE_STATE/registry-PORT/ (config.yml, data/,
 #                            registry.pid, registry.log)
 #   env REGISTRY_TIMEOUT     seconds to wait for /v2/ to answer on start (default 30)
 #
-# dockerd treats 127.0.0.0/8 as an insecure registry by default, so plain HTTP push/pull to
-# 127.0.0.1:PORT works with no daemon.json change.
+# dockerd treats 127.0.0.0/8 as an insecure registry by default, so plain HTTP on 127.0.0.1:PORT
+# works with no daemon.json change. On a LAN address every node needs either the CA in
+# /etc/docker/certs.d/HOST:PORT/ca.crt (TLS) or HOST:PORT in "insecure-registries" (plain HTTP).
 set -euo pipefail
 
 CMD="${1:-}"
-PORT="${2:-5000}"
+shift || true
+LISTEN="127.0.0.1:5000"
+CERT="" KEY="" CA="" ADDRESS=""
+usage() { echo "usage: $0 start|stop|status [PORT | ADDR:PORT] [--cert FILE --key FILE] [--ca FILE] [--address HOST:PORT]" >&2; exit 2; }
+if [[ $# -gt 0 && "$1" != --* ]]; then
+  if [[ "$1" == *:* ]]; then LISTEN="$1"; else LISTEN="127.0.0.1:$1"; fi
+  shift
+fi
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+  --cert) CERT="${2:-}"; shift 2 || usage ;;
+  --key) KEY="${2:-}"; shift 2 || usage ;;
+  --ca) CA="${2:-}"; shift 2 || usage ;;
+  --address) ADDRESS="${2:-}"; shift 2 || usage ;;
+  *) usage ;;
+  esac
+done
+PORT="${LISTEN##*:}"
+HOST="${LISTEN%:*}"
+[[ "$PORT" =~ ^[0-9]+$ && "$HOST" =~ ^[0-9.]+$ ]] || usage
+[[ -z "$CERT" && -z "$KEY" ]] || [[ -n "$CERT" && -n "$KEY" ]] || { echo "registry: ERROR: --cert and --key go together" >&2; exit 2; }
+for f in "$CERT" "$KEY" "$CA"; do
+  [[ -z "$f" || -r "$f" ]] || { echo "registry: ERROR: cannot read $f" >&2; exit 2; }
+done
+if [[ -z "$ADDRESS" ]]; then
+  if [[ "$HOST" == 0.0.0.0 ]]; then ADDRESS="127.0.0.1:$PORT"; else ADDRESS="$LISTEN"; fi
+fi
 STATE="${SPARKFORGE_STATE:-/tmp/sparkforge}/registry-$PORT"
 PIDFILE="$STATE/registry.pid"
-URL="http://127.0.0.1:$PORT/v2/"
+SCHEME=http
+[[ -n "$CERT" ]] && SCHEME=https
+URL="$SCHEME://$ADDRESS/v2/"
 TIMEOUT="${REGISTRY_TIMEOUT:-30}"
 
 die() { echo "registry: ERROR: $*" >&2; exit 1; }
-usage() { echo "usage: $0 start|stop|status [PORT]" >&2; exit 2; }
-
-[[ "$PORT" =~ ^[0-9]+$ ]] || usage
 
 running_pid() {
   # Print the pid only if the pidfile names a live docker-registry (pids get reused).
@@ -33,21 +67,29 @@ running_pid() {
   echo "$pid"
 }
 
-answers() { curl -fsS -o /dev/null --max-time 2 "$URL" 2>/dev/null; }
+answers() {
+  local trust=()
+  [[ -n "$CA" ]] && trust=(--cacert "$CA")
+  curl -fsS -o /dev/null --max-time 2 "${trust[@]}" "$URL" 2>/dev/null
+}
 
 case "$CMD" in
 start)
   command -v docker-registry >/dev/null || die "docker-registry not found (run scripts/docker-up.sh)"
   if pid="$(running_pid)"; then
-    echo "registry: already running on 127.0.0.1:$PORT (pid $pid)"
+    echo "registry: already running on $LISTEN (pid $pid)"
     exit 0
   fi
   # Something else on the port would make our start look fine while pushes go elsewhere.
   if answers; then
-    die "127.0.0.1:$PORT already answers /v2/ but is not ours (no live pid in $PIDFILE)"
+    die "$ADDRESS already answers /v2/ but is not ours (no live pid in $PIDFILE)"
   fi
   mkdir -p "$STATE/data"
-  # Our own config: loopback only, no auth, deletes allowed (tests clean up after themselves).
+  # Our own config: the given address only, no auth, deletes allowed (tests clean up after themselves).
+  TLS=""
+  if [[ -n "$CERT" ]]; then
+    TLS=$'\n  tls:\n    certificate: '"$(realpath "$CERT")"$'\n    key: '"$(realpath "$KEY")"
+  fi
   cat >"$STATE/config.yml" <<EOF
 version: 0.1
 log:
@@ -62,7 +104,7 @@ storage:
   cache:
     blobdescriptor: inmemory
 http:
-  addr: 127.0.0.1:$PORT
+  addr: $LISTEN$TLS
   headers:
     X-Content-Type-Options: [nosniff]
 EOF
@@ -85,8 +127,8 @@ EOF
     fi
     sleep 0.2
   done
-  echo "registry: running on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"), data $STATE/data)"
-  echo "registry: push with: docker tag IMAGE 127.0.0.1:$PORT/NAME:TAG && docker push 127.0.0.1:$PORT/NAME:TAG"
+  echo "registry: running on $LISTEN over $SCHEME (pid $(cat "$PIDFILE"), data $STATE/data)"
+  echo "registry: push with: docker tag IMAGE $ADDRESS/NAME:TAG && docker push $ADDRESS/NAME:TAG"
   echo "registry: stop with: $0 stop $PORT"
   ;;
 stop)
@@ -105,7 +147,7 @@ stop)
 status)
   if pid="$(running_pid)"; then
     if answers; then
-      echo "registry: running on 127.0.0.1:$PORT (pid $pid)"
+      echo "registry: running on $LISTEN (pid $pid)"
     else
       echo "registry: pid $pid alive but $URL does not answer"
       exit 1

@@ -60,15 +60,16 @@ def push(
 
     Example: python build.py push ng17e --registry 127.0.0.1:5000
     """
-    from .cluster import check_registry, load_cluster_file
+    from .cluster import check_registry, load_cluster_file, registry_of
     from .distribute import head_image, human_bytes, push_image
 
     plan = _plan(variant, base)
     path = _cluster_path(cluster)
+    spec = registry_of(load_cluster_file(path), path) if path is not None and not registry else None
     if registry:
         target = check_registry(registry)
-    elif path is not None and load_cluster_file(path).registry:
-        target = load_cluster_file(path).registry
+    elif spec is not None:
+        target = spec.address
     else:
         raise SparkforgeError("no registry: pass --registry HOST:PORT or set registry: in the cluster file "
                               "(make registry starts one on 127.0.0.1:5000)", field="--registry")
@@ -91,7 +92,7 @@ def deploy(
                              "stream: docker save piped into each node's docker load, no registry needed."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
 ) -> None:
-    """Put a built image on every node, in parallel, and check that every node has the same image ID.
+    """Put a built image on every node, in parallel, and check that every node has the head's image.
 
     A node that already has the image is skipped. On each node the moving tag is set last, only
     after the image ID matches the head's; a node that fails keeps its old image. Exits 1 when

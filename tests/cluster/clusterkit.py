@@ -1,0 +1,71 @@
+"""Helpers of the namespace-cluster tests: the docker tier's fixtures under another name, a test CA, and
+the docker CLI on a host's own engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The built test image and the CLI runner are the docker tier's; load them under another name.
+_spec = importlib.util.spec_from_file_location("sparkforge_docker_fixtures", ROOT / "tests" / "docker" / "conftest.py")
+docker_fixtures = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = docker_fixtures  # its dataclasses look their module up there
+_spec.loader.exec_module(docker_fixtures)  # type: ignore[union-attr]
+BASE, VARIANTS, sparkforge = docker_fixtures.BASE, docker_fixtures.VARIANTS, docker_fixtures.sparkforge
+
+REGISTRY_PORT = 5443
+OLD = "sparkforge-test/old:1"
+
+
+def make_ca(d: Path, address: str) -> dict[str, Path]:
+    """A test CA and a registry certificate for address (an IP), made with openssl."""
+    d.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, cert = (d / n for n in ("ca.key", "ca.crt", "registry.key", "registry.csr",
+                                                    "registry.crt"))
+    ext = d / "san.ext"
+    ext.write_text(f"subjectAltName=IP:{address}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    for argv in (
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+         "-days", "2", "-subj", "/CN=sparkforge test CA"],
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+         "-subj", f"/CN={address}"],
+        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+         "-out", str(cert), "-days", "2", "-extfile", str(ext)],
+    ):
+        subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+def node_docker(cluster, host, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    """The docker CLI on a host's own engine, over the unix socket (no ssh involved)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    return subprocess.run(["docker", "-H", host.engine.endpoint, *args], capture_output=True, input=input,
+                          timeout=300, env=env)
+
+
+def make_stale(cluster, host, test_image) -> str:
+    """Remove the test image from a host and put its moving tag on a tiny older image; its ID."""
+    for ref in (test_image.tag, test_image.moving_tag):
+        node_docker(cluster, host, "rmi", "-f", ref)
+    node_docker(cluster, host, "image", "prune", "-af")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = f"old image of {host.name}\n".encode()
+        info = tarfile.TarInfo("old.txt")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    node_docker(cluster, host, "import", "-", OLD, input=buf.getvalue())
+    node_docker(cluster, host, "tag", OLD, test_image.moving_tag)
+    return node_id(cluster, host, test_image.moving_tag)
+
+
+def node_id(cluster, host, ref: str) -> str | None:
+    proc = node_docker(cluster, host, "image", "inspect", "--format", "{{.Id}}", ref)
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None

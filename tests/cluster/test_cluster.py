@@ -1,0 +1,198 @@
+"""Distribution to hosts that are hosts: ssh:// nodes in namespaces, a TLS registry on the head's address,
+one node on the containerd image store.
+
+The tests are ordered (each still makes its own preconditions): a cold deploy over ssh that
+`status` confirms, faults of the ssh layer, then a stalled stream.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from clusterkit import BASE, ROOT, VARIANTS, make_stale, node_docker, node_id, sparkforge
+from sparkforge import distribute
+from sparkforge.cluster import resolve_cluster
+from sparkforge.pipeline import LockPolicy, load_plan
+from sparkforge.plan import Layout
+
+
+def cli(*args: str):
+    return sparkforge("--images", str(VARIANTS), *args, "--base", BASE)
+
+
+def rows(stdout: str, names) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()[:1] and
+            line.split()[0] in names}
+
+
+def layers(cluster, host, ref: str) -> str:
+    return node_docker(cluster, host, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref).stdout.decode()
+
+
+@pytest.fixture(scope="module")
+def head(test_image, tmp_path_factory):
+    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS), "testvllm", base=BASE,
+                     lock_policy=LockPolicy.AUTO).plan
+    assert plan.tag == test_image.tag
+    return distribute.head_image(plan)
+
+
+@pytest.fixture(scope="module")
+def pushed(registry, cluster_file, test_image):
+    proc = cli("push", "testvllm", "--cluster", str(cluster_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_each_host_has_its_own_engine_over_ssh_and_no_route_out(cluster) -> None:
+    drivers = {}
+    for host in cluster.nodes:
+        proc = cluster.ssh(host, "docker", "info", "--format", "{{.DockerRootDir}} {{.Driver}}")
+        assert proc.returncode == 0, proc.stderr
+        root, drivers[host.name] = proc.stdout.split()
+        assert root == str(host.engine.data_root)
+    assert drivers == {"node1": "overlay2", "node2": "overlay2", "node3": "overlayfs"}  # node3: containerd store
+    for host in [cluster.head, *cluster.nodes]:
+        route = host.exec("ip", "route", "get", "8.8.8.8", check=False)
+        assert route.returncode != 0 and "unreachable" in route.stderr, route.stdout
+
+
+def test_cold_deploy_over_ssh_from_the_tls_registry_and_status(cluster, cluster_file, registry, pushed,
+                                                              test_image, head) -> None:
+    address = f"{cluster.head.address}:5443"
+    assert f"pushed {address}/{test_image.tag}" in pushed.stdout
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"to 3 nodes from {address}" in proc.stdout
+    assert "3 updated, 0 current, 0 failed" in proc.stdout, proc.stdout
+    table = rows(proc.stdout, olds)
+    for host in cluster.nodes:
+        assert table[host.name][1] == "updated"
+        mine = node_id(cluster, host, test_image.moving_tag)
+        assert mine == node_id(cluster, host, test_image.tag) and mine != olds[host.name]
+        assert layers(cluster, host, test_image.tag) == layers_head(test_image)
+    # The containerd node shows another ID for the same image: identity is not the ID.
+    assert node_id(cluster, cluster.nodes[2], test_image.tag) != test_image.image_id
+    assert node_id(cluster, cluster.nodes[0], test_image.tag) == test_image.image_id
+
+    status = cli("status", "testvllm", "--cluster", str(cluster_file))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"all 3 nodes match: {test_image.image_id}" in status.stdout
+    again = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "0 updated, 3 current, 0 failed; 0 B moved" in again.stdout, again.stdout
+
+
+def layers_head(test_image) -> str:
+    import subprocess
+
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", test_image.tag],
+                          capture_output=True, timeout=60).stdout.decode()
+
+
+def test_a_stopped_sshd_and_an_unknown_host_key_fail_fast_and_the_other_node_updates(
+        cluster, cluster_file, registry, pushed, test_image, tmp_path) -> None:
+    down, stranger, stale = cluster.nodes
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    # A known_hosts that lacks the stranger's key, in a copy of the cluster file.
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(h.known_hosts_line + "\n" for h in cluster.nodes if h is not stranger))
+    other = tmp_path / "cluster.yaml"
+    other.write_text(cluster_file.read_text().replace(str(cluster.known_hosts), str(known)))
+    down.stop_sshd()
+    try:
+        proc = cli("deploy", "testvllm", "--cluster", str(other))
+    finally:
+        cluster.start_sshd(down)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 updated, 0 current, 2 failed" in proc.stdout, proc.stdout
+    lines = {h.name: [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{h.name}: failed: ")]
+             for h in (down, stranger)}
+    assert len(lines[down.name]) == 1 and f"unreachable at {down.endpoint}: connection refused" in lines[down.name][0]
+    assert len(lines[stranger.name]) == 1 and "host key of" in lines[stranger.name][0]
+    assert "unknown or changed" in lines[stranger.name][0]
+    assert "Traceback" not in proc.stderr
+    table = rows(proc.stdout, olds)
+    for host in (down, stranger):
+        assert table[host.name][1] == "failed"
+        assert float(table[host.name][5].rstrip("s")) < 10, table[host.name]  # fails fast, does not wait
+        assert node_id(cluster, host, test_image.moving_tag) == olds[host.name]  # keeps its old image
+    assert table[stale.name][1] == "updated"
+    assert node_id(cluster, stale, test_image.moving_tag) == node_id(cluster, stale, test_image.tag)
+
+
+def _remote_loader(host) -> int | None:
+    """The pid of `docker load` run by this host's sshd (its environment names the host's engine)."""
+    want = f"DOCKER_HOST={host.engine.endpoint}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"load" in cmd and want in env and cmd[0].endswith(b"docker"):
+            return int(entry)
+    return None
+
+
+def _read_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+    except (OSError, StopIteration):
+        return 0
+
+
+def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster_file, test_image, head,
+                                                               tmp_path) -> None:
+    victim, _, other = cluster.nodes  # other: the containerd-store node
+    olds = {h.name: make_stale(cluster, h, test_image) for h in (victim, other)}
+    target = resolve_cluster(cluster_file, [victim.name, other.name], None)
+    stopped: list[int] = []
+    done = threading.Event()
+
+    def stopper() -> None:
+        # Freeze (not kill) the victim's docker load once 30 MB went in: it stays alive, reading nothing.
+        while not done.is_set():
+            pid = _remote_loader(victim)
+            if pid and _read_bytes(pid) > 30_000_000:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+                return
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=stopper, daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    try:
+        result = distribute.deploy_stream(head, target.nodes, state_dir=tmp_path, stall_timeout=8)
+    finally:
+        done.set()
+        watcher.join()
+        for pid in stopped:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+    seconds = time.monotonic() - t0
+    assert stopped, "the victim's docker load was never seen"
+    by = {r.node.name: r for r in result.results}
+    assert by[victim.name].outcome == "failed" and "stalled" in by[victim.name].error, by[victim.name]
+    assert by[other.name].outcome == "updated", by[other.name]
+    assert by[other.name].bytes_moved > 100_000_000
+    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
+    assert node_id(cluster, other, test_image.moving_tag) == node_id(cluster, other, test_image.tag)
+    # The containerd node's ID is the manifest digest of the saved tarball, now recorded on the head.
+    recorded = distribute.read_state(tmp_path, head.repository)["manifests"][head.tag]
+    assert node_id(cluster, other, test_image.tag) in recorded
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", recorded[0])
+    print(f"stream with one stalled node: {seconds:.1f}s")
