@@ -74,7 +74,8 @@ def _spec_dict(mod: Mod) -> dict:
     return mod.spec.model_dump(mode="json")
 
 
-def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path) -> list[tuple[Mod, str, str]]:
+def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
+                     patcher_timeout: float = imagetool.PATCHER_TIMEOUT) -> list[tuple[Mod, str, str]]:
     """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
 
     Each mod: apply, run its file checks, apply again (must be detected as already applied).
@@ -88,7 +89,7 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path) -> l
     results = []
     for mod in mods:
         spec = _spec_dict(mod)
-        first = imagetool.apply_mod(spec, Path(mod.folder), scratch)
+        first = imagetool.apply_mod(spec, Path(mod.folder), scratch, patcher_timeout=patcher_timeout)
         if first.state == imagetool.FAILED:
             results.append((mod, FAILED, first.detail))
             continue
@@ -96,7 +97,7 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path) -> l
         if bad:
             results.append((mod, FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
             continue
-        second = imagetool.apply_mod(spec, Path(mod.folder), scratch)
+        second = imagetool.apply_mod(spec, Path(mod.folder), scratch, patcher_timeout=patcher_timeout)
         if second.state != imagetool.ALREADY:
             results.append((mod, FAILED, f"second application was {second.state}, not detected as already applied"))
             continue
@@ -105,7 +106,7 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path) -> l
     return results
 
 
-def check_variant(plan: Plan, workdir: Path) -> list[Row]:
+def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT) -> list[Row]:
     """Rows for each mod of a variant, in the variant's order."""
     rows: dict[str, Row] = {}
     groups: dict[str, list[Mod]] = {}
@@ -128,7 +129,7 @@ def check_variant(plan: Plan, workdir: Path) -> list[Row]:
             continue
         scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
         try:
-            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root"):
+            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout):
                 rows[mod.name] = Row(plan.variant, mod.name, state, detail, ref.label)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,15 +43,100 @@ class Result:
         return f"mod {self.mod}: {text}" + (f": {self.detail}" if self.detail else "")
 
 
+# ------------------------------------------------------------------ confinement
+
+
+def _parts(rel: str, what: str, *, absolute_ok: bool = False) -> list[str]:
+    """The components of a path a mod names; refused when it could leave the folder it is read against."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel:
+        raise ModFailure(f"{what} {rel!r} is not a path")
+    if rel.startswith("/") and not absolute_ok:
+        raise ModFailure(f"{what} {rel!r} is an absolute path; name it relative to the tree")
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ModFailure(f"{what} {rel!r} climbs out of its root with '..'")
+    if not parts:
+        raise ModFailure(f"{what} {rel!r} names no file")
+    return parts
+
+
+def inside(root: Path, rel: str, what: str, *, absolute_ok: bool = False) -> Path:
+    """root/rel with every link resolved; refused when it, or a link on its way, leads out of root.
+
+    Links inside the tree are followed only while they stay in it (a merged /usr root has /bin ->
+    usr/bin); the path returned is the real one, so later reads and writes follow no link."""
+    parts = _parts(rel, what, absolute_ok=absolute_ok)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, *parts))
+    if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
+        raise ModFailure(f"{what} {rel!r} leads out of the tree through a link")
+    return Path(real)
+
+
+def asset(folder: Path, rel: str, what: str) -> Path:
+    """A file of the mod's own folder; refused when its path leaves the folder or passes a link."""
+    path = folder
+    for part in _parts(rel, what):
+        path = path / part
+        if path.is_symlink():
+            raise ModFailure(f"{what} {rel!r} is or passes through a link; a mod folder holds only regular files")
+    return path
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse a mod folder that holds a link or anything but folders and regular files."""
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = Path(parent) / name
+            if path.is_symlink():
+                raise ModFailure(f"{path.relative_to(folder)} is a link; a mod folder holds only regular files")
+            if name in files and not path.is_file():
+                raise ModFailure(f"{path.relative_to(folder)} is not a regular file")
+
+
+def check_paths(spec: dict, folder: Path) -> None:
+    """Refuse, before anything is read, every path of a mod spec that could leave its root."""
+    check_folder(folder)
+    for field in ("patch", "patcher"):
+        if spec.get(field):
+            asset(folder, spec[field], field)
+    for i, item in enumerate(spec.get("files") or []):
+        asset(folder, item["src"], f"files[{i}].src")
+        _parts(item["dest"], f"files[{i}].dest", absolute_ok=True)
+    for i, check in enumerate(spec.get("verify") or []):
+        if check.get("file") is not None:
+            _parts(check["file"], f"verify[{i}].file", absolute_ok=True)
+
+
+def _read(path: Path) -> bytes:
+    """A file's bytes, refusing a link at the last step (the path was resolved by inside())."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
 # ------------------------------------------------------------------ unified diffs
 
 
 @dataclass(frozen=True)
 class Hunk:
+    """One hunk; its lines keep their line ends (none where the diff says "No newline at end of file")."""
+
     header: str
     old_start: int
-    old: tuple[str, ...]
-    new: tuple[str, ...]
+    old_count: int
+    new_start: int
+    new_count: int
+    old: tuple[bytes, ...]
+    new: tuple[bytes, ...]
+    leading: int  # context lines before the first change
+    trailing: int  # context lines after the last change
+    context: int  # context lines in all
+
+    def place(self, new_side: bool) -> int:
+        """The 0-based line where a side starts; a side of no lines sits after the line it names."""
+        start, count = (self.new_start, self.new_count) if new_side else (self.old_start, self.old_count)
+        return start if count == 0 else start - 1
 
 
 @dataclass(frozen=True)
@@ -60,124 +146,233 @@ class FilePatch:
     hunks: tuple[Hunk, ...]
 
 
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_HUNK_RE = re.compile(rb"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-def parse_diff(text: str) -> list[FilePatch]:
-    """Parse a unified diff with a/ and b/ prefixes (as git diff writes it)."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+def _lines(data: bytes) -> list[bytes]:
+    """Split on "\\n" only (never on "\\r" or other breaks), keeping each line's end."""
+    parts = data.split(b"\n")
+    return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _name(line: bytes, prefix: str) -> str:
+    name = line[4:].rstrip(b"\r\n").split(b"\t")[0].decode("utf-8", "surrogateescape")
+    if name.startswith('"'):
+        raise ModFailure(f"quoted file name {name} in the diff is not supported")
+    if name != "/dev/null" and name.startswith(prefix):
+        name = name[len(prefix):]
+    return name
+
+
+def parse_diff(data: bytes) -> list[FilePatch]:
+    """Parse a unified diff (diff -u / -U0, git diff); its header counts must match its hunks exactly."""
+    lines = _lines(data)
     patches: list[FilePatch] = []
     i = 0
     while i < len(lines):
-        if not lines[i].startswith("--- "):
+        if lines[i].startswith(b"@@"):
+            raise ModFailure(f"hunk {lines[i].decode(errors='replace').strip()} comes before any file header")
+        if not (lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
             i += 1
             continue
-        old_name = lines[i][4:].split("\t")[0].strip()
-        if i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
-            raise ModFailure(f"malformed diff near line {i + 1}: '---' without '+++'")
-        new_name = lines[i + 1][4:].split("\t")[0].strip()
+        old_name, new_name = _name(lines[i], "a/"), _name(lines[i + 1], "b/")
+        for name in (old_name, new_name):
+            if name != "/dev/null":
+                _parts(name, "patch header")
         if new_name == "/dev/null":
             raise ModFailure(f"deleting files is not supported ({old_name})")
-        path = new_name[2:] if new_name.startswith("b/") else new_name
+        if old_name not in ("/dev/null", new_name):
+            raise ModFailure(f"renaming files is not supported ({old_name} -> {new_name})")
         i += 2
-        hunks = []
-        while i < len(lines) and lines[i].startswith("@@"):
-            m = _HUNK_RE.match(lines[i])
-            if not m:
-                raise ModFailure(f"malformed hunk header: {lines[i]}")
-            header, old_start = lines[i], int(m.group(1))
-            old_count = int(m.group(2) or 1)
-            new_count = int(m.group(4) or 1)
-            old: list[str] = []
-            new: list[str] = []
-            i += 1
-            while i < len(lines) and (len(old) < old_count or len(new) < new_count):
-                line = lines[i]
-                tag, body = (line[:1], line[1:]) if line else (" ", "")
-                if tag == " ":
-                    old.append(body)
-                    new.append(body)
-                elif tag == "-":
-                    old.append(body)
-                elif tag == "+":
-                    new.append(body)
-                elif tag != "\\":
-                    raise ModFailure(f"{path}: malformed line in hunk {header}: {line!r}")
-                i += 1
-            while i < len(lines) and lines[i].startswith("\\"):
-                i += 1
-            hunks.append(Hunk(header, old_start, tuple(old), tuple(new)))
-        patches.append(FilePatch(path, old_name == "/dev/null", tuple(hunks)))
+        hunks: list[Hunk] = []
+        while i < len(lines) and lines[i].startswith(b"@@"):
+            hunk, i = _parse_hunk(new_name, lines, i)
+            hunks.append(hunk)
+        if not hunks:
+            raise ModFailure(f"{new_name}: the diff names this file but holds no hunk")
+        if i < len(lines) and lines[i][:1] in (b" ", b"+", b"-") and lines[i] != b"-- \n" and not (
+                lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
+            raise ModFailure(f"{new_name}: hunk {hunks[-1].header} holds more lines than its header counts")
+        _check_order(new_name, hunks)
+        create = old_name == "/dev/null"
+        if create and (len(hunks) != 1 or hunks[0].old_count):
+            raise ModFailure(f"{new_name}: a new file takes one hunk from -0,0")
+        patches.append(FilePatch(new_name, create, tuple(hunks)))
     if not patches:
         raise ModFailure("the patch file holds no file changes")
     return patches
 
 
-def _find(lines: list[str], block: tuple[str, ...], expected: int, start: int) -> int:
-    """Index of block in lines at or after start, the one nearest to expected; -1 if absent."""
-    if not block:
-        return max(expected, start)
-    best = -1
-    for pos in range(start, len(lines) - len(block) + 1):
-        if lines[pos:pos + len(block)] == list(block):
-            if best < 0 or abs(pos - expected) < abs(best - expected):
-                best = pos
-            if pos > expected:
-                break
-    return best
+def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
+    """Read the hunk whose header is lines[i]; return it and the index after it."""
+    m = _HUNK_RE.match(lines[i])
+    header = lines[i].decode("utf-8", "replace").rstrip("\r\n")
+    if not m:
+        raise ModFailure(f"{path}: malformed hunk header {header!r}")
+    header = m.group(0).decode()
+    old_start, new_start = int(m.group(1)), int(m.group(3))
+    old_count = 1 if m.group(2) is None else int(m.group(2))
+    new_count = 1 if m.group(4) is None else int(m.group(4))
+    old: list[bytes] = []
+    new: list[bytes] = []
+    tags: list[bytes] = []
+    i += 1
+    while len(old) < old_count or len(new) < new_count or (i < len(lines) and lines[i].startswith(b"\\")):
+        if i >= len(lines):
+            raise ModFailure(f"{path}: hunk {header} is truncated (the diff ends inside it)")
+        line = lines[i]
+        tag, body = (b" ", b"\n") if line == b"\n" else (line[:1], line[1:])
+        if tag == b"\\":
+            if not tags:
+                raise ModFailure(f"{path}: hunk {header}: '\\ No newline' before any line")
+            # The line before has no line end in the file.
+            if tags[-1] in (b" ", b"-"):
+                old[-1] = old[-1].removesuffix(b"\n")
+            if tags[-1] in (b" ", b"+"):
+                new[-1] = new[-1].removesuffix(b"\n")
+            tags.append(tag)
+        elif tag in (b" ", b"-", b"+"):
+            if (tag != b"+" and len(old) >= old_count) or (tag != b"-" and len(new) >= new_count):
+                raise ModFailure(f"{path}: hunk {header} does not match its header's line counts")
+            if tag != b"+":
+                old.append(body)
+            if tag != b"-":
+                new.append(body)
+            tags.append(tag)
+        else:
+            raise ModFailure(f"{path}: hunk {header} is truncated (it ends after {len(tags)} lines)")
+        i += 1
+    body_tags = [t for t in tags if t != b"\\"]
+    changes = [k for k, t in enumerate(body_tags) if t != b" "]
+    if not changes:
+        raise ModFailure(f"{path}: hunk {header} changes nothing")
+    leading, trailing = changes[0], len(body_tags) - 1 - changes[-1]
+    hunk = Hunk(header, old_start, old_count, new_start, new_count, tuple(old), tuple(new), leading, trailing,
+                body_tags.count(b" "))
+    return hunk, i
 
 
-def _apply_hunks(path: str, lines: list[str], hunks: tuple[Hunk, ...], reverse: bool) -> list[str] | str:
-    """Apply hunks exactly (no fuzz); return the new lines, or the header of the first hunk that fails."""
-    out = list(lines)
-    start, shift = 0, 0
+def _check_order(path: str, hunks: list[Hunk]) -> None:
+    """Hunks must come in file order and not overlap, on both sides."""
+    for side in (False, True):
+        end = 0
+        for h in hunks:
+            start = h.place(side)
+            if start < end:
+                raise ModFailure(f"{path}: hunk {h.header} overlaps or precedes the hunk before it")
+            end = start + (h.new_count if side else h.old_count)
+
+
+def _block_at(image: list[bytes], block: tuple[bytes, ...], pos: int, at_end: bool) -> bool:
+    """Whether block stands at image[pos:], compared as git apply compares it."""
+    if pos < 0 or pos + len(block) > len(image) or (at_end and pos + len(block) != len(image)):
+        return False
+    for k, line in enumerate(block):
+        have = image[pos + k]
+        if have == line:
+            continue
+        # git compares the block's bytes as a prefix of the file's, and its line hash skips
+        # whitespace: a last line without its line end also matches that line with a line end
+        # (and trailing blanks), unless the block must end where the file ends.
+        if at_end or k != len(block) - 1 or line.endswith(b"\n") or not have.startswith(line) \
+                or have[len(line):].strip():
+            return False
+    return True
+
+
+def _candidates(line: int, n: int):
+    """Positions to try, nearest first, later before earlier at equal distance (as git apply does)."""
+    yield line
+    d = 1
+    while line + d <= n or line - d >= 0:
+        if line + d <= n:
+            yield line + d
+        if line - d >= 0:
+            yield line - d
+        d += 1
+
+
+def apply_forward(lines: list[bytes], hunks: tuple[Hunk, ...], zero_context: bool) -> list[bytes] | Hunk:
+    """Apply hunks as `git apply` does (exact bytes, offsets allowed, no fuzz; with zero_context as
+    --unidiff-zero); return the new lines, or the first hunk that does not match."""
+    image = list(lines)
+    patched = [False] * len(image)
     for h in hunks:
-        old, new = (h.new, h.old) if reverse else (h.old, h.new)
-        pos = _find(out, old, h.old_start - 1 + shift, start)
-        if pos < 0:
-            return h.header
-        out[pos:pos + len(old)] = list(new)
-        start = pos + len(new)
-        shift += len(new) - len(old)
-    return out
+        at_start = h.old_start == 0 or (h.old_start == 1 and not zero_context)
+        at_end = not zero_context and h.trailing == 0
+        n, k = len(image), len(h.old)
+        line = 0 if at_start else (n - k if at_end else (h.new_start - 1 if h.new_start else 0))
+        found = -1
+        if k <= n:
+            for pos in _candidates(min(line, n), n):
+                if (not at_start or pos == 0) and _block_at(image, h.old, pos, at_end) \
+                        and not any(patched[pos:pos + k]):
+                    found = pos
+                    break
+        if found < 0:
+            return h
+        image[found:found + k] = h.new
+        # A later hunk may not match lines an earlier one wrote.
+        patched[found:found + k] = [True] * len(h.new)
+    return image
 
 
-def _split(text: str) -> tuple[list[str], bool]:
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        return lines[:-1], True
-    return lines, False
+def is_applied(lines: list[bytes], hunks: tuple[Hunk, ...], zero_context: bool) -> bool:
+    """Whether every hunk's new side stands at the hunk's place: found as the forward match finds
+    the old side (nearest to the recorded line, carrying the offset of the hunks before it), except
+    that a hunk without context is looked for only at its line, never searched for elsewhere.
+
+    A hunk that only removes lines and has no context has an empty new side; it counts as applied
+    only while the lines it removes are not at its place."""
+    offset, end = 0, 0
+    for h in hunks:
+        expected = h.place(new_side=True) + offset
+        at_start = h.new_start == 0 or (h.new_start == 1 and not zero_context)
+        at_end = not zero_context and h.trailing == 0
+        if h.context:
+            line = 0 if at_start else (len(lines) - len(h.new) if at_end else expected)
+            found = next((pos for pos in _candidates(max(0, min(line, len(lines))), len(lines))
+                          if pos >= end and (not at_start or pos == 0) and _block_at(lines, h.new, pos, at_end)),
+                         -1)
+        else:
+            found = expected if expected >= end and _block_at(lines, h.new, expected, at_end) else -1
+            if found >= 0 and not h.new and _block_at(lines, h.old, found, False):
+                found = -1
+        if found < 0:
+            return False
+        offset, end = found - h.place(new_side=True), found + len(h.new)
+    return True
 
 
-def plan_patch(name: str, diff_text: str, root: Path) -> tuple[str, dict[Path, str]]:
-    """Decide the state of a diff against root and compute the new file texts (nothing written)."""
-    patches = parse_diff(diff_text)
-    forward: dict[Path, str] = {}
+def plan_patch(name: str, diff: bytes, root: Path) -> tuple[str, dict[Path, bytes]]:
+    """Decide the state of a diff against root and compute the new file contents (nothing written)."""
+    patches = parse_diff(diff)
+    # A diff without a single context line was made with -U0: read it as git apply --unidiff-zero does.
+    zero = not any(h.context for fp in patches for h in fp.hunks)
+    targets = [inside(root, fp.path, "patch header") for fp in patches]
+    forward: dict[Path, bytes] = {}
     states = []
-    for fp in patches:
-        target = root / fp.path
+    for fp, target in zip(patches, targets):
         if fp.create:
-            body = "\n".join(fp.hunks[0].new) + "\n" if fp.hunks else ""
-            if not target.exists():
+            body = b"".join(fp.hunks[0].new)
+            if not os.path.lexists(target):
                 forward[target] = body
                 states.append(APPLIED)
-            elif target.read_text(encoding="utf-8") == body:
+            elif target.is_file() and _read(target) == body:
                 states.append(ALREADY)
             else:
                 raise ModFailure(f"{fp.path}: the patch creates this file, but it exists with other content")
             continue
         if not target.is_file():
             raise ModFailure(f"{fp.path}: file to patch not found")
-        lines, final_nl = _split(target.read_text(encoding="utf-8"))
-        if isinstance(_apply_hunks(fp.path, lines, fp.hunks, reverse=True), list):
+        lines = _lines(_read(target))
+        if is_applied(lines, fp.hunks, zero):
             states.append(ALREADY)
             continue
-        result = _apply_hunks(fp.path, lines, fp.hunks, reverse=False)
-        if isinstance(result, str):
-            raise ModFailure(f"{fp.path}: hunk {result} does not match the file")
-        forward[target] = "\n".join(result) + ("\n" if final_nl else "")
+        result = apply_forward(lines, fp.hunks, zero)
+        if isinstance(result, Hunk):
+            raise ModFailure(f"{fp.path}: hunk {result.header} does not match the file")
+        forward[target] = b"".join(result)
         states.append(APPLIED)
     if all(s == ALREADY for s in states):
         return ALREADY, {}
@@ -187,56 +382,126 @@ def plan_patch(name: str, diff_text: str, root: Path) -> tuple[str, dict[Path, s
     return APPLIED, forward
 
 
-# ------------------------------------------------------------------ patchers and files
+# ------------------------------------------------------------------ patchers, in a child process
+
+PATCHER_TIMEOUT = 60.0  # seconds for each run of a patcher, unless the caller says otherwise
+_RESULT_MARK = "sparkforge-patcher-result "
 
 
-def _load_patcher(path: Path):
-    spec = importlib.util.spec_from_file_location(f"sparkforge_patcher_{abs(hash(path))}", path)
-    if spec is None or spec.loader is None:
-        raise ModFailure(f"cannot load patcher {path.name}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for attr in ("TARGETS", "is_applied", "transform"):
-        if not hasattr(module, attr):
-            raise ModFailure(f"patcher {path.name} does not define {attr}")
-    return module
+def _child(patcher: Path, step: str, payload: bytes, timeout: float) -> dict:
+    """Run one step of a patcher in a fresh, isolated interpreter; its answer, or ModFailure."""
+    cmd = [sys.executable, "-I", str(Path(__file__).resolve()), "patcher-child", str(patcher), step]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=patcher.parent, start_new_session=True)
+    try:
+        out, err = proc.communicate(payload, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise ModFailure(f"patcher {patcher.name} did not finish within {timeout:g} s; stopped") from None
+    marked = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
+    if not marked:
+        why = last_line(err.decode("utf-8", "replace"), "no output")
+        raise ModFailure(f"patcher {patcher.name} exited with code {proc.returncode} without a result: {why}")
+    answer = json.loads(marked[-1][len(_RESULT_MARK):])
+    if "error" in answer:
+        raise ModFailure(answer["error"])
+    return answer
 
 
-def plan_patcher(name: str, patcher: Path, root: Path) -> tuple[str, dict[Path, str]]:
-    module = _load_patcher(patcher)
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill a patcher and everything it started (it leads its own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def plan_patcher(name: str, patcher: Path, root: Path,
+                 timeout: float = PATCHER_TIMEOUT) -> tuple[str, dict[Path, bytes]]:
+    """Ask a patcher for its targets, read them, and have it decide and transform (nothing written)."""
+    targets = _child(patcher, "targets", b"", timeout)["targets"]
+    paths = {rel: inside(root, rel, "patcher TARGETS entry") for rel in targets}
     sources = {}
-    for rel in module.TARGETS:
-        target = root / rel
-        if not target.is_file():
+    for rel, path in paths.items():
+        if not path.is_file():
             raise ModFailure(f"{rel}: file to patch not found")
-        sources[rel] = target.read_text(encoding="utf-8")
-    if module.is_applied(dict(sources)):
+        try:
+            sources[rel] = _read(path).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModFailure(f"{rel}: not UTF-8 text; a patcher edits text files") from None
+    answer = _child(patcher, "run", json.dumps(sources).encode(), timeout)
+    if answer["state"] == ALREADY:
         return ALREADY, {}
+    return APPLIED, {paths[rel]: text.encode("utf-8") for rel, text in answer["files"].items()
+                     if text != sources[rel]}
+
+
+def _patcher_step(module, step: str) -> dict:
+    """What the child answers for one step; runs the patcher's own code."""
+    targets = getattr(module, "TARGETS")
+    if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
+        raise ModFailure("TARGETS must be a list of relative paths")
+    if step == "targets":
+        return {"targets": list(targets)}
+    sources = json.loads(sys.stdin.buffer.read())
+    if module.is_applied(dict(sources)):
+        return {"state": ALREADY}
     try:
         result = module.transform(dict(sources))
     except ValueError as exc:
         raise ModFailure(str(exc)) from None
-    if set(result) - set(sources):
-        raise ModFailure(f"patcher changed files it does not list in TARGETS: {sorted(set(result) - set(sources))}")
+    if not isinstance(result, dict) or not all(isinstance(v, str) for v in result.values()):
+        raise ModFailure("transform() must return a dict of path -> text")
+    extra = sorted(set(result) - set(sources))
+    if extra:
+        raise ModFailure(f"patcher changed files it does not list in TARGETS: {extra}")
     if not module.is_applied({**sources, **result}):
         raise ModFailure("patcher ran, but is_applied() is still false on its result")
-    return APPLIED, {root / rel: text for rel, text in result.items() if text != sources[rel]}
+    return {"state": APPLIED, "files": result}
 
 
-def _dest(root: Path, dest: str) -> Path:
-    return root / dest.lstrip("/")
+def _cmd_patcher_child(args: argparse.Namespace) -> int:
+    """The child side of plan_patcher: import the patcher, run one step, print one marked JSON line."""
+    real_stdout, sys.stdout = sys.stdout, sys.stderr  # the patcher's prints must not mix with the answer
+    path, stage = Path(args.patcher), "import"
+    try:
+        spec = importlib.util.spec_from_file_location("sparkforge_patcher", path)
+        if spec is None or spec.loader is None:
+            raise ModFailure(f"cannot load patcher {path.name}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        missing = [a for a in ("TARGETS", "is_applied", "transform") if not hasattr(module, a)]
+        if missing:
+            raise ModFailure(f"patcher {path.name} does not define {', '.join(missing)}")
+        stage = "run"
+        answer = _patcher_step(module, args.step)
+    except ModFailure as exc:
+        answer = {"error": str(exc)}
+    except SystemExit as exc:
+        answer = {"error": f"patcher {path.name} called sys.exit({exc.code!r}) during {stage}"}
+    except BaseException as exc:  # the patcher's own code: anything it raises is its failure
+        answer = {"error": f"patcher {path.name} raised {type(exc).__name__} during {stage}: {exc}"}
+    print(_RESULT_MARK + json.dumps(answer), file=real_stdout, flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ drop-in files
 
 
 def plan_files(spec: dict, folder: Path, root: Path) -> tuple[str, dict[Path, bytes], dict[Path, int]]:
     writes: dict[Path, bytes] = {}
     modes: dict[Path, int] = {}
     states = []
-    for item in spec["files"]:
-        body = (folder / item["src"]).read_bytes()
-        target = _dest(root, item["dest"])
+    for i, item in enumerate(spec["files"]):
+        body = _read(asset(folder, item["src"], f"files[{i}].src"))
+        target = inside(root, item["dest"], f"files[{i}].dest", absolute_ok=True)
         mode = int(item.get("mode", "0644"), 8)
-        if target.exists():
-            if target.read_bytes() != body:
+        if os.path.lexists(target):
+            if not target.is_file() or _read(target) != body:
                 raise ModFailure(f"{item['dest']}: exists with other content; refusing to overwrite")
             states.append(ALREADY)
         else:
@@ -248,7 +513,7 @@ def plan_files(spec: dict, folder: Path, root: Path) -> tuple[str, dict[Path, by
     return APPLIED, writes, modes
 
 
-def _write_all(writes: dict[Path, str | bytes], modes: dict[Path, int] | None = None) -> None:
+def _write_all(writes: dict[Path, bytes], modes: dict[Path, int] | None = None) -> None:
     """Write every file to a temporary sibling first, then rename them all into place."""
     staged: list[tuple[Path, Path]] = []
     try:
@@ -256,7 +521,7 @@ def _write_all(writes: dict[Path, str | bytes], modes: dict[Path, int] | None = 
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
             with os.fdopen(fd, "wb") as fh:
-                fh.write(body.encode("utf-8") if isinstance(body, str) else body)
+                fh.write(body)
             mode = (modes or {}).get(target)
             if mode is None:
                 mode = target.stat().st_mode & 0o7777 if target.exists() else 0o644
@@ -270,16 +535,16 @@ def _write_all(writes: dict[Path, str | bytes], modes: dict[Path, int] | None = 
         os.replace(tmp, target)
 
 
-def apply_mod(spec: dict, folder: Path, root: Path) -> Result:
+def apply_mod(spec: dict, folder: Path, root: Path, *, patcher_timeout: float = PATCHER_TIMEOUT) -> Result:
     """Apply one mod to the tree at root: applied, already applied, or failed (nothing written)."""
     name = spec["name"]
     try:
+        check_paths(spec, folder)
+        modes = None
         if spec["kind"] == "patch":
-            state, writes = plan_patch(name, (folder / spec["patch"]).read_text(encoding="utf-8"), root)
-            modes = None
+            state, writes = plan_patch(name, _read(asset(folder, spec["patch"], "patch")), root)
         elif spec["kind"] == "patcher":
-            state, writes = plan_patcher(name, folder / spec["patcher"], root)
-            modes = None
+            state, writes = plan_patcher(name, asset(folder, spec["patcher"], "patcher"), root, patcher_timeout)
         elif spec["kind"] == "files":
             state, writes, modes = plan_files(spec, folder, root)
         else:
@@ -289,14 +554,14 @@ def apply_mod(spec: dict, folder: Path, root: Path) -> Result:
         return Result(name, state)
     except ModFailure as exc:
         return Result(name, FAILED, str(exc))
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         return Result(name, FAILED, f"{type(exc).__name__}: {exc}")
 
 
 def verify_mod(spec: dict, root: Path, *, in_image: bool) -> list[tuple[str, str, str]]:
     """Run a mod's verify checks: (check, ok|failed|skipped, detail) for each."""
     out = []
-    for check in spec.get("verify", []):
+    for i, check in enumerate(spec.get("verify", [])):
         if check.get("python") is not None:
             label = f"python: {check['python']}"
             if not in_image:
@@ -310,15 +575,19 @@ def verify_mod(spec: dict, root: Path, *, in_image: bool) -> list[tuple[str, str
                                   cwd=root)
             tail = (proc.stderr.strip().splitlines() or [""])[-1]
             out.append((label, "ok" if proc.returncode == 0 else "failed", tail))
+            continue
+        label = f"{check['file']} contains {check['contains']!r}"
+        try:
+            target = inside(root, check["file"], f"verify[{i}].file", absolute_ok=True)
+        except ModFailure as exc:
+            out.append((label, "failed", str(exc)))
+            continue
+        if not target.is_file():
+            out.append((label, "failed", f"{check['file']} not found"))
+        elif check["contains"] in _read(target).decode("utf-8", errors="replace"):
+            out.append((label, "ok", ""))
         else:
-            label = f"{check['file']} contains {check['contains']!r}"
-            target = _dest(root, check["file"])
-            if not target.is_file():
-                out.append((label, "failed", f"{check['file']} not found"))
-            elif check["contains"] in target.read_text(encoding="utf-8", errors="replace"):
-                out.append((label, "ok", ""))
-            else:
-                out.append((label, "failed", "string not found"))
+            out.append((label, "failed", "string not found"))
     return out
 
 
@@ -542,13 +811,18 @@ def smoke_gpu(home: Path) -> list[tuple[str, str, str]]:
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     folder = Path(args.mod)
-    spec = json.loads((folder / "mod.json").read_text())
+    try:
+        check_folder(folder)
+        spec = json.loads(_read(folder / "mod.json"))
+    except (ModFailure, OSError, ValueError) as exc:
+        print(f"mod {folder.name}: FAILED: {exc}", file=sys.stderr)
+        return 1
     try:
         root = Path(args.root) if args.root else component_root(spec["component"])
     except ModFailure as exc:
         print(f"mod {spec['name']}: FAILED: {exc}", file=sys.stderr)
         return 1
-    result = apply_mod(spec, folder, root)
+    result = apply_mod(spec, folder, root, patcher_timeout=args.patcher_timeout)
     print(result.line(), file=sys.stderr if result.state == FAILED else sys.stdout)
     if result.state == FAILED:
         return 1
@@ -609,7 +883,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("mod")
     p.add_argument("--root", help="the component root (default: found from the installed package)")
     p.add_argument("--record", help="write the result to this JSON file")
+    p.add_argument("--patcher-timeout", type=float, default=PATCHER_TIMEOUT, metavar="SECONDS",
+                   help=f"time limit of each run of a patcher (default {PATCHER_TIMEOUT:g})")
     p.set_defaults(func=_cmd_apply)
+    p = sub.add_parser("patcher-child", help="(internal) run one step of a patcher; used by apply")
+    p.add_argument("patcher")
+    p.add_argument("step", choices=["targets", "run"])
+    p.set_defaults(func=_cmd_patcher_child)
     p = sub.add_parser("verify", help="run the verify checks of mods")
     p.add_argument("mods", nargs="+")
     p.add_argument("--root")

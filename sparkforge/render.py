@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from .errors import SparkforgeError
+from .errors import ConfigError, SparkforgeError
 from .plan import Layout, Plan
 from .sources import cache_dir
 
@@ -86,15 +86,35 @@ def context_files(plan: Plan, layout: Layout) -> dict[str, bytes]:
     if plan.pins:
         files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
     for mod in plan.mods:
-        folder = Path(mod.folder)
-        for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-            rel = path.relative_to(folder).as_posix()
-            if rel == "mod.yaml":
-                continue
-            files[f"mods/{mod.name}/{rel}"] = path.read_bytes()
+        for rel, body in mod_files(mod.name, Path(mod.folder)).items():
+            files[f"mods/{mod.name}/{rel}"] = body
         spec = mod.spec.model_dump(mode="json")
         files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
     return dict(sorted(files.items()))
+
+
+def mod_files(name: str, folder: Path) -> dict[str, bytes]:
+    """The files of a mod folder that go into the context, read without following any link.
+
+    A link in a mod folder is refused, wherever it points: following it could carry any host file
+    into the context and the image."""
+    found: dict[str, bytes] = {}
+    for parent, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" or Path(parent, d).is_symlink())
+        for entry in dirs + sorted(names):
+            path = Path(parent) / entry
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                raise ConfigError(f"{rel} is a link; a mod folder holds only regular files (copy the file in)",
+                                  path=folder, field=f"mods.{name}")
+            if entry in dirs or rel == "mod.yaml":
+                continue
+            if not path.is_file():
+                raise ConfigError(f"{rel} is not a regular file", path=folder, field=f"mods.{name}")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                found[rel] = fh.read()
+    return found
 
 
 def render_context(plan: Plan, layout: Layout, out_dir: Path) -> Context:

@@ -1,0 +1,307 @@
+"""Hostile mods: every path a mod names stays in its root, links are never followed out, and a
+patcher runs in a child process with a time limit.
+
+Each case is refused with one line naming the mod and the path, by `check-mods` (exit 1), by
+`render` where the mod folder itself is at fault, and by imagetool.py run as the image build
+runs it; a check after each shows that nothing outside the scratch root was created or changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkforge import imagetool, sources
+from sparkforge.checkmods import check_variant
+from sparkforge.plan import Layout, plan_variant
+
+ROOT = Path(__file__).resolve().parents[2]
+MOD = "hostile-mod"
+
+
+def spec_for(kind: str, **fields) -> dict:
+    spec = {"name": MOD, "summary": "a hostile test mod", "description": "a hostile test mod",
+            "component": "vllm", "targets": {"versions": ">=0.17.0"}, "phase": "install", "kind": kind,
+            "verify": [{"file": "vllm/__init__.py", "contains": "vllm"}]}
+    spec.update(fields)
+    return spec
+
+
+def make_project(tmp: Path, spec: dict, files: dict[str, str]) -> tuple[Path, Path]:
+    """An images folder (ng17, and the variant `hostile` that lists only the mod) and a mods folder."""
+    images, folder = tmp / "images", tmp / "mods" / MOD
+    images.mkdir()
+    shutil.copy(ROOT / "images" / "ng17.yaml", images)
+    (images / "hostile.yaml").write_text(f"extends: ng17\nmods: [{MOD}]\n")
+    folder.mkdir(parents=True)
+    (folder / "mod.yaml").write_text(json.dumps(spec, indent=2))  # JSON is YAML
+    for rel, body in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(body)
+    return images, tmp / "mods"
+
+
+@pytest.fixture(autouse=True)
+def wide_tables(monkeypatch) -> None:
+    """Wide enough that the check-mods table keeps each row on one line."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+@pytest.fixture
+def outside(tmp_path: Path):
+    """A folder outside every root, with a sentinel file; the test fails if anything in it changes."""
+    place = tmp_path / "outside"
+    place.mkdir()
+    (place / "sentinel.txt").write_text("untouched\n")
+
+    def snapshot() -> dict[str, bytes]:
+        return {p.relative_to(place).as_posix(): p.read_bytes() for p in place.rglob("*") if p.is_file()}
+
+    before = snapshot()
+    yield place
+    assert snapshot() == before, "a mod changed or created a file outside its root"
+
+
+def up_to_slash(path: Path) -> str:
+    """A relative path that climbs from any folder up to / and down to path."""
+    return "../" * 16 + str(path).lstrip("/")
+
+
+def assert_one_line_refusal(proc: subprocess.CompletedProcess, *needles: str, config: str = "") -> None:
+    """check-mods reports the mod failed with the reason (exit 1); or, where the config stage already
+    refuses the value (config names the field), one line naming mod.yaml and the field (exit 2)."""
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if config and proc.returncode == 2:
+        assert len(proc.stderr.strip().splitlines()) == 1 and f"{MOD}/mod.yaml: {config}" in proc.stderr
+        return
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = " ".join(proc.stdout.split())  # the table may wrap a long detail
+    assert f"{MOD} failed" in row
+    for needle in needles:
+        assert needle in row, proc.stdout
+
+
+# ------------------------------------------------------------------ check-mods, against the real vLLM 0.17.0
+
+
+def patch_to(path: str) -> str:
+    return f"--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-untouched\n+written by a mod\n"
+
+
+def test_patch_header_that_climbs_out_is_refused(tmp_path: Path, outside: Path, cli) -> None:
+    target = up_to_slash(outside / "sentinel.txt")
+    images, mods = make_project(tmp_path, spec_for("patch", patch="p.diff"), {"p.diff": patch_to(target)})
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "patch header", "climbs out of its root")
+
+
+def test_absolute_patch_header_is_refused(tmp_path: Path, outside: Path, cli) -> None:
+    target = str(outside / "sentinel.txt")
+    diff = f"--- {target}\n+++ {target}\n@@ -1 +1 @@\n-untouched\n+written by a mod\n"
+    images, mods = make_project(tmp_path, spec_for("patch", patch="p.diff"), {"p.diff": diff})
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "patch header", "absolute path")
+
+
+PATCHER = """\
+TARGETS = [{target!r}]
+def is_applied(sources):
+    return all("written by a mod" in text for text in sources.values())
+def transform(sources):
+    return {{path: "written by a mod\\n" for path in sources}}
+"""
+
+
+@pytest.mark.parametrize("how", ["absolute", "climbing"])
+def test_patcher_targets_outside_are_refused(how: str, tmp_path: Path, outside: Path, cli) -> None:
+    sentinel = outside / "sentinel.txt"
+    target = str(sentinel) if how == "absolute" else up_to_slash(sentinel)
+    images, mods = make_project(tmp_path, spec_for("patcher", patcher="patcher.py"),
+                                {"patcher.py": PATCHER.format(target=target)})
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "patcher TARGETS entry")
+
+
+def test_files_src_outside_the_mod_folder_is_refused(tmp_path: Path, outside: Path, cli) -> None:
+    spec = spec_for("files", component="image", files=[{"src": "sub/../../secret.txt", "dest": "/opt/x"}],
+                    verify=[{"file": "/opt/x", "contains": "secret"}])
+    images, mods = make_project(tmp_path, spec, {"sub/keep.txt": "a folder for the path to pass through\n"})
+    (mods / "secret.txt").write_text("secret\n")
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "files[0].src", "climbs out of its root", config="files[0].src")
+
+
+def test_verify_file_outside_the_tree_is_refused_before_anything_is_applied(tmp_path: Path, outside: Path,
+                                                                            cli) -> None:
+    spec = spec_for("patch", patch="p.diff", verify=[{"file": "../../etc/passwd", "contains": "root"}])
+    images, mods = make_project(tmp_path, spec, {"p.diff": patch_to("vllm/__init__.py")})
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "verify[0].file", "'../../etc/passwd'", config="verify[0].file")
+
+
+def test_link_in_a_mod_folder_is_refused_by_check_mods_and_render(tmp_path: Path, outside: Path, cli) -> None:
+    spec = spec_for("patch", patch="p.diff")
+    images, mods = make_project(tmp_path, spec, {"p.diff": patch_to("vllm/__init__.py")})
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "host-secret.txt").write_text("a host file that must never reach a build context\n")
+    os.symlink(host / "host-secret.txt", mods / MOD / "extra.txt")
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "extra.txt is a link")
+    ctx = tmp_path / "ctx"
+    proc = cli("--images", str(images), "--mods", str(mods), "render", "hostile", "-o", str(ctx))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "extra.txt is a link" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not ctx.exists()
+
+
+# ------------------------------------------------------------------ as the image build runs imagetool.py
+
+
+def run_imagetool(folder: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Run imagetool.py from a folder of its own, as the image holds it in /opt/sparkforge."""
+    tool = folder.parents[1] / "sparkforge" / "imagetool.py"
+    tool.parent.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "sparkforge" / "imagetool.py", tool)
+    return subprocess.run([sys.executable, str(tool), "apply", str(folder), "--root", str(root), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+def image_mod(tmp: Path, spec: dict, files: dict[str, str]) -> Path:
+    """A mod folder as the build context holds it: mod.json and its assets (no config check on the way)."""
+    folder = tmp / "ctx" / "mods" / MOD
+    folder.mkdir(parents=True)
+    (folder / "mod.json").write_text(json.dumps(spec))
+    for rel, body in files.items():
+        (folder / rel).write_text(body)
+    return folder
+
+
+@pytest.mark.parametrize("case", ["patch-header", "patch-absolute", "files-dest", "files-dest-absolute-climb",
+                                  "verify-file", "patcher-targets"])
+def test_in_image_applier_refuses_paths_out_of_the_root(case: str, tmp_path: Path, outside: Path) -> None:
+    root = tmp_path / "root"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("untouched\n")
+    sentinel = outside / "sentinel.txt"
+    spec, files, needle = {
+        "patch-header": (spec_for("patch", patch="p.diff"), {"p.diff": patch_to(up_to_slash(sentinel))},
+                         "climbs out"),
+        "patch-absolute": (spec_for("patch", patch="p.diff"),
+                           {"p.diff": f"--- {sentinel}\n+++ {sentinel}\n@@ -1 +1 @@\n-untouched\n+x\n"},
+                           "absolute path"),
+        "files-dest": (spec_for("files", files=[{"src": "f.txt", "dest": up_to_slash(outside / "new.txt")}]),
+                       {"f.txt": "dropped\n"}, "files[0].dest"),
+        "files-dest-absolute-climb": (spec_for("files", files=[{"src": "f.txt", "dest": "/opt/../../new.txt"}]),
+                                      {"f.txt": "dropped\n"}, "files[0].dest"),
+        "verify-file": (spec_for("patch", patch="p.diff", verify=[{"file": up_to_slash(sentinel),
+                                                                   "contains": "untouched"}]),
+                        {"p.diff": patch_to("vllm/__init__.py")}, "verify[0].file"),
+        "patcher-targets": (spec_for("patcher", patcher="patcher.py"),
+                            {"patcher.py": PATCHER.format(target=str(sentinel))}, "patcher TARGETS entry"),
+    }[case]
+    before = (root / "vllm" / "__init__.py").read_bytes()
+    proc = run_imagetool(image_mod(tmp_path, spec, files), root)
+    assert proc.returncode == 1
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"mod {MOD}: FAILED: ") and needle in proc.stderr
+    assert (root / "vllm" / "__init__.py").read_bytes() == before
+    assert sorted(p.name for p in root.rglob("*")) == ["__init__.py", "vllm"]
+
+
+def test_links_in_the_tree_are_not_followed_out_of_it(tmp_path: Path, outside: Path) -> None:
+    root = tmp_path / "root"
+    (root / "vllm").mkdir(parents=True)
+    os.symlink(outside, root / "vllm" / "escape")  # a folder link out of the tree
+    os.symlink(outside / "sentinel.txt", root / "vllm" / "sentinel.txt")  # a file link out of the tree
+    for target in ("vllm/escape/sentinel.txt", "vllm/sentinel.txt"):
+        result = imagetool.apply_mod(spec_for("patch", patch="p.diff"),
+                                     image_mod(tmp_path / target.replace("/", "-"), {},
+                                               {"p.diff": patch_to(target)}), root)
+        assert result.state == "failed" and "leads out of the tree through a link" in result.detail, result
+        assert target in result.line()
+
+
+def test_links_that_stay_in_the_tree_are_followed(tmp_path: Path) -> None:
+    """A merged-/usr image has /bin -> usr/bin; a drop-in file through it lands in usr/bin."""
+    root = tmp_path / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    os.symlink("usr/bin", root / "bin")
+    folder = image_mod(tmp_path, {}, {"tool": "#!/bin/sh\n"})
+    spec = spec_for("files", component="image", files=[{"src": "tool", "dest": "/bin/tool", "mode": "0755"}],
+                    verify=[{"file": "/bin/tool", "contains": "#!/bin/sh"}])
+    assert imagetool.apply_mod(spec, folder, root).state == "applied"
+    assert (root / "usr" / "bin" / "tool").read_text() == "#!/bin/sh\n" and (root / "bin").is_symlink()
+    assert [c[1] for c in imagetool.verify_mod(spec, root, in_image=False)] == ["ok"]
+
+
+# ------------------------------------------------------------------ patchers in a child process
+
+
+BAD_PATCHERS = {
+    "raises": ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return False\n"
+               "def transform(s):\n    raise KeyError('boom')\n", "raised KeyError during run: 'boom'"),
+    "exits-at-import": ("import sys\nsys.exit(3)\n", "called sys.exit(3) during import"),
+    "hard-exit": ("import os\nos._exit(7)\n", "exited with code 7 without a result"),
+    "loops": ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    while True:\n        pass\n"
+              "def transform(s):\n    return s\n", "did not finish within 2 s"),
+    "bad-result": ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return False\n"
+                   "def transform(s):\n    return {'vllm/__init__.py': 42}\n", "must return a dict of path -> text"),
+    "prints": ("print('noise')\nTARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return 'ok' in "
+               "s['vllm/__init__.py']\ndef transform(s):\n    print('more noise')\n    return {'vllm/__init__.py': "
+               "'ok\\n'}\n", ""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_PATCHERS))
+def test_a_patcher_that_raises_exits_or_hangs_fails_with_its_reason(name: str, tmp_path: Path) -> None:
+    code, reason = BAD_PATCHERS[name]
+    root = tmp_path / "root"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("untouched\n")
+    folder = image_mod(tmp_path, {}, {"patcher.py": code})
+    started = time.monotonic()
+    result = imagetool.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root, patcher_timeout=2)
+    assert time.monotonic() - started < 15
+    if not reason:  # a patcher that only prints still works: its output never mixes with the answer
+        assert result.state == "applied" and (root / "vllm" / "__init__.py").read_text() == "ok\n"
+        return
+    assert result.state == "failed" and reason in result.detail, result
+    assert "\n" not in result.line()
+    assert (root / "vllm" / "__init__.py").read_text() == "untouched\n"
+
+
+def test_a_hanging_patcher_in_check_mods_fails_in_time_and_leaves_no_scratch(tmp_path: Path) -> None:
+    spec = spec_for("patcher", patcher="patcher.py")
+    images, mods = make_project(tmp_path, spec, {"patcher.py": BAD_PATCHERS["loops"][0]})
+    plan = plan_variant(Layout.default(ROOT, images_dir=images, mods_dir=mods), "hostile")
+    sources.release_tree("vllm", "0.17.0")  # fetched (or found in the cache) before the clock starts
+    work = tmp_path / "work"
+    work.mkdir()
+    started = time.monotonic()
+    rows = check_variant(plan, work, patcher_timeout=2)
+    assert time.monotonic() - started < 60
+    assert [(r.mod, r.state) for r in rows] == [(MOD, "failed")]
+    assert "did not finish within 2 s" in rows[0].detail
+    assert list(work.iterdir()) == []
+
+
+def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> None:
+    tree = sources.release_tree("vllm", "0.17.0")
+    root = tmp_path / "root"
+    for rel in ("vllm/model_executor/models/qwen3_next.py", "vllm/model_executor/models/qwen3_5.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tree / rel, root / rel)
+    folder = ROOT / "mods" / "fix-qwen35-tp4-marlin"
+    from sparkforge.config import load_mod
+    spec = load_mod(ROOT / "mods", folder.name)[0].model_dump(mode="json")
+    assert imagetool.apply_mod(spec, folder, root).state == "applied"
+    assert imagetool.apply_mod(spec, folder, root).state == "already"
