@@ -13,15 +13,16 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from . import __version__, views
-from .config import list_variants, load_variant
-from .builder import BuildOptions
-from .errors import BuildError, SparkforgeError
+# typer's bundled click: its usage errors become one line like every other bad input.
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
+from . import __version__, pipeline, views
+from .config import list_variants
+from .errors import SparkforgeError
 from .pipeline import LoadedPlan, LockPolicy, load_plan
 from .plan import PROJECT_ROOT, Layout, Plan
-from .render import render_context
+from .smoke import DEFAULT_SERVE_MODEL
 
 app = typer.Typer(
     help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
@@ -33,6 +34,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
 def _console(stderr: bool = False) -> Console:
     # Tables stay readable in logs and pipes, where there is no terminal width to fit.
     probe = Console(stderr=stderr)
@@ -48,23 +51,31 @@ class State:
     layout: Layout = Layout.default()
 
 
+def _print_version(value: bool) -> None:
+    # Eager, so that it answers before typer asks for a command.
+    if value:
+        _say(f"sparkforge {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     images: Optional[Path] = typer.Option(None, "--images", help="Folder of variant recipes (default: images/)."),
     mods: Optional[Path] = typer.Option(None, "--mods", help="Folder of mods (default: mods/)."),
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
+                                 callback=_print_version),
 ) -> None:
-    if version:
-        out.print(f"sparkforge {__version__}")
-        raise typer.Exit()
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
 
 
 def _load(variant: str, base: Optional[str] = None, *, locked: bool = False,
           policy: Optional[LockPolicy] = None) -> LoadedPlan:
     """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
-    loaded = load_plan(State.layout, variant, base=base,
-                       lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO))
+    return _warned(load_plan(State.layout, variant, base=base,
+                             lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
+
+
+def _warned(loaded: LoadedPlan) -> LoadedPlan:
     for warning in loaded.warnings:
         err.print(f"warning: {warning}", markup=False)
     return loaded
@@ -73,6 +84,11 @@ def _load(variant: str, base: Optional[str] = None, *, locked: bool = False,
 def _emit(lines) -> None:
     for line in lines:
         out.print(line)
+
+
+def _say(text: str) -> None:
+    """One line of plain text: paths and names in it are never read as Rich markup."""
+    out.print(text, markup=False)
 
 
 def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
@@ -87,13 +103,9 @@ BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the
 def list_cmd(names: bool = typer.Option(False, "--names", help="Print only the variant names.")) -> None:
     """List the variants with their parent, vLLM and mods."""
     if names:
-        out.print("\n".join(list_variants(State.layout.images_dir)))
+        _say("\n".join(list_variants(State.layout.images_dir)))
         return
-    rows = []
-    for name in list_variants(State.layout.images_dir):
-        chain = load_variant(State.layout.images_dir, name).chain
-        rows.append((name, chain[1] if len(chain) > 1 else "-", _plan(name)))
-    out.print(views.variants_table(rows))
+    out.print(views.variants_table([_warned(loaded).plan for loaded in pipeline.list_plans(State.layout)]))
 
 
 @app.command()
@@ -118,10 +130,8 @@ def render(
 ) -> None:
     """Write the Dockerfile and the build context of a variant. Never touches Docker."""
     plan = _plan(variant, base)
-    ctx = render_context(plan, State.layout, output or PROJECT_ROOT / "build" / variant)
-    out.print(f"rendered {plan.tag} to {ctx.path} ({len(ctx.files)} files)")
-
-
+    ctx = pipeline.render_variant(plan, State.layout, output)
+    _say(f"rendered {plan.tag} to {ctx.path} ({len(ctx.files)} files)")
 
 
 @app.command("check-mods")
@@ -140,30 +150,14 @@ def check_mods(
     scratch copy, run each mod's checks, and apply again to show it is detected as already
     applied. Exits 1 when a mod fails (with --strict, also when a source could not be fetched).
     """
-    import tempfile
-
-    from .checkmods import FAILED, UNVERIFIED, applies_ranges
-    from .pipeline import check_mods as run_checks
-
-    names = list(variants or [])
-    if all_variants:
-        names = list_variants(State.layout.images_dir)
-    if not names:
-        raise SparkforgeError("name at least one variant, or use --all", field="check-mods")
-    plans = [_plan(n) for n in names]
-    with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
-        report = run_checks(plans, Path(work), matrix_range=(since, until) if show_matrix else None,
-                            say=lambda line: err.print(line, markup=False))
+    pipeline.release_range(since, until)  # bad bounds are refused with or without --matrix
+    plans = [_plan(n) for n in pipeline.variants_to_check(State.layout, list(variants or []), all_variants)]
+    report = pipeline.check_mods(plans, matrix_range=(since, until) if show_matrix else None,
+                                 say=lambda line: err.print(line, markup=False))
     out.print(views.check_table(report.rows, plans))
-    failed, unverified = report.in_state(FAILED), report.in_state(UNVERIFIED)
-    out.print(f"{len(report.rows)} checked: {len(report.rows) - len(failed) - len(unverified)} ok, "
-              f"{len(failed)} failed, {len(unverified)} unverified (source not reachable from here)")
+    out.print(views.check_summary(report))
     if show_matrix:
-        names = [m.name for m in report.mods]
-        out.print(views.matrix_table(report.cells, names, report.versions,
-                                     "mods x vLLM releases (! = differs from the mod's targets)"))
-        _emit(views.applies_lines(names, lambda n: applies_ranges(list(report.cells), n),
-                                  {m.name: m.spec.targets.versions for m in report.mods}))
+        _emit(views.check_matrix(report))
     if report.failed(strict):
         raise typer.Exit(1)
 
@@ -205,30 +199,16 @@ def build(
     after the static smoke tier passes. When a build or smoke test fails, every existing tag
     stays where it was.
     """
-    import shlex
-
-    from .pipeline import build_variant, context_dir, dry_run
-
     plan = _plan(variant, base, locked=locked)
-    opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, no_cache=no_cache,
-                        max_jobs=max_jobs, nvcc_threads=nvcc_threads, log_dir=log_dir)
+    opts = pipeline.build_options(network=network, ca_cert=ca_cert, no_cache=no_cache, max_jobs=max_jobs,
+                                  nvcc_threads=nvcc_threads, log_dir=log_dir)
     if dry:
-        d = dry_run(plan, opts)
-        out.print(f"tag         {d.tag}\nmoving tag  {d.moving_tag}\ncontext     {d.context} (not written)",
-                  markup=False)
-        out.print(shlex.join(d.command), markup=False, soft_wrap=True)
+        _emit(views.dry_run_lines(pipeline.dry_run(plan, opts)))
         return
-    out.print(f"building {plan.tag} from {context_dir(plan)}")
-    done = build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),
-                         on_smoke=lambda static: out.print(views.smoke_table([static])))
-    result = done.result
-    ran = len(result.ran)
-    out.print(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
-              f"{len(result.steps) - ran} cached; log: {result.log_path}")
-    if done.smoke_already_passed:
-        out.print(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})")
-    for ref in done.tagged:
-        out.print(f"tagged {ref}")
+    _say(f"building {plan.tag} from {pipeline.context_dir(plan)}")
+    done = pipeline.build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),
+                                  on_smoke=lambda static: out.print(views.smoke_table([static])))
+    _emit(views.build_lines(plan, done))
 
 
 @app.command("test")
@@ -237,21 +217,10 @@ def test_cmd(
     tier: list[str] = typer.Option(["static"], "--tier", help="static, gpu or serve; repeat for several."),
     image: Optional[str] = typer.Option(None, "--image", help="Test this image instead of the variant's tag."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    model: str = typer.Option("Qwen/Qwen3-0.6B", "--model", help="Small model for the serve tier."),
+    model: str = typer.Option(DEFAULT_SERVE_MODEL, "--model", help="Small model for the serve tier."),
 ) -> None:
     """Run smoke tiers inside a built image. GPU tiers skip, with the reason, where there is no GPU."""
-    from .builder import current_image
-    from .smoke import TIERS, run_tier
-
-    for t in tier:
-        if t not in TIERS:
-            raise SparkforgeError(f"unknown tier {t!r}; choose from {', '.join(TIERS)}", field="--tier")
-    plan = _plan(variant, base)
-    ref = image or plan.tag
-    if current_image(ref) is None:
-        raise BuildError(f"image {ref} not found; build it first with `python build.py build {variant}`",
-                         field="--image" if image else variant)
-    results = [run_tier(t, ref, model) for t in tier]
+    results = pipeline.test_variant(_plan(variant, base), tier, image=image, model=model)
     out.print(views.smoke_table(results))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
@@ -277,8 +246,6 @@ from . import cli_cluster  # noqa: F401, I001 - registers its verbs here, keepin
 
 # ---------------------------------------------------------------- locks and reproducibility: lock, verify-repro,
 # diff, outdated
-
-DEFAULT_EPOCH = 1704067200  # 2024-01-01T00:00:00Z: verify-repro's epoch when neither a lock nor the option gives one
 
 
 @app.command()
@@ -312,21 +279,12 @@ def lock(
 
       python build.py --images tests/variants lock testvllm --base 127.0.0.1:5000/sparkforge/base-local:bookworm
     """
-    from .pipeline import lock_variant
-
     plan = _plan(variant, base, policy=LockPolicy.IGNORE)
-    opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, log_dir=log_dir)
-    path, result = lock_variant(plan, State.layout, opts, epoch=epoch, no_build=no_build, image=image,
-                                say=lambda line: err.print(f"  {line}", markup=False),
-                                progress=_progress_printer(variant))
-    out.print(f"locked {variant} -> {path}")
-    out.print(f"  base      {result.base.repository}:{result.base.tag} @ {result.base.digest.show()}")
-    out.print(f"  packages  {len(result.packages)} installed" if result.packages_unresolved is None
-              else "  packages  unresolved")
-    out.print(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in result.mods) or '-'}")
-    out.print(f"  epoch     SOURCE_DATE_EPOCH={result.source_date_epoch}")
-    for fld, reason in result.unresolved():
-        out.print(f"  [yellow]UNRESOLVED[/] {escape(fld)}: {escape(reason)}")
+    opts = pipeline.build_options(network=network, ca_cert=ca_cert, log_dir=log_dir)
+    path, result = pipeline.lock_variant(plan, State.layout, opts, epoch=epoch, no_build=no_build, image=image,
+                                         say=lambda line: err.print(f"  {line}", markup=False),
+                                         progress=_progress_printer(variant))
+    _emit(views.lock_lines(variant, path, result))
 
 
 @app.command("verify-repro")
@@ -339,7 +297,7 @@ def verify_repro_cmd(
     locked: bool = typer.Option(False, "--locked", help="Refuse when the recipe disagrees with its lock."),
     epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800,
                                         help=f"Override the lock's SOURCE_DATE_EPOCH (default without a lock: "
-                                        f"{DEFAULT_EPOCH})."),
+                                        f"{pipeline.DEFAULT_EPOCH})."),
     network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
     ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep both image tarballs and build logs in this folder."),
@@ -356,27 +314,11 @@ def verify_repro_cmd(
       python build.py --images tests/variants verify-repro testvllm --base sparkforge/base-local:bookworm \\
         --builder-host unix:///tmp/ctd/docker.sock --ca-cert /etc/ssl/certs/ca-certificates.crt
     """
-    import shutil
-    import tempfile
-
-    from .repro import verify_repro
-
-    from .pipeline import context_dir, with_epoch
-
-    plan = _plan(variant, base, locked=locked)
-    sde = epoch or plan.source_date_epoch or DEFAULT_EPOCH
-    plan = with_epoch(plan, sde)
-    ctx = render_context(plan, State.layout, context_dir(plan))
-    workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{variant}-", dir=PROJECT_ROOT / "build"))
-    out.print(f"verify-repro {plan.tag}: two --no-cache builds, SOURCE_DATE_EPOCH={sde}")
-    opts = BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, source_date_epoch=sde,
-                        docker_host=builder_host)
-    try:
-        result = verify_repro(plan, ctx, opts, workdir, progress=_progress_printer(variant),
-                              say=lambda line: err.print(f"  {line}", markup=False))
-    finally:
-        if keep is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    plan = pipeline.repro_plan(_plan(variant, base, locked=locked), epoch)
+    opts = pipeline.build_options(network=network, ca_cert=ca_cert, docker_host=builder_host)
+    _say(f"verify-repro {plan.tag}: two --no-cache builds, SOURCE_DATE_EPOCH={plan.source_date_epoch}")
+    result = pipeline.verify_variant_repro(plan, State.layout, opts, keep=keep, progress=_progress_printer(variant),
+                                           say=lambda line: err.print(f"  {line}", markup=False))
     _emit(views.repro_lines(result))
     if not result.identical:
         raise typer.Exit(1)
@@ -387,10 +329,12 @@ def diff_cmd(
     a: str = typer.Argument(..., help="A variant, a lock file (*.lock.json) or a built image."),
     b: str = typer.Argument(..., help="The same kinds as A."),
 ) -> None:
-    """Show what changed from A to B: the base, vLLM, the components, the mods and the Python packages.
+    """Show what changed from A to B, in every field of the plan, section by section.
 
-    A variant gives its plan, with its lock's packages when the lock agrees with the recipe; a
-    lock file gives what it pins; an image gives its build record.
+    The image, base, OS packages, vLLM, components, protect, build, env, mods, tooling and the
+    installed Python packages. A variant gives its plan as `show` does, with its lock's packages
+    when the lock agrees with the recipe; a lock file gives what it pins; an image gives its
+    build record. What one side does not record is noted, never reported as the same.
 
     Examples:
 
@@ -424,33 +368,26 @@ def outdated(
 
       python build.py outdated ng17e --no-mods
     """
-    import tempfile
-
-
-    from .outdated import outdated as find_outdated
-
-    plan = _plan(variant)
-    with tempfile.TemporaryDirectory(prefix="sparkforge-outdated-") as work:
-        report = find_outdated(plan, Path(work), try_mods=mods, until=until,
-                               progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
-    out.print(views.outdated_table(report.components))
-    if not report.cells:
-        if mods and report.mods and report.components[0].newer:
-            out.print("no newer vLLM release to try the mods on")
-        return
-    versions = list(dict.fromkeys(c.version for c in report.cells))
-    out.print(views.matrix_table(report.cells, list(report.mods), versions,
-                                 "vLLM mods on the newer releases (! = differs from the mod's targets)"))
-    _emit(views.applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm"))
+    report = pipeline.outdated_variant(_plan(variant), try_mods=mods, until=until,
+                                       progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
+    _emit(views.outdated_lines(report, tried_mods=mods))
 
 
 def run() -> None:
-    """Entry point: typer handles usage errors (exit 2); sparkforge errors become one line."""
+    """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        _say(exc.format_message())
+        code = 2
+    except UsageError as exc:
+        command = f"{exc.ctx.info_name}: " if exc.ctx is not None and exc.ctx.parent is not None else ""
+        err.print(f"error: {command}{' '.join(exc.format_message().split())}", markup=False)
+        code = exc.exit_code
     except SparkforgeError as exc:
         err.print(f"error: {exc}", markup=False)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+        code = exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted", markup=False)
-        sys.exit(130)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)

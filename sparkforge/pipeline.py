@@ -47,7 +47,7 @@ from .config import list_variants
 from .plan import PROJECT_ROOT, Layout, Mod, Plan, plan_variant, rehash
 from .render import Context, render_context
 from .resolve import resolve_pins, today_epoch
-from .smoke import TIERS, TierResult, run_static, run_tier
+from .smoke import DEFAULT_SERVE_MODEL, TIERS, TierResult, run_static, run_tier
 from .sources import release_versions
 
 
@@ -195,7 +195,8 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
     return BuildOutcome(result, static, already, tuple(promote(result, now)))
 
 
-def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None, model: str | None = None) -> list[TierResult]:
+def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
+                 model: str = DEFAULT_SERVE_MODEL) -> list[TierResult]:
     """Run smoke tiers inside the variant's built image (or `image`)."""
     for tier in tiers:
         if tier not in TIERS:
@@ -204,7 +205,7 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None, mode
     if current_image(ref) is None:
         raise BuildError(f"image {ref} not found; build it first with `python build.py build {plan.variant}`",
                          field="--image" if image else plan.variant)
-    return [run_tier(t, ref, model) if model else run_tier(t, ref) for t in tiers]
+    return [run_tier(t, ref, model) for t in tiers]
 
 
 # ------------------------------------------------------------------ lock
@@ -298,13 +299,13 @@ def release_range(since: str, until: str | None) -> tuple[Version, Version | Non
     return low, high
 
 
-def plans_to_check(layout: Layout, names: list[str], all_variants: bool) -> list[Plan]:
+def variants_to_check(layout: Layout, names: list[str], all_variants: bool) -> list[str]:
     """The variants check-mods looks at: those named, or with --all every one."""
     if all_variants:
         names = list_variants(layout.images_dir)
     if not names:
         raise ConfigError("name at least one variant, or use --all", field="check-mods")
-    return [load_plan(layout, n).plan for n in names]
+    return names
 
 
 def check_mods(plans: list[Plan], workdir: Path | None = None, *,

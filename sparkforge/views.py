@@ -6,12 +6,13 @@ markup), so a description holding `[bold]` prints as written instead of being ea
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Iterable, Sequence
 
 from rich.table import Table
 from rich.text import Text
 
-from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED
+from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, applies_ranges
 from .pipeline import LoadedPlan
 from .plan import Plan
 
@@ -35,10 +36,11 @@ def _line(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*parts)
 
 
-def variants_table(rows: Iterable[tuple[str, str, Plan]]) -> Table:
-    """(name, parent, plan) rows of `list`."""
+def variants_table(plans: Iterable[Plan]) -> Table:
+    """`list`: a row per variant."""
     table = _table("variant", "parent", "vllm", "mods", "unpinned")
-    for name, parent, plan in rows:
+    for plan in plans:
+        name, parent = plan.variant, plan.chain[1] if len(plan.chain) > 1 else "-"
         vllm = plan.vllm.version + (f" ({plan.vllm.ref})" if plan.vllm.ref else " (pypi)")
         mods = ", ".join(m.name for m in plan.mods) or "-"
         table.add_row(Text(name), Text(parent), Text(vllm), Text(mods), str(len(plan.unpinned())))
@@ -159,11 +161,9 @@ def repro_lines(result: Any) -> list[Text]:
 
 
 def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
-    """diff: each section's changes, or what stayed the same."""
+    """diff: each section's changes, or what stayed the same; a section not listed only when it changed."""
     lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
-    # A section outside the usual ones is shown only when it holds a change.
-    extra = [c.section for c in d.changes if c.section not in sections]
-    for section in (*sections, *dict.fromkeys(extra)):
+    for section in (*sections, *(s for s in d.sections if s not in sections)):
         changes = d.in_section(section)
         if not changes:
             lines.append(_line(f"  {section:<11} {summary(d, section)}"))
@@ -208,10 +208,10 @@ def build_lines(plan: Plan, done: Any) -> list[Text]:
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
 
 
-def dry_run_lines(d: Any, command: str) -> list[Text]:
-    """`build --dry-run`: the tags, the context and the exact command (shell-quoted by the caller)."""
+def dry_run_lines(d: Any) -> list[Text]:
+    """`build --dry-run`: the tags, the context and the exact command, quoted for a shell."""
     return [_line(f"tag         {d.tag}"), _line(f"moving tag  {d.moving_tag}"),
-            _line(f"context     {d.context} (not written)"), _line(command)]
+            _line(f"context     {d.context} (not written)"), _line(shlex.join(d.command))]
 
 
 def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
@@ -233,3 +233,25 @@ def check_summary(report: Any) -> Text:
     total = len(report.rows)
     return _line(f"{total} checked: {total - failed - unverified} ok, {failed} failed, {unverified} unverified "
                  "(source not reachable from here)")
+
+
+def check_matrix(report: Any) -> list[Any]:
+    """check-mods --matrix: releases down, mods across, then where each mod applies."""
+    names = [m.name for m in report.mods]
+    return [matrix_table(report.cells, names, report.versions, "mods x vLLM releases (! = differs from the mod's "
+                         "targets)"),
+            *applies_lines(names, lambda n: applies_ranges(list(report.cells), n),
+                           {m.name: m.spec.targets.versions for m in report.mods})]
+
+
+def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
+    """`outdated`: the components, then (when mods were tried) the newer releases they apply to."""
+    shown: list[Any] = [outdated_table(report.components)]
+    if not report.cells:
+        if tried_mods and report.mods and report.components[0].newer:
+            shown.append(_line("no newer vLLM release to try the mods on"))
+        return shown
+    versions = list(dict.fromkeys(c.version for c in report.cells))
+    return shown + [matrix_table(report.cells, list(report.mods), versions,
+                                 "vLLM mods on the newer releases (! = differs from the mod's targets)"),
+                    *applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm")]

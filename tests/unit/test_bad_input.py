@@ -237,3 +237,51 @@ def test_bad_base_reference(cli, ref: str) -> None:
     proc = cli("show", "ng17", "--base", ref)
     assert proc.returncode == 2
     assert proc.stderr == f"error: --base: {ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]\n"
+
+
+# Bad options of the commands: (arguments, words of the one line). {p} is the project folder.
+OPTION_CASES = {
+    "render onto a file": (["render", "good", "-o", "{p}/afile"], "error: afile: --output: is a file, not a folder"),
+    "render below a file": (["render", "good", "-o", "{p}/afile/sub"], "error: afile: --output: is a file"),
+    "check-mods --since abc": (["check-mods", "good", "--since", "abc"],
+                               "error: --since: 'abc' is not a release version such as 0.17.0"),
+    "check-mods --until before --since": (["check-mods", "good", "--matrix", "--since", "0.17.0", "--until", "0.16.0"],
+                                          "error: --until: 0.16.0 is before --since 0.17.0"),
+    "check-mods without a variant": (["check-mods"], "error: check-mods: name at least one variant, or use --all"),
+    "outdated --until abc": (["outdated", "good", "--until", "abc"], "error: --until: 'abc' is not a release version"),
+    "build --network": (["build", "good", "--network", "bridge0"], "error: --network: unknown network 'bridge0'"),
+    "build --ca-cert missing": (["build", "good", "--ca-cert", "{p}/nope.pem"],
+                                "error: nope.pem: --ca-cert: CA bundle not found"),
+    "test --tier": (["test", "good", "--tier", "warp"], "error: --tier: unknown tier 'warp'"),
+    "usage: --max-jobs 0": (["build", "good", "--max-jobs", "0"], "error: build: Invalid value for '--max-jobs'"),
+    "usage: unknown option": (["show", "good", "--colour"], "error: show: No such option: --colour"),
+    "usage: missing argument": (["show"], "error: show: Missing argument 'variant'"),
+    "usage: no such command": (["nosuch"], "error: No such command 'nosuch'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTION_CASES))
+def test_a_bad_option_gives_one_line_and_changes_nothing(case: str, project: Path, cli) -> None:
+    args, words = OPTION_CASES[case]
+    (project / "afile").write_text("mine\n")
+    before = tree(project)
+    proc = cli("--images", str(project / "images"), "--mods", str(project / "mods"),
+               *(a.replace("{p}", str(project)) for a in args), cwd=project)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(words), proc.stderr
+    assert tree(project) == before
+
+
+def test_text_from_files_is_printed_as_written(project: Path, cli) -> None:
+    """Rich markup in a recipe, or in a file name, is text: never styled, eaten, or a crash."""
+    replace(project, "base:", "description: '[bold]kept[/bold], [/] and [red'\nbase:")
+    (project / "images" / "[b]odd.yaml").write_text("extends: good\n")
+    args = ("--images", str(project / "images"), "--mods", str(project / "mods"))
+    shown = cli(*args, "show", "good", cwd=project, check=True)
+    assert "[bold]kept[/bold], [/] and [red" in shown.stdout
+    names = cli(*args, "list", "--names", cwd=project, check=True)
+    assert names.stdout.splitlines() == ["[b]odd", "good"]
+    proc = cli(*args, "show", "[b]odd", cwd=project)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "'[b]odd' is not a variant name" in proc.stderr

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from sparkforge.diff import SECTIONS, diff, diff_snapshots, from_plan
+from sparkforge.lock import lock_path, make_lock, write_lock
 from sparkforge.plan import Component, Layout, Plan, Vllm, plan_variant, rehash
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,14 +92,18 @@ def test_a_variant_against_itself_is_0_changes(images: Path) -> None:
     assert d.changes == ()
 
 
-def test_a_lock_does_not_know_the_image_and_says_so(tmp_path: Path) -> None:
-    images = tmp_path / "images"
-    shutil.copytree(ROOT / "images", images)
-    d = diff(str(images / "ng17.lock.json"), "ng17", layout(images))
+def test_a_lock_does_not_know_the_image_and_says_so(images: Path) -> None:
+    plan = plan_variant(layout(images), "ng17")
+    write_lock(lock_path(images, "ng17"), make_lock(plan, {}, 1767225600, packages={"numpy": "2.1.0"},
+                                                    packages_unresolved=None))
+    d = diff(str(lock_path(images, "ng17")), "ng17", layout(images))
     assert not d.in_section("image") and not d.in_section("env")
     assert any(n.startswith("image of lock ") and "a lock file does not record it" in n for n in d.notes)
-    # What a lock holds is compared, so the same pins read as the same.
-    assert [c.section for c in d.changes] == [], [c.line() for c in d.changes]
+    # What a lock holds is compared, so the variant with that lock applied reads as the same.
+    assert [c.line() for c in d.changes] == []
+    # And a lock of another variant differs where the variants do.
+    d = diff(str(lock_path(images, "ng17")), "ng17e", layout(images))
+    assert [c.name for c in d.changes] == ["vllm", "flashinfer", "ray", "SOURCE_DATE_EPOCH"], d.changes
 
 
 # ------------------------------------------------------------------ every field of the plan
