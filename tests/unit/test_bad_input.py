@@ -285,3 +285,10 @@ def test_text_from_files_is_printed_as_written(project: Path, cli) -> None:
     proc = cli(*args, "show", "[b]odd", cwd=project)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "'[b]odd' is not a variant name" in proc.stderr
+
+
+def test_version_answers_without_a_command(cli) -> None:
+    from sparkforge import __version__
+
+    proc = cli("--version")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"sparkforge {__version__}\n", "")
