@@ -51,7 +51,8 @@ def _matching(pattern: re.Pattern[str], what: str, max_len: int | None = None):
         if not pattern.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid {what}")
         if max_len is not None and len(value) > max_len:
-            raise ValueError(f"{value[:40]!r}... is {len(value)} characters long; a {what} has at most {max_len}")
+            raise ValueError(f"{value[:40]!r}... is {len(value)} characters long; Docker allows at most {max_len} "
+                             f"for this {what}")
         return value
 
     return Annotated[str, AfterValidator(check)]
@@ -328,13 +329,10 @@ _NO_DATA = object()
 
 
 def field_path(loc: tuple[Any, ...], data: Any = _NO_DATA) -> str:
-    """A pydantic error location in the user's terms: `mods[0]`, `components.cutlass.ref`.
-
-    pydantic puts the branch of a union it tried (`list[function-after[check(), str]]`,
-    `ComponentSpec`, `none`, ...) into the location. Walking the input alongside the location
-    keeps only what the user wrote: keys of the mappings and indexes of the lists they hold.
-    Without the input, every part that names a branch is dropped instead.
-    """
+    """A pydantic error location in the user's terms: `mods[0]`, `components.cutlass.ref`."""
+    # pydantic puts the union branch it tried (`list[function-after[check(), str]]`, `none`, ...)
+    # into the location. Walking the input alongside keeps only the keys and indexes the user
+    # wrote; without the input, the parts that name a branch are dropped.
     out = ""
     node = data
     for part in loc:
