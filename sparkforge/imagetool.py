@@ -386,11 +386,15 @@ def plan_patch(name: str, diff: bytes, root: Path) -> tuple[str, dict[Path, byte
 
 PATCHER_TIMEOUT = 60.0  # seconds for each run of a patcher, unless the caller says otherwise
 _RESULT_MARK = "sparkforge-patcher-result "
+# Before 3.11, -I still puts the script's folder (or the working folder) first on sys.path, where a
+# sibling such as sparkforge/inspect.py would shadow the standard library; start from a clean path.
+_CHILD_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; sys.argv = sys.argv[1:]; "
+               "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def _child(patcher: Path, step: str, payload: bytes, timeout: float) -> dict:
     """Run one step of a patcher in a fresh, isolated interpreter; its answer, or ModFailure."""
-    cmd = [sys.executable, "-I", str(Path(__file__).resolve()), "patcher-child", str(patcher), step]
+    cmd = [sys.executable, "-I", "-B", "-c", _CHILD_BOOT, str(Path(__file__).resolve()), "patcher-child", str(patcher), step]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=patcher.parent, start_new_session=True)
     try:
