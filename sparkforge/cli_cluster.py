@@ -55,13 +55,16 @@ def push(
     registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
     cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    compression: str = typer.Option("zstd", "--compression", help="zstd: layers compressed on every core "
+                                    "(Docker 23+ pulls them, both image stores); none: uncompressed, for a fast "
+                                    "LAN; gzip: the engine's own push (one core, any Docker)."),
 ) -> None:
     """Push a built image's immutable tag and moving tag to a registry.
 
     Example: python build.py push ng17e --registry 127.0.0.1:5000
     """
-    from .cluster import check_registry, load_cluster_file, registry_of
-    from .distribute import head_image, human_bytes, push_image
+    from .cluster import Registry, check_registry, load_cluster_file, registry_of
+    from .distribute import head_image, human_bytes, push_to
 
     plan = _plan(variant, base)
     path = _cluster_path(cluster)
@@ -74,8 +77,9 @@ def push(
         raise SparkforgeError("no registry: pass --registry HOST:PORT or set registry: in the cluster file "
                               "(make registry starts one on 127.0.0.1:5000)", field="--registry")
     image = head_image(plan)
-    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {target}")
-    result = push_image(image, target, progress=_distribute_printer())
+    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {target}, layers {compression}")
+    reg = spec if spec is not None and spec.address == target else Registry(target, "")
+    result = push_to(image, reg, compression, progress=_distribute_printer())
     for ref in result.refs:
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
@@ -91,6 +95,10 @@ def deploy(
     mode: str = typer.Option("registry", "--mode", help="registry: nodes pull what they lack (push first); "
                              "stream: docker save piped into each node's docker load, no registry needed."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    to: Optional[str] = typer.Option(None, "--to", help="Deploy this older build instead (an immutable tag, "
+                                     "see `history`); the moving tag goes back to it."),
+    previous: bool = typer.Option(False, "--previous", help="Deploy the build the nodes ran before their "
+                                  "current one (from the head's deploy record)."),
 ) -> None:
     """Put a built image on every node, in parallel, and check that every node has the head's image.
 
@@ -107,7 +115,7 @@ def deploy(
       python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from .cluster import resolve_cluster
-    from .distribute import FAILED, deploy_registry, deploy_stream, head_image, human_bytes
+    from .distribute import FAILED, deploy_registry, deploy_stream, head_image, human_bytes, rollback_tag
 
     if mode not in ("registry", "stream"):
         raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")
@@ -116,9 +124,9 @@ def deploy(
     if mode == "registry" and not target.registry:
         raise SparkforgeError("registry mode needs a registry: pass --registry HOST:PORT, set registry: in the "
                               "cluster file, or use --mode stream", field="--registry")
-    image = head_image(plan)
+    image = head_image(plan, tag=rollback_tag(plan, to, previous, target.nodes) if to or previous else None)
     where = f"from {target.registry}" if mode == "registry" else "by docker save | docker load"
-    out.print(f"deploying {plan.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
+    out.print(f"deploying {image.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
     show = _distribute_printer()
     if mode == "registry":
         result = deploy_registry(image, target.nodes, target.registry_spec or target.registry or "", show)
@@ -201,3 +209,24 @@ def registry_cmd(
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         raise typer.Exit(proc.returncode)
+
+
+@app.command()
+def history(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """List the builds of a variant on this machine, newest first, with vLLM, mods and the nodes running each.
+
+    Go back to one with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
+    """
+    from .distribute import builds
+
+    plan = _plan(variant, base)
+    table = Table(box=None, pad_edge=False)
+    for col in ("tag", "built (UTC)", "vLLM", "mods", "last deployed to"):
+        table.add_column(col)
+    for b in builds(plan):
+        table.add_row(escape(b.tag.rpartition(":")[2]), b.created, escape(b.vllm), escape(b.mods),
+                      ", ".join(b.nodes) or "-")
+    out.print(table)

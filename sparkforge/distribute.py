@@ -22,12 +22,14 @@ import queue
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
 from .cluster import (CONTROL_TIMEOUT, Node, NodeFailure, Registry, _clean, _last_line, cli_env, docker_argv,
-                      layer_sizes, ping, pull, run_docker, run_nodes, transport_error)
+                      layer_sizes, ping, pull, registry_context, run_docker, run_nodes, transport_error)
 from .errors import DistributeError
 from .plan import PROJECT_ROOT, Plan
 
@@ -241,18 +243,78 @@ def _inspect_head(ref: str) -> dict | None:
     return json.loads(proc.stdout)[0]
 
 
-def head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage:
-    """The image of a plan on the head engine; it must have been built (or loaded) here."""
-    data = _inspect_head(plan.tag)
+def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
+    """The image of a plan (or an older build, by its tag) on the head engine; it must be here."""
+    tag = tag or plan.tag
+    data = _inspect_head(tag)
     if data is None:
-        raise DistributeError(f"image {plan.tag} is not on this machine; build it first with "
+        raise DistributeError(f"image {tag} is not on this machine; build it first with "
                               f"`python build.py build {plan.variant}`", field=plan.variant)
     own = NodeImage.from_inspect(data)
-    recorded = read_state(state_dir, plan.tag.rpartition(":")[0])["manifests"].get(plan.tag, [])
+    recorded = read_state(state_dir, tag.rpartition(":")[0])["manifests"].get(tag, [])
     # The head's ID is its config digest on the classic store, a manifest digest on containerd:
     # either way a node showing it has the same image, so it goes in both places.
     identity = ImageIdentity(own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
-    return HeadImage(plan.tag, plan.moving_tag, own.id, int(data.get("Size") or 0), identity)
+    return HeadImage(tag, plan.moving_tag, own.id, int(data.get("Size") or 0), identity)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One immutable tag of a variant on the head: when it was built, its vLLM and mods, where it went."""
+
+    tag: str
+    image_id: str
+    created: str
+    vllm: str
+    mods: str
+    nodes: tuple[str, ...]  # nodes whose last recorded deploy was this tag
+
+
+def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
+    """The builds of a variant on the head, newest first (by creation time)."""
+    repo = plan.tag.rpartition(":")[0]
+    prefix = f"{repo}:{plan.variant}-"
+    try:
+        proc = subprocess.run(["docker", "images", repo, "--format", "{{.Repository}}:{{.Tag}}"],
+                              capture_output=True, text=True, timeout=CONTROL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise DistributeError("the local Docker engine gave no answer", field="docker") from None
+    tags = [t for t in proc.stdout.split() if t.startswith(prefix) and t[len(prefix):].isalnum()]
+    deploys = read_state(state_dir, repo)["deploys"]
+    last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
+    found = []
+    for tag in tags:
+        data = _inspect_head(tag)
+        if data is None:
+            continue
+        labels = (data.get("Config") or {}).get("Labels") or {}
+        found.append(Build(tag, data["Id"], data.get("Created", "")[:19].replace("T", " "),
+                           labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),
+                           tuple(sorted(n for n, t in last.items() if t == tag))))
+    return sorted(found, key=lambda b: b.created, reverse=True)
+
+
+def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],
+                 state_dir: Path | None = None) -> str:
+    """The tag a `deploy --to TAG` or `--previous` goes to; refused unless it is a build on the head."""
+    repo = plan.tag.rpartition(":")[0]
+    if to:
+        tag = to if ":" in to else f"{repo}:{to}"
+        if _inspect_head(tag) is None:
+            raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
+                                  field="--to")
+        return tag
+    deploys = read_state(state_dir, repo)["deploys"]
+    # The tag the nodes ran before their current one, from the head's deploy record.
+    befores = set()
+    for node in nodes:
+        tags = [d["tag"] for d in deploys.get(node.name, [])]
+        if len(tags) >= 2:
+            befores.add(tags[-2])
+    if len(befores) != 1:
+        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG "
+                              f"(see `python build.py history {plan.variant}`)", field="--previous")
+    return befores.pop()
 
 
 def find_head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage | None:
@@ -322,6 +384,174 @@ def _sdk_reason(exc: BaseException) -> str:
         if marker in text:
             return f"{marker.lower()}: {text[:200]}"
     return text[:300]
+
+
+def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", progress: ProgressFn | None = None,
+            state_dir: Path | None = None) -> PushResult:
+    """Push both tags: gzip through the engine (any Docker), zstd or none by blobs (:func:`push_blobs`)."""
+    if compression == "gzip":
+        return push_image(image, registry.address, progress, state_dir)
+    return push_blobs(image, registry, compression, progress, state_dir)
+
+# ------------------------------------------------------------------- push by blobs (zstd or none)
+
+LAYER_TYPES = {"zstd": "application/vnd.oci.image.layer.v1.tar+zstd", "none": "application/vnd.oci.image.layer.v1.tar"}
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
+               progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
+    """Push without the engine: `docker save`, layers compressed with zstd on every core (or not at all).
+
+    The engine's own push gzips on one core, which bounds a cold deploy. Here each layer of the
+    saved image is compressed by `zstd -T0` and streamed to the registry; a layer the registry
+    already holds (by the digest recorded for it at an earlier push) is not sent again.
+    """
+    import hashlib
+    import tarfile
+
+    if compression not in LAYER_TYPES:
+        raise DistributeError(f"unknown compression {compression!r}; choose gzip, zstd or none", field="--compression")
+    t0 = time.monotonic()
+    repo = image.repository
+    config_hex = image.image_id.partition(":")[2]
+    diff_ids = set(image.identity.layers)
+    known = read_state(state_dir, repo).setdefault("blobs", {})
+    pushed: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size)
+    sent = present = 0
+    config: bytes | None = None
+    save = subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
+            for member in tar:
+                hexname = member.name.rpartition("/")[2]
+                if not member.isfile() or not member.name.startswith("blobs/sha256/"):
+                    continue
+                if hexname == config_hex:
+                    config = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    continue
+                diff_id = f"sha256:{hexname}"
+                if diff_id not in diff_ids:
+                    continue
+                again = (known.get(diff_id) or {}).get(compression)
+                if again and _blob_exists(registry, repo, again[0]):
+                    pushed[diff_id] = (again[0], again[1])
+                    present += 1
+                    continue
+                data = tar.extractfile(member)
+                digest, size = _upload_layer(registry, repo, data, compression, diff_id, hashlib.sha256())
+                pushed[diff_id] = (digest, size)
+                sent += size
+                if progress:
+                    progress(Progress(registry.address, "push", sent, None, f"layer {digest[:19]} ({human_bytes(size)})"))
+        code = save.wait(timeout=CONTROL_TIMEOUT)
+    except (OSError, tarfile.TarError, urllib.error.URLError, subprocess.TimeoutExpired) as exc:
+        save.kill()
+        save.wait()
+        raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}", field="--registry") from None
+    if code != 0 or config is None:
+        raise DistributeError(f"docker save {image.tag} failed: {_last_line(save.stderr.read() if save.stderr else b'')}",
+                              field="docker")
+    config_digest = _put_blob(registry, repo, config)
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": LAYER_TYPES[compression], "digest": pushed[d][0], "size": pushed[d][1]}
+                   for d in image.identity.layers],
+    }, separators=(",", ":")).encode()
+    refs, digest = [], None
+    for ref in (image.tag, image.moving_tag):  # the moving tag last
+        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ref.rpartition(':')[2]}", manifest,
+                          {"Content-Type": OCI_MANIFEST}).headers.get("Docker-Content-Digest")
+        refs.append(registry_ref(registry.address, ref))
+
+    def remember(data: dict) -> None:
+        blobs = data.setdefault("blobs", {})
+        for d, (blob, size) in pushed.items():
+            blobs.setdefault(d, {})[compression] = [blob, size]
+
+    _update_state(state_dir, repo, remember)
+    if digest:
+        record_manifest(state_dir, image.tag, digest)
+    return PushResult(tuple(refs), digest, len(pushed) - present, present, sent, time.monotonic() - t0)
+
+
+def _request(registry: Registry, method: str, url: str, body=None, headers: dict | None = None):
+    full = url if url.startswith("http") else f"{registry.url}{url}"
+    req = urllib.request.Request(full, data=body, method=method, headers=headers or {})
+    return urllib.request.urlopen(req, timeout=TRANSFER_TIMEOUT, context=registry_context(registry))
+
+
+def _blob_exists(registry: Registry, repo: str, digest: str) -> bool:
+    try:
+        return _request(registry, "HEAD", f"/v2/{repo}/blobs/{digest}").status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+def _start_upload(registry: Registry, repo: str) -> str:
+    location = _request(registry, "POST", f"/v2/{repo}/blobs/uploads/", b"").headers["Location"]
+    return location if location.startswith("http") else f"{registry.url}{location}"
+
+
+def _finish(location: str, digest: str) -> str:
+    return f"{location}{'&' if '?' in location else '?'}digest={digest}"
+
+
+def _put_blob(registry: Registry, repo: str, data: bytes) -> str:
+    import hashlib
+
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if not _blob_exists(registry, repo, digest):
+        _request(registry, "PUT", _finish(_start_upload(registry, repo), digest), data,
+                 {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
+    return digest
+
+
+def _upload_layer(registry: Registry, repo: str, data, compression: str, diff_id: str, hasher) -> tuple[str, int]:
+    """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (digest, size)."""
+    size = 0
+    if compression == "none":
+        def chunks():
+            nonlocal size
+            while block := data.read(CHUNK):
+                size += len(block)
+                yield block
+        zstd = None
+        source = chunks()
+    else:
+        # zstd on every core; a thread feeds it the layer while this one uploads what comes out.
+        zstd = subprocess.Popen(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+        def feed() -> None:
+            try:
+                while block := data.read(CHUNK):
+                    zstd.stdin.write(block)  # type: ignore[union-attr]
+            finally:
+                zstd.stdin.close()  # type: ignore[union-attr]
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+
+        def compressed():
+            nonlocal size
+            while block := zstd.stdout.read1(CHUNK):  # type: ignore[union-attr]
+                hasher.update(block)
+                size += len(block)
+                yield block
+        source = compressed()
+    location = _start_upload(registry, repo)
+    resp = _request(registry, "PATCH", location, source, {"Content-Type": "application/octet-stream"})
+    if zstd is not None:
+        feeder.join()
+        if zstd.wait(timeout=CONTROL_TIMEOUT) != 0:
+            raise DistributeError(f"zstd failed on layer {diff_id[:19]}", field="--compression")
+    digest = diff_id if compression == "none" else "sha256:" + hasher.hexdigest()
+    after = resp.headers["Location"]
+    after = after if after.startswith("http") else f"{registry.url}{after}"
+    _request(registry, "PUT", _finish(after, digest), b"", {"Content-Length": "0"})
+    return digest, size
 
 
 # ----------------------------------------------------------------------------------- nodes

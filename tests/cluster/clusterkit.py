@@ -18,7 +18,8 @@ _spec = importlib.util.spec_from_file_location("sparkforge_docker_fixtures", ROO
 docker_fixtures = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = docker_fixtures  # its dataclasses look their module up there
 _spec.loader.exec_module(docker_fixtures)  # type: ignore[union-attr]
-BASE, VARIANTS, sparkforge = docker_fixtures.BASE, docker_fixtures.VARIANTS, docker_fixtures.sparkforge
+BASE, VARIANTS, CA, sparkforge = (docker_fixtures.BASE, docker_fixtures.VARIANTS, docker_fixtures.CA,
+                                  docker_fixtures.sparkforge)
 
 REGISTRY_PORT = 5443
 OLD = "sparkforge-test/old:1"

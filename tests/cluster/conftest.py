@@ -22,6 +22,11 @@ from netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
 base_image = docker_fixtures.base_image
 test_image = docker_fixtures.test_image
+# Test modules elsewhere do `from conftest import …`; when this conftest is the one imported under
+# that name (tests/docker and tests/cluster in one run), they find the same names here.
+BASE, CA, VARIANTS, build_args, image_id, sparkforge = (
+    docker_fixtures.BASE, docker_fixtures.CA, docker_fixtures.VARIANTS, docker_fixtures.build_args,
+    docker_fixtures.image_id, docker_fixtures.sparkforge)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
     if reason is None:
         return
     for item in items:
-        if "tests/cluster/" in str(item.fspath) and "test_identity" not in str(item.fspath):
+        if str(item.fspath).endswith("tests/cluster/test_cluster.py"):
             item.add_marker(pytest.mark.skip(reason=f"namespace cluster: {reason}"))
 
 
@@ -79,3 +84,18 @@ def registry(cluster, cluster_file, tmp_path_factory):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
+@pytest.fixture(scope="module")
+def frozen(base_image, tmp_path_factory):
+    """The test variant built from a copy of mods/ taken now: edits to mods/ during the run change nothing here."""
+    import json
+    import shutil
+
+    mods = tmp_path_factory.mktemp("frozen") / "mods"
+    shutil.copytree(ROOT / "mods", mods)
+    proc = sparkforge(*build_args("testvllm", mods=mods))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    show = sparkforge("--images", str(VARIANTS), "--mods", str(mods), "show", "testvllm", "--base", BASE, "--json")
+    plan = json.loads(show.stdout)
+    ident = image_id(plan["tag"])
+    assert ident, f"{plan['tag']} missing after build"
+    return mods, docker_fixtures.BuiltImage("testvllm", plan["tag"], plan["moving_tag"], ident)

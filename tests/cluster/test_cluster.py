@@ -22,8 +22,18 @@ from sparkforge.pipeline import LockPolicy, load_plan
 from sparkforge.plan import Layout
 
 
-def cli(*args: str):
-    return sparkforge("--images", str(VARIANTS), *args, "--base", BASE)
+@pytest.fixture(scope="module")
+def test_image(frozen):
+    """The test image of this module (built from its frozen copy of mods/)."""
+    return frozen[1]
+
+
+@pytest.fixture(scope="module")
+def cli(frozen):
+    """The real command line, on the test variant with this module's copy of mods/."""
+    def run(*args: str):
+        return sparkforge("--images", str(VARIANTS), "--mods", str(frozen[0]), *args, "--base", BASE)
+    return run
 
 
 def rows(stdout: str, names) -> dict[str, list[str]]:
@@ -36,15 +46,15 @@ def layers(cluster, host, ref: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def head(test_image, tmp_path_factory):
-    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS), "testvllm", base=BASE,
+def head(test_image, frozen):
+    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), "testvllm", base=BASE,
                      lock_policy=LockPolicy.AUTO).plan
     assert plan.tag == test_image.tag
     return distribute.head_image(plan)
 
 
 @pytest.fixture(scope="module")
-def pushed(registry, cluster_file, test_image):
+def pushed(registry, cluster_file, test_image, cli):
     proc = cli("push", "testvllm", "--cluster", str(cluster_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -63,7 +73,7 @@ def test_each_host_has_its_own_engine_over_ssh_and_no_route_out(cluster) -> None
         assert route.returncode != 0 and "unreachable" in route.stderr, route.stdout
 
 
-def test_cold_deploy_over_ssh_from_the_tls_registry_and_status(cluster, cluster_file, registry, pushed,
+def test_cold_deploy_over_ssh_from_the_tls_registry_and_status(cluster, cluster_file, registry, pushed, cli,
                                                               test_image, head) -> None:
     address = f"{cluster.head.address}:5443"
     assert f"pushed {address}/{test_image.tag}" in pushed.stdout
@@ -98,7 +108,7 @@ def layers_head(test_image) -> str:
 
 
 def test_a_stopped_sshd_and_an_unknown_host_key_fail_fast_and_the_other_node_updates(
-        cluster, cluster_file, registry, pushed, test_image, tmp_path) -> None:
+        cluster, cluster_file, registry, pushed, cli, test_image, tmp_path) -> None:
     down, stranger, stale = cluster.nodes
     olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
     # A known_hosts that lacks the stranger's key, in a copy of the cluster file.
@@ -196,3 +206,43 @@ def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster
     assert node_id(cluster, other, test_image.tag) in recorded
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", recorded[0])
     print(f"stream with one stalled node: {seconds:.1f}s")
+
+
+def test_deploy_previous_moves_every_node_back_and_status_shows_it(cluster, cluster_file, registry, pushed, cli,
+                                                                   test_image, frozen, tmp_path) -> None:
+    import shutil
+
+    from clusterkit import CA
+
+    first = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    assert first.returncode == 0, first.stdout + first.stderr
+    # A second, real build: one install-phase mod changed (a copy of mods/), so a new tag.
+    mods = tmp_path / "mods"
+    shutil.copytree(frozen[0], mods)
+    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), "testvllm", base=BASE,
+                     lock_policy=LockPolicy.AUTO).plan
+    mod = plan.mods_in("install")[0]
+    with open(mods / mod.name / "mod.yaml", "a", encoding="utf-8") as f:
+        f.write("# changed for the rollback test\n")
+    changed = ("--images", str(VARIANTS), "--mods", str(mods))
+    built = sparkforge(*changed, "build", "testvllm", "--base", BASE, "--ca-cert", CA)
+    assert built.returncode == 0, built.stdout + built.stderr
+    for verb in ("push", "deploy"):
+        proc = sparkforge(*changed, verb, "testvllm", "--base", BASE, "--cluster", str(cluster_file))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 updated" in proc.stdout
+    newer = {h.name: node_id(cluster, h, test_image.moving_tag) for h in cluster.nodes}
+    assert cli("status", "testvllm", "--cluster", str(cluster_file)).returncode == 1  # the nodes run the newer one
+
+    back = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--previous")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert f"deploying {test_image.tag}" in back.stdout and "0 failed" in back.stdout
+    status = cli("status", "testvllm", "--cluster", str(cluster_file))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"all 3 nodes match: {test_image.image_id}" in status.stdout
+    for host in cluster.nodes:
+        assert node_id(cluster, host, test_image.moving_tag) != newer[host.name]
+    history = cli("history", "testvllm")
+    assert history.returncode == 0
+    line = next(ln for ln in history.stdout.splitlines() if ln.startswith(test_image.tag.rpartition(":")[2]))
+    assert "node1, node2, node3" in line, history.stdout

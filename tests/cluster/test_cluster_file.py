@@ -1,0 +1,80 @@
+"""The cluster file's registry and ssh sections, and the one-line reasons of an ssh failure (pure logic).
+
+The ssh messages are the ones OpenSSH 9.2 printed in the namespace-cluster tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkforge.cluster import Node, SshOptions, resolve_cluster, ssh_argv, transport_error
+from sparkforge.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    return path
+
+
+NODES = "nodes:\n  a:\n    endpoint: ssh://root@10.0.0.11:2222\n"
+
+
+@pytest.mark.parametrize("registry, expected", [
+    ("registry:\n  address: 10.0.0.1:5000\n", "registry: 10.0.0.1:5000 is not a loopback address"),
+    ("registry:\n  address: 10.0.0.1:5000\n  insecure: true\n  tls: {cert: c, key: k, ca: a}\n",
+     "either tls: or insecure: true"),
+    ("registry:\n  address: 10.0.0.1:5000\n  listen: everywhere\n", "registry.listen"),
+    ("registry:\n  address: 10.0.0.1:5000\n  tls: {cert: nope.crt, key: k, ca: a}\n",
+     "registry.tls.cert: file not found"),
+    ("ssh:\n  connect_timeout: 0\n", "ssh.connect_timeout"),
+])
+def test_bad_registry_or_ssh_sections_name_the_file_and_field(tmp_path, registry, expected) -> None:
+    path = write(tmp_path, registry + NODES)
+    with pytest.raises(ConfigError) as err:
+        resolve_cluster(path, None, None)
+    line = str(err.value)
+    assert "cluster.yaml" in line and expected in line, line
+    assert "\n" not in line
+
+
+def test_a_tls_registry_resolves_paths_beside_the_file_and_listens_everywhere(tmp_path) -> None:
+    for name in ("r.crt", "r.key", "ca.crt", "known"):
+        (tmp_path / name).write_text("x")
+    path = write(tmp_path, "registry:\n  address: 10.0.0.1:5000\n  tls: {cert: r.crt, key: r.key, ca: ca.crt}\n"
+                           "ssh:\n  known_hosts: known\n  connect_timeout: 4\n" + NODES)
+    cluster = resolve_cluster(path, None, None)
+    reg = cluster.registry_spec
+    assert reg is not None and reg.listen == "0.0.0.0:5000" and reg.ca == str(tmp_path / "ca.crt")
+    assert reg.url == "https://10.0.0.1:5000"
+    assert cluster.nodes[0].ssh == SshOptions(str(tmp_path / "known"), None, 4)
+
+
+def test_ssh_never_prompts_and_checks_host_keys() -> None:
+    argv = ssh_argv(Node("a", "ssh://admin@10.0.0.11:2222", SshOptions("/k/known", "/k/id", 7)))
+    pairs = {argv[i + 1] for i, a in enumerate(argv) if a == "-o"}
+    assert {"BatchMode=yes", "StrictHostKeyChecking=yes", "ConnectTimeout=7", "UserKnownHostsFile=/k/known",
+            "IdentitiesOnly=yes"} <= pairs
+    assert not any("StrictHostKeyChecking=no" in a or "accept-new" in a for a in argv)
+    assert argv[-4:] == ["-l", "admin", "--", "10.0.0.11"] and argv[argv.index("-p") + 1] == "2222"
+
+
+@pytest.mark.parametrize("code, stderr, expected", [
+    (255, "Host key verification failed.\r\n", "host key of root@10.0.0.11:2222 is unknown or changed"),
+    (255, "ssh: connect to host 10.0.0.11 port 2222: Connection refused\r\n",
+     "unreachable at ssh://root@10.0.0.11:2222: connection refused"),
+    (255, "ssh: connect to host 10.0.0.11 port 2222: Connection timed out\r\n", "timed out"),
+    (255, "root@10.0.0.11: Permission denied (publickey).\r\n", "refused the login"),
+    (127, "bash: line 1: docker: command not found\n", "no docker CLI on root@10.0.0.11:2222"),
+    (1, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n",
+     "the Docker engine does not answer"),
+    (1, "Error response from daemon: No such image: x:1\n", None),
+])
+def test_ssh_failures_become_one_line_per_node(code, stderr, expected) -> None:
+    reason = transport_error(Node("a", "ssh://root@10.0.0.11:2222"), code, stderr)
+    if expected is None:
+        assert reason is None
+    else:
+        assert reason is not None and expected in reason and "\n" not in reason, reason
