@@ -9,11 +9,11 @@ or failed. A failure names the mod and the file or hunk, and leaves every file u
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
@@ -392,42 +392,68 @@ _CHILD_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', 
                "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
-def _child(patcher: Path, step: str, payload: bytes, timeout: float) -> dict:
-    """Run one step of a patcher in a fresh, isolated interpreter; its answer, or ModFailure."""
-    cmd = [sys.executable, "-I", "-B", "-c", _CHILD_BOOT, str(Path(__file__).resolve()), "patcher-child", str(patcher), step]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=patcher.parent, start_new_session=True)
-    try:
-        out, err = proc.communicate(payload, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-        raise ModFailure(f"patcher {patcher.name} did not finish within {timeout:g} s; stopped") from None
-    marked = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
+def plan_patcher(name: str, patcher: Path, root: Path,
+                 timeout: float = PATCHER_TIMEOUT) -> tuple[str, dict[Path, bytes]]:
+    """Run a patcher in a fresh, isolated interpreter: it names its targets, gets their texts, and
+    decides and transforms; its answer, or ModFailure (nothing written)."""
+    deadline = time.monotonic() + timeout
+    cmd = [sys.executable, "-I", "-B", "-c", _CHILD_BOOT, str(Path(__file__).resolve()), "patcher-child",
+           str(patcher)]
+    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty patcher cannot block on it
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                cwd=patcher.parent, start_new_session=True)
+        try:
+            first, rest = _first_line(proc, deadline)
+            targets = _answer(patcher, first, proc, errors)["targets"]
+            paths, sources = _read_targets(root, targets)
+            out, _ = proc.communicate(json.dumps(sources).encode(), timeout=max(0.001, deadline - time.monotonic()))
+            answer = _answer(patcher, rest + out, proc, errors)
+        except subprocess.TimeoutExpired:
+            raise ModFailure(f"patcher {patcher.name} did not finish within {timeout:g} s; stopped") from None
+        finally:
+            _stop(proc)
+    if answer["state"] == ALREADY:
+        return ALREADY, {}
+    return APPLIED, {paths[rel]: text.encode("utf-8") for rel, text in answer["files"].items()
+                     if text != sources[rel]}
+
+
+def _first_line(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
+    """The child's first line (its targets), and what came after it, waiting no longer than deadline."""
+    data = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    first, _, rest = data.partition(b"\n")
+    return first, rest
+
+
+def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
+    """The last marked line of the child's output as a dict; ModFailure for an error or no answer."""
+    marked = [line for line in data.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
     if not marked:
-        why = last_line(err.decode("utf-8", "replace"), "no output")
-        raise ModFailure(f"patcher {patcher.name} exited with code {proc.returncode} without a result: {why}")
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        errors.seek(0)
+        why = last_line(errors.read().decode("utf-8", "replace"), "no output")
+        raise ModFailure(f"patcher {patcher.name} exited with code {code} without a result: {why}")
     answer = json.loads(marked[-1][len(_RESULT_MARK):])
     if "error" in answer:
         raise ModFailure(answer["error"])
     return answer
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Kill a patcher and everything it started (it leads its own process group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def plan_patcher(name: str, patcher: Path, root: Path,
-                 timeout: float = PATCHER_TIMEOUT) -> tuple[str, dict[Path, bytes]]:
-    """Ask a patcher for its targets, read them, and have it decide and transform (nothing written)."""
-    targets = _child(patcher, "targets", b"", timeout)["targets"]
+def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Resolve a patcher's targets in root (refusing any that leave it) and read their texts."""
     paths = {rel: inside(root, rel, "patcher TARGETS entry") for rel in targets}
     sources = {}
     for rel, path in paths.items():
@@ -437,21 +463,31 @@ def plan_patcher(name: str, patcher: Path, root: Path,
             sources[rel] = _read(path).decode("utf-8")
         except UnicodeDecodeError:
             raise ModFailure(f"{rel}: not UTF-8 text; a patcher edits text files") from None
-    answer = _child(patcher, "run", json.dumps(sources).encode(), timeout)
-    if answer["state"] == ALREADY:
-        return ALREADY, {}
-    return APPLIED, {paths[rel]: text.encode("utf-8") for rel, text in answer["files"].items()
-                     if text != sources[rel]}
+    return paths, sources
 
 
-def _patcher_step(module, step: str) -> dict:
-    """What the child answers for one step; runs the patcher's own code."""
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill a patcher still running, and everything it started (it leads its own process group)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        pass
+
+
+def _patcher_targets(module) -> list[str]:
     targets = getattr(module, "TARGETS")
     if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
         raise ModFailure("TARGETS must be a list of relative paths")
-    if step == "targets":
-        return {"targets": list(targets)}
-    sources = json.loads(sys.stdin.buffer.read())
+    return list(targets)
+
+
+def _patcher_run(module, sources: dict[str, str]) -> dict:
+    """What the child answers once it has the texts; runs the patcher's own code."""
     if module.is_applied(dict(sources)):
         return {"state": ALREADY}
     try:
@@ -469,8 +505,13 @@ def _patcher_step(module, step: str) -> dict:
 
 
 def _cmd_patcher_child(args: argparse.Namespace) -> int:
-    """The child side of plan_patcher: import the patcher, run one step, print one marked JSON line."""
+    """The child side of plan_patcher: import the patcher, print its targets, read their texts from
+    stdin, and print the answer; one marked JSON line each."""
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # the patcher's prints must not mix with the answer
+
+    def say(answer: dict) -> None:
+        print(_RESULT_MARK + json.dumps(answer), file=real_stdout, flush=True)
+
     path, stage = Path(args.patcher), "import"
     try:
         spec = importlib.util.spec_from_file_location("sparkforge_patcher", path)
@@ -482,14 +523,15 @@ def _cmd_patcher_child(args: argparse.Namespace) -> int:
         if missing:
             raise ModFailure(f"patcher {path.name} does not define {', '.join(missing)}")
         stage = "run"
-        answer = _patcher_step(module, args.step)
+        say({"targets": _patcher_targets(module)})
+        answer = _patcher_run(module, json.loads(sys.stdin.buffer.read()))
     except ModFailure as exc:
         answer = {"error": str(exc)}
     except SystemExit as exc:
         answer = {"error": f"patcher {path.name} called sys.exit({exc.code!r}) during {stage}"}
     except BaseException as exc:  # the patcher's own code: anything it raises is its failure
         answer = {"error": f"patcher {path.name} raised {type(exc).__name__} during {stage}: {exc}"}
-    print(_RESULT_MARK + json.dumps(answer), file=real_stdout, flush=True)
+    say(answer)
     return 0
 
 
@@ -609,6 +651,8 @@ def component_root(component: str) -> Path:
 
 
 def _installed(name: str) -> str | None:
+    import importlib.metadata  # here, not at the top: the patcher child starts faster without it
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -701,6 +745,8 @@ def write_record(home: Path) -> dict:
 def installed_packages() -> dict[str, str]:
     """Every Python distribution the image's Python sees, by normalized name, with its version;
     where a name is installed twice, the one found first on sys.path (the one imported) wins."""
+    import importlib.metadata
+
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
@@ -890,9 +936,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patcher-timeout", type=float, default=PATCHER_TIMEOUT, metavar="SECONDS",
                    help=f"time limit of each run of a patcher (default {PATCHER_TIMEOUT:g})")
     p.set_defaults(func=_cmd_apply)
-    p = sub.add_parser("patcher-child", help="(internal) run one step of a patcher; used by apply")
+    p = sub.add_parser("patcher-child", help="(internal) run a patcher for apply, in a child process")
     p.add_argument("patcher")
-    p.add_argument("step", choices=["targets", "run"])
     p.set_defaults(func=_cmd_patcher_child)
     p = sub.add_parser("verify", help="run the verify checks of mods")
     p.add_argument("mods", nargs="+")

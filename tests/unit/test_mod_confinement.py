@@ -186,7 +186,7 @@ def image_mod(tmp: Path, spec: dict, files: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize("case", ["patch-header", "patch-absolute", "files-dest", "files-dest-absolute-climb",
-                                  "verify-file", "patcher-targets"])
+                                  "files-src", "verify-file", "patcher-targets"])
 def test_in_image_applier_refuses_paths_out_of_the_root(case: str, tmp_path: Path, outside: Path) -> None:
     root = tmp_path / "root"
     (root / "vllm").mkdir(parents=True)
@@ -202,6 +202,8 @@ def test_in_image_applier_refuses_paths_out_of_the_root(case: str, tmp_path: Pat
                        {"f.txt": "dropped\n"}, "files[0].dest"),
         "files-dest-absolute-climb": (spec_for("files", files=[{"src": "f.txt", "dest": "/opt/../../new.txt"}]),
                                       {"f.txt": "dropped\n"}, "files[0].dest"),
+        "files-src": (spec_for("files", files=[{"src": "../../../outside/sentinel.txt", "dest": "/opt/copy.txt"}]),
+                      {}, "files[0].src"),
         "verify-file": (spec_for("patch", patch="p.diff", verify=[{"file": up_to_slash(sentinel),
                                                                    "contains": "untouched"}]),
                         {"p.diff": patch_to("vllm/__init__.py")}, "verify[0].file"),
@@ -255,6 +257,9 @@ BAD_PATCHERS = {
               "def transform(s):\n    return s\n", "did not finish within 2 s"),
     "bad-result": ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return False\n"
                    "def transform(s):\n    return {'vllm/__init__.py': 42}\n", "must return a dict of path -> text"),
+    "prints-a-lot": ("import sys\nsys.stderr.write('x' * 300_000)\nprint('y' * 300_000)\n"
+                     "TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return 'ok' in s['vllm/__init__.py']\n"
+                     "def transform(s):\n    return {'vllm/__init__.py': 'ok\\n'}\n", ""),
     "prints": ("print('noise')\nTARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return 'ok' in "
                "s['vllm/__init__.py']\ndef transform(s):\n    print('more noise')\n    return {'vllm/__init__.py': "
                "'ok\\n'}\n", ""),
