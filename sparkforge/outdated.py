@@ -2,21 +2,27 @@
 
 Releases come from the PyPI simple index (the cached fetcher of sources.py): vLLM, every pip
 component, and git components that PyPI also publishes (transformers). For the newer vLLM
-releases, the variant's vLLM mods are tried the way `check-mods --matrix` tries them.
+releases, the variant's vLLM mods are tried the way `check-mods --matrix` tries them, and its
+image mods (drop-in files, which `check-mods` installs into an empty root) are installed once
+and set against the releases their targets declare, so a server written against the vLLM API
+shows where it was not read.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import sources
-from .checkmods import MatrixCell, applies_ranges, matrix
-from .plan import Plan
+from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix
+from .plan import Mod, Plan
 
 # Git components whose releases PyPI also carries, by component name.
 ON_PYPI = {"transformers": "transformers"}
@@ -41,8 +47,8 @@ class Outdated:
 class Report:
     plan: Plan
     components: tuple[Outdated, ...]
-    cells: tuple[MatrixCell, ...]  # vLLM mods x newer vLLM releases
-    mods: tuple[str, ...]  # the mods tried
+    cells: tuple[MatrixCell, ...]  # vLLM and image mods x newer vLLM releases
+    mods: tuple[str, ...]  # the mods tried, in the variant's order
 
     def applies_to(self, mod: str) -> list[tuple[str, str]]:
         return applies_ranges(list(self.cells), mod)
@@ -90,9 +96,29 @@ def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | N
              progress: Callable[[str], None] = lambda _: None) -> Report:
     """The newer releases of each pinned component and, for vLLM, which mods apply to them."""
     comps = check_components(plan, releases)
-    mods = [m for m in plan.mods if m.spec.component == "vllm"]
+    mods = [m for m in plan.mods if m.spec.component in ("vllm", "image")]
+    vllm_mods = [m for m in mods if m.spec.component == "vllm"]
+    image_mods = [m for m in mods if m.spec.component == "image"]
     newer_vllm = [v for v in comps[0].newer if until is None or Version(v) <= Version(until)]
     cells: list[MatrixCell] = []
     if try_mods and mods and newer_vllm:
-        cells = matrix(mods, newer_vllm, workdir, progress=progress)
+        if vllm_mods:
+            cells = matrix(vllm_mods, newer_vllm, workdir, progress=progress)
+        cells += image_cells(image_mods, newer_vllm, workdir)
     return Report(plan, tuple(comps), tuple(cells), tuple(m.name for m in mods))
+
+
+def image_cells(mods: list[Mod], versions: list[str], workdir: Path) -> list[MatrixCell]:
+    """Image mods against newer vLLM releases: installed once into an empty root (as check-mods does;
+    no vLLM source is involved), each release marked with whether the mod's targets declare it."""
+    cells = []
+    for mod in mods:
+        scratch = Path(tempfile.mkdtemp(prefix="outdated-image-", dir=workdir))
+        try:
+            (_, state, detail), = apply_in_scratch([mod], None, scratch / "root")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        declared = SpecifierSet(mod.spec.targets.versions)
+        cells += [MatrixCell(mod.name, v, state, detail, declared.contains(Version(v), prereleases=True))
+                  for v in versions]
+    return cells
