@@ -422,6 +422,9 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     sent = present = 0
     config: bytes | None = None
     save = subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
+    watchdog.daemon = True
+    watchdog.start()
     try:
         with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
             for member in tar:
@@ -450,21 +453,17 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
         save.kill()
         save.wait()
         raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}", field="--registry") from None
+    finally:
+        watchdog.cancel()
     if code != 0 or config is None:
         raise DistributeError(f"docker save {image.tag} failed: {_last_line(save.stderr.read() if save.stderr else b'')}",
                               field="docker")
-    config_digest = _put_blob(registry, repo, config)
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPES[compression], "digest": pushed[d][0], "size": pushed[d][1]}
-                   for d in image.identity.layers],
-    }, separators=(",", ":")).encode()
-    refs, digest = [], None
-    for ref in (image.tag, image.moving_tag):  # the moving tag last
-        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ref.rpartition(':')[2]}", manifest,
-                          {"Content-Type": OCI_MANIFEST}).headers.get("Docker-Content-Digest")
-        refs.append(registry_ref(registry.address, ref))
+    try:
+        refs, digest = _put_manifest(image, registry, repo, config, [pushed[d] for d in image.identity.layers],
+                                     compression)
+    except (OSError, urllib.error.URLError) as exc:
+        raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}",
+                              field="--registry") from None
 
     def remember(data: dict) -> None:
         blobs = data.setdefault("blobs", {})
@@ -475,6 +474,23 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     if digest:
         record_manifest(state_dir, image.tag, digest)
     return PushResult(tuple(refs), digest, len(pushed) - present, present, sent, time.monotonic() - t0)
+
+
+def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes, layers: list[tuple[str, int]],
+                  compression: str) -> tuple[list[str], str | None]:
+    """Upload the config, then the manifest under the immutable tag and (last) the moving tag."""
+    config_digest = _put_blob(registry, repo, config)
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": LAYER_TYPES[compression], "digest": blob, "size": size} for blob, size in layers],
+    }, separators=(",", ":")).encode()
+    refs, digest = [], None
+    for ref in (image.tag, image.moving_tag):
+        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ref.rpartition(':')[2]}", manifest,
+                          {"Content-Type": OCI_MANIFEST}).headers.get("Docker-Content-Digest")
+        refs.append(registry_ref(registry.address, ref))
+    return refs, digest
 
 
 def _request(registry: Registry, method: str, url: str, body=None, headers: dict | None = None):
@@ -817,6 +833,10 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: fl
                                 env=env)
     except OSError as exc:
         raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
+    # A save that hangs would hold every node: it gets as long as a whole transfer, then is stopped.
+    watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)
+    watchdog.daemon = True
+    watchdog.start()
     writers = []
     for node in nodes:
         proc = subprocess.Popen(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -844,6 +864,7 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: fl
                 if w.error is None:
                     progress(Progress(w.node.name, "load", w.sent, image.size or None))
     code = save.wait()
+    watchdog.cancel()
     save_drain.join(5)
     if code != 0:
         why = _last_line(b"".join(save_err)) if save_err and save_err[0] else f"exit code {code}"
