@@ -315,14 +315,17 @@ def _umount_under(root: Path) -> None:
     dockerd bind-mounts parts of its roots; a killed dockerd leaves them, and the next
     start stacks another on top, so repeat until none is left.
     """
-    top = str(root)
+    # A chrooted dockerd (scripts/docker-up.sh) makes its mounts below the engine root, where this
+    # namespace sees them under the root's prefix.
+    chroot = Path(os.environ.get("SPARKFORGE_ENGINE_ROOT", "/var/lib/sparkforge-engine/trixie"))
+    tops = [str(root)] + ([str(chroot) + str(root)] if chroot.is_dir() else [])
     for _ in range(20):
         try:
             with open("/proc/self/mounts") as f:
                 points = [line.split()[1] for line in f]
         except OSError:
             return
-        mine = [p for p in points if p == top or p.startswith(top + "/")]
+        mine = [p for p in points if any(p == top or p.startswith(top + "/") for top in tops)]
         if not mine:
             return
         for point in sorted(mine, key=len, reverse=True):
