@@ -7,6 +7,7 @@ always gives the same immutable tag.
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -209,11 +210,22 @@ def _jsonable(obj: Any) -> Any:
 
 
 def digest_tree(folder: Path) -> str:
-    """sha256 over the relative paths and bytes of every file below folder, in sorted order."""
+    """sha256 over the relative paths and bytes of every file below folder, in sorted order.
+
+    A link anywhere below folder is refused, never read through: a mod is its own files only.
+    """
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        rel = path.relative_to(folder).as_posix()
-        h.update(rel.encode() + b"\0")
+    files = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                raise ConfigError(f"{path.relative_to(folder).as_posix()} is a link; a mod folder may hold "
+                                  "only its own files and folders, never a link to anything", path=folder)
+        files += [Path(dirpath) / name for name in filenames]
+    for path in sorted(files, key=lambda p: p.relative_to(folder).as_posix()):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return "sha256:" + h.hexdigest()
 

@@ -267,5 +267,5 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
 def scratch_copy(tree: Path, dest: Path) -> Path:
     """A full copy of a cached tree to edit. (Hard links would be faster, but one in-place write
     would then corrupt the cache.)"""
-    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".complete"))
+    shutil.copytree(tree, dest, symlinks=True, ignore=shutil.ignore_patterns(".complete"))
     return dest
