@@ -7,13 +7,18 @@ the file stays untouched.
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import json
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from sparkforge import imagetool, sources
 from sparkforge.checkmods import apply_in_scratch, applies_ranges, matrix
@@ -145,3 +150,101 @@ def test_shipped_variants_only_list_mods_that_fit_their_pin() -> None:
     for variant in ("ng16", "ng17", "ng17e"):
         plan = plan_variant(LAYOUT, variant)
         assert plan.mods, f"{variant} lists no mods"
+
+
+# ------------------------------------------------------------------ the ranges read in the newer releases
+
+UF17_NEWEST = ["0.29.0", "0.30.0", "0.33.0"]
+
+
+def test_uf17_applies_up_to_the_newest_release_it_declares(tmp_path: Path) -> None:
+    cells = matrix([mod("uf17-eager-allreduce")], UF17_NEWEST, tmp_path)
+    assert [(c.version, c.state, c.declared) for c in cells] == [(v, "applied", True) for v in UF17_NEWEST], \
+        [c.detail for c in cells]
+
+
+def test_the_marlin_tp4_fix_stops_where_its_code_moved(tmp_path: Path) -> None:
+    """0.19.0 moved the GDN layer out of models/; 0.22.0 has upstream's own replication."""
+    cells = matrix([mod("fix-qwen35-tp4-marlin")], ["0.19.0", "0.22.0"], tmp_path)
+    assert [(c.state, c.declared) for c in cells] == [("failed", False)] * 2
+    assert all("no in_proj_ba construction found" in c.detail for c in cells)
+
+
+# Every final release each new mod declares, and the first one after its range, where upstream has
+# its own fix. Each declared release is checked against its real source, as check-mods does.
+NEW_MODS = {
+    "marlin-sm12x-fp8": (["0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0",
+                          "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1"], "0.23.0"),
+    "mtp-nvfp4-exclusion": (["0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+                             "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0",
+                             "0.24.0"], "0.25.0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_MODS))
+def test_new_mod_declares_exactly_the_releases_listed_here(name: str) -> None:
+    declared, after = NEW_MODS[name]
+    spec = SpecifierSet(mod(name).spec.targets.versions)
+    releases = [v for v in sources.release_versions("vllm") if Version(v) >= Version("0.15.0")]
+    assert [v for v in releases if spec.contains(v)] == declared
+    assert not spec.contains(after)
+
+
+@pytest.mark.parametrize("name", sorted(NEW_MODS))
+def test_new_mod_applies_to_every_release_it_declares_and_not_after(name: str, tmp_path: Path) -> None:
+    declared, after = NEW_MODS[name]
+    cells = matrix([mod(name)], declared + [after], tmp_path)
+    assert [(c.version, c.state) for c in cells[:-1]] == [(v, "applied") for v in declared], \
+        [(c.version, c.detail) for c in cells if c.state != "applied"]
+    assert all(c.declared for c in cells[:-1])
+    last = cells[-1]
+    assert (last.state, last.declared) == ("failed", False)
+    assert last.detail.startswith("not needed: "), last.detail
+
+
+def test_marlin_sm12x_edits_the_kernels_and_the_selector(vllm_0170: Path, tmp_path: Path) -> None:
+    """A source-phase mod: the kernel host code outside vllm/ is edited in the whole source tree."""
+    m = mod("marlin-sm12x-fp8")
+    assert m.spec.phase == "source"
+    root = sources.scratch_copy(vllm_0170, tmp_path / "root")
+    result = imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
+    assert result.state == imagetool.APPLIED, result.detail
+    for kernel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu"):
+        text = (root / kernel).read_text()
+        assert "major_capability * 10 + minor_capability == 120" not in text
+        assert "major_capability == 12,  // sparkforge mod marlin-sm12x-fp8" in text
+        assert "only support SM89 or SM12x device" in text
+    selector = (root / "vllm/model_executor/layers/quantization/utils/marlin_utils.py").read_text()
+    assert "is_device_capability(120)" not in selector
+    assert "not current_platform.is_device_capability_family(120):  # sparkforge mod" in selector
+
+
+def test_marlin_sm12x_edits_only_the_kernel_upstream_left_in_0221(tmp_path: Path) -> None:
+    tree = sources.release_tree("vllm", "0.22.1")
+    root = sources.scratch_copy(tree, tmp_path / "root")
+    m = mod("marlin-sm12x-fp8")
+    assert imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == imagetool.APPLIED
+    changed = [rel for rel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu",
+                               "vllm/model_executor/layers/quantization/utils/marlin_utils.py")
+               if (root / rel).read_bytes() != (tree / rel).read_bytes()]
+    assert changed == ["csrc/quantization/marlin/marlin.cu"]
+
+
+def test_mtp_exclusion_decides_as_the_seed_describes(vllm_0170: Path, tmp_path: Path) -> None:
+    """Run the patched is_layer_excluded itself (its module needs torch, so the method is lifted out)."""
+    m = mod("mtp-nvfp4-exclusion")
+    root = sources.scratch_copy(vllm_0170, tmp_path / "root")
+    assert imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == imagetool.APPLIED
+    text = (root / "vllm/model_executor/layers/quantization/modelopt.py").read_text()
+    func = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "is_layer_excluded")
+    namespace = {"fnmatch": fnmatch.fnmatch, "is_layer_skipped": lambda prefix, excluded, mapping: prefix in excluded}
+    exec(compile(ast.Module(body=[func], type_ignores=[]), "modelopt.py", "exec"), namespace)
+
+    def excluded(patterns: list[str], prefix: str) -> bool:
+        config = types.SimpleNamespace(exclude_modules=patterns, packed_modules_mapping={})
+        return namespace["is_layer_excluded"](config, prefix)
+
+    assert excluded(["mtp.layers.0*", "lm_head"], "mtp.fc")  # the case the mod is for
+    assert not excluded(["lm_head"], "mtp.fc")  # no mtp. pattern: the checkpoint quantized its MTP head
+    assert not excluded(["mtp.layers.0*"], "model.layers.0.mlp.gate_up_proj")
+    assert excluded(["lm_head"], "lm_head")  # upstream's rules still decide first

@@ -1,0 +1,100 @@
+# Rendered by sparkforge 0.1.0 from images/ng030.yaml (variant ng030).
+# Do not edit: change the recipe and run `python build.py render ng030` again.
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:26.09-py3@sha256:6e8ccc607fc2a51e3741667b86316a0889418ba8b78ed0ba96e8d282b648a7a6
+
+# ---------------------------------------------------------------- base: the most stable layers
+FROM ${BASE_IMAGE} AS base
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# Versions of OS packages come from the pinned base image's apt sources.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ccache \
+ && rm -rf /var/lib/apt/lists/*
+COPY sparkforge/imagetool.py /opt/sparkforge/imagetool.py
+# Record the base's own builds of these packages; every later pip install is constrained to them.
+RUN python3 /opt/sparkforge/imagetool.py protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy
+
+# ---------------------------------------------------------------- component cutlass (v4.7.1)
+FROM base AS component-cutlass
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
+RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/NVIDIA/cutlass.git --ref v4.7.1 --dest /opt/cutlass
+
+# ---------------------------------------------------------------- vLLM source at v0.30.0
+FROM base AS vllm-source
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+# A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
+RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/vllm-project/vllm.git --ref v0.30.0 --commit ced6857afa0ea7b2e3f0846a62e1394e90f15607 --dest /workspace/vllm
+
+# ---------------------------------------------------------------- compile (depends on no install-phase mod)
+FROM vllm-source AS vllm-build
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+COPY --from=component-cutlass /opt/cutlass /opt/cutlass
+ARG TORCH_CUDA_ARCH_LIST=12.1a
+ARG MAX_JOBS=8
+ARG NVCC_THREADS=2
+# Set from the lock: pip then writes hash-based .pyc files, which do not depend on the build's time.
+# The lock pins what the runtime installs; the compile's build tools follow the pinned source's
+# requirements/build.txt, constrained only by the base's protected builds.
+ARG SOURCE_DATE_EPOCH
+WORKDIR /workspace/vllm
+RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
+    --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 use_existing_torch.py; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt -r requirements/build.txt; \
+    CCACHE_DIR=/root/.ccache \
+    SETUPTOOLS_SCM_PRETEND_VERSION=0.30.0 \
+    VLLM_CUTLASS_SRC_DIR=/opt/cutlass \
+    python3 -m pip wheel --no-build-isolation --no-deps -w /wheels .
+
+# ---------------------------------------------------------------- runtime: installs, then mods, then metadata
+FROM base AS runtime
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+# Set from the lock: hash-based .pyc files from pip, and the build record's time.
+ARG SOURCE_DATE_EPOCH
+COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /opt/sparkforge/record/vllm-commit
+COPY --from=component-cutlass /opt/cutlass /opt/cutlass
+RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
+    --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt /wheels/vllm-*.whl
+RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
+    --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt flashinfer-python==0.6.18.post1
+RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/02-serve-torchrun.json
+
+# ---------------------------------------------------------------- metadata: the most volatile layers
+COPY plan.json /opt/sparkforge/plan.json
+# The build record: the plan, each mod's result, and what was really installed.
+RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
+ENV VLLM_UF_EAGER_ALLREDUCE=0
+LABEL org.opencontainers.image.title="sparkforge vLLM ng030" \
+      org.opencontainers.image.version="0.30.0" \
+      org.opencontainers.image.revision="ced6857afa0ea7b2e3f0846a62e1394e90f15607" \
+      org.opencontainers.image.base.name="nvcr.io/nvidia/pytorch:26.09-py3" \
+      org.opencontainers.image.base.digest="sha256:6e8ccc607fc2a51e3741667b86316a0889418ba8b78ed0ba96e8d282b648a7a6" \
+      io.sparkforge.variant="ng030" \
+      io.sparkforge.chain="ng030" \
+      io.sparkforge.plan-hash="<plan hash>" \
+      io.sparkforge.arch-list="12.1a" \
+      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f,serve-torchrun@d2aff1a389cb" \
+      io.sparkforge.tool-version="0.1.0"
