@@ -5,6 +5,7 @@ VENV ?= .venv
 VARIANT ?= ng17e
 IMAGES ?= images
 ARGS ?=
+CLUSTER ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.lock
 BUILD := $(PY) build.py --images $(IMAGES)
@@ -49,14 +50,14 @@ lint: $(STAMP) ## ruff, and hadolint on every rendered variant
 base-local: ## make the local Debian base image used by the tests (cached)
 	bash scripts/base-local.sh
 
-registry: ## start a local registry on 127.0.0.1:5000 (stop it with make registry-stop)
-	bash scripts/registry.sh start
+registry: $(STAMP) ## start the registry cluster.yaml describes (CLUSTER=FILE; without one: plain HTTP on 127.0.0.1:5000)
+	$(PY) build.py registry start $(if $(CLUSTER),--cluster $(CLUSTER))
 
-registry-stop: ## stop the local registry
-	bash scripts/registry.sh stop
+registry-stop: $(STAMP) ## stop that registry
+	$(PY) build.py registry stop $(if $(CLUSTER),--cluster $(CLUSTER))
 
 bench-rebuild: $(STAMP) ## time a cold build, a rebuild after one mod changed, and the cached-build overhead
 	$(PY) bench/rebuild.py
 
-bench-distribute: $(STAMP) ## bytes and time to put the test image on 3 real nodes: save|load vs registry, cold and after a mod change
+bench-distribute: $(STAMP) ## cold deploys to a namespace cluster (root, sshd): stream vs gzip/zstd/none pushes, a one-mod change, 3 vs 1 node
 	$(PY) bench/distribute.py

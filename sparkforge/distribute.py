@@ -18,6 +18,7 @@ there is the head's; a node that fails keeps its moving tag on its old image.
 from __future__ import annotations
 
 import json
+import shutil
 import queue
 import subprocess
 import threading
@@ -413,6 +414,9 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
 
     if compression not in LAYER_TYPES:
         raise DistributeError(f"unknown compression {compression!r}; choose gzip, zstd or none", field="--compression")
+    if compression == "zstd" and shutil.which("zstd") is None:
+        raise DistributeError("the zstd command is not installed here (package zstd); install it, or push with "
+                              "--compression gzip or none", field="--compression")
     t0 = time.monotonic()
     repo = image.repository
     config_hex = image.image_id.partition(":")[2]
