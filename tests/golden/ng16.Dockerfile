@@ -106,5 +106,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       io.sparkforge.chain="ng16" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97" \
+      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f" \
       io.sparkforge.tool-version="0.1.0"

@@ -98,5 +98,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       io.sparkforge.chain="ng17e,ng17" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="uf17-eager-allreduce@4120e67dbc97,fix-qwen35-tp4-marlin@ca74f24fc6fe,serve-torchrun@2b89e53e3bc9" \
+      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f,fix-qwen35-tp4-marlin@6fa6f1a9b64b,serve-torchrun@d2aff1a389cb" \
       io.sparkforge.tool-version="0.1.0"
