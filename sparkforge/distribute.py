@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 
 from .cluster import (CONTROL_TIMEOUT, Node, NodeFailure, Registry, _clean, _last_line, cli_env, docker_argv,
                       layer_sizes, ping, pull, registry_context, run_docker, run_nodes, transport_error)
+from . import dockercli
 from .errors import DistributeError
 from .plan import PROJECT_ROOT, Plan
 
@@ -425,7 +426,8 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     pushed: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size)
     sent = present = 0
     config: bytes | None = None
-    save = subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE))
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
     watchdog.daemon = True
     watchdog.start()
@@ -542,7 +544,8 @@ def _upload_layer(registry: Registry, repo: str, data, compression: str, diff_id
         source = chunks()
     else:
         # zstd on every core; a thread feeds it the layer while this one uploads what comes out.
-        zstd = subprocess.Popen(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        zstd = dockercli.track(subprocess.Popen(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE))
 
         def feed() -> None:
             try:
@@ -833,8 +836,8 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: fl
     started = time.monotonic()
     env = cli_env()
     try:
-        save = subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env)
+        save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, env=env))
     except OSError as exc:
         raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
     # A save that hangs would hold every node: it gets as long as a whole transfer, then is stopped.
@@ -843,8 +846,9 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: fl
     watchdog.start()
     writers = []
     for node in nodes:
-        proc = subprocess.Popen(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env=env)
+        # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image).
+        proc = dockercli.track(subprocess.Popen(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE,
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env))
         writers.append(_Writer(node, proc))
     for w in writers:
         w.start()

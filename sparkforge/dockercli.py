@@ -122,7 +122,11 @@ def start(args: Sequence[str], *, host: str | None = None, **kw) -> subprocess.P
     """Start `docker ARGS` in the background; it is stopped with the CLI if the CLI is interrupted."""
     if shutil.which("docker") is None:
         raise EngineError("the docker CLI is not installed", field="docker " + " ".join(args[:2]))
-    proc = subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw)
+    return track(subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw))
+
+
+def track(proc: subprocess.Popen) -> subprocess.Popen:
+    """Have a child started elsewhere stopped with the CLI, like those from start(); returns it."""
     with _lock:
         _children.add(proc)
     return proc

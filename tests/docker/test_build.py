@@ -158,3 +158,40 @@ def test_a_base_that_cannot_be_pulled_is_one_line_that_says_how_to_swap_it(base_
     assert len(lines) == 1, proc.stderr
     assert f"the base image {unreachable} cannot be pulled" in lines[0] and "--base" in lines[0], lines[0]
     assert image_id("sparkforge-test/vllm:testvllm") == before, "no tag moves"
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_stops_the_build_it_started_and_moves_no_tag(test_image) -> None:
+    import signal
+    import sys
+    import time
+
+    before = image_id(test_image.moving_tag)
+    cli = subprocess.Popen([sys.executable, str(ROOT / "build.py"), *build_args("testvllm", "--no-cache")],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        children: set[int] = set()
+        while time.monotonic() < deadline and not children:
+            children = {c for c in _children(cli.pid)
+                        if b"buildx" in Path(f"/proc/{c}/cmdline").read_bytes()} if cli.poll() is None else set()
+            time.sleep(0.2)
+        assert children, "the build never started docker buildx"
+        cli.send_signal(signal.SIGTERM)
+        cli.wait(timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    time.sleep(1)
+    assert not [c for c in children if Path(f"/proc/{c}").exists()], "docker buildx outlived the CLI"
+    assert cli.returncode == 128 + signal.SIGTERM
+    assert image_id(test_image.moving_tag) == before
