@@ -83,6 +83,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sfbench-", dir="/tmp"))
     print(f"bench-distribute: variant {VARIANT} (real vLLM 0.17.0 wheel) on {BASE}; 3 ssh hosts in network "
           "namespaces (node3: containerd store), TLS registry on the head's address")
+    # BuildKit may hold several cache records for one step (one per earlier --no-cache build, say), and a
+    # later build may go on from any of them; on the classic store their layers differ in their bytes. From
+    # an empty build cache, the head and the mod-changed build below share one chain, as on a machine that
+    # built only this image. This empties the engine's build cache: the bench says so before it does.
+    print("  emptying the engine's build cache (docker builder prune --all), so both builds share one chain")
+    subprocess.run(["docker", "builder", "prune", "--all", "--force"], check=True, capture_output=True)
     sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
     head = distribute.head_image(plan_of(), work / "state")
     print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} uncompressed, {len(head.identity.layers)} layers")
