@@ -46,7 +46,8 @@ ARG MAX_JOBS=8
 ARG NVCC_THREADS=2
 # Set from the lock: pip then writes hash-based .pyc files, which do not depend on the build's time.
 # The lock pins what the runtime installs; the compile's build tools follow the pinned source's
-# requirements/build.txt, constrained only by the base's protected builds.
+# build requirements (requirements/build.txt, or requirements/build/cuda.txt from vLLM 0.20.0 on),
+# constrained only by the base's protected builds.
 ARG SOURCE_DATE_EPOCH
 WORKDIR /workspace/vllm
 RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
@@ -54,7 +55,9 @@ RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 use_existing_torch.py; \
-    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt -r requirements/build.txt; \
+    build_reqs=requirements/build.txt; \
+    if [ -f requirements/build/cuda.txt ]; then build_reqs=requirements/build/cuda.txt; fi; \
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt -r "$build_reqs"; \
     CCACHE_DIR=/root/.ccache \
     SETUPTOOLS_SCM_PRETEND_VERSION=0.17.0 \
     VLLM_CUTLASS_SRC_DIR=/opt/cutlass \
