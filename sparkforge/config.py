@@ -15,6 +15,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import imagetool
 from .errors import ConfigError
 
 # Patterns for every value that is rendered into the Dockerfile. Each is anchored with \A and \Z
@@ -406,6 +407,10 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     for field, rel in assets:
         if rel is not None and not (folder / rel).is_file():
             raise ConfigError(f"{rel!r} is not a file in {folder}", path=meta, field=field)
+    try:  # a patch or patcher naming a path outside its tree is bad input, refused before any build
+        imagetool.check_static(spec.model_dump(mode="json"), folder)
+    except imagetool.ModFailure as exc:
+        raise ConfigError(str(exc), path=meta, field=spec.kind) from None
     return spec, folder
 
 

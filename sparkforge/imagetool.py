@@ -108,6 +108,36 @@ def check_paths(spec: dict, folder: Path) -> None:
             _parts(check["file"], f"verify[{i}].file", absolute_ok=True)
 
 
+def check_static(spec: dict, folder: Path) -> None:
+    """Every refusal that needs no target tree, so that the config stage can make it before any build:
+    the spec's paths, the patch's file names and hunk counts, a patcher's TARGETS when they are a literal."""
+    check_paths(spec, folder)
+    if spec.get("kind") == "patch" and spec.get("patch"):
+        for file_patch in parse_diff(_read(asset(folder, spec["patch"], "patch"))):
+            _parts(file_patch.path, "patch target")
+    if spec.get("kind") == "patcher" and spec.get("patcher"):
+        for rel in _literal_targets(asset(folder, spec["patcher"], "patcher")):
+            _parts(rel, "patcher TARGETS entry")
+
+
+def _literal_targets(patcher: Path) -> list[str]:
+    """TARGETS of a patcher module when it is assigned a literal list of strings; else none (checked at run time)."""
+    import ast
+
+    try:
+        tree = ast.parse(_read(patcher), filename=str(patcher))
+    except SyntaxError as exc:
+        raise ModFailure(f"patcher {patcher.name} does not parse: line {exc.lineno}: {exc.msg}") from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TARGETS" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
+    return []
+
+
 def _read(path: Path) -> bytes:
     """A file's bytes, refusing a link at the last step (the path was resolved by inside())."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
