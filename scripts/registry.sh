@@ -75,7 +75,7 @@ answers() {
 
 case "$CMD" in
 start)
-  command -v docker-registry >/dev/null || die "docker-registry not found (run scripts/docker-up.sh)"
+  command -v docker-registry >/dev/null || die "docker-registry not found (Debian package docker-registry)"
   if pid="$(running_pid)"; then
     echo "registry: already running on $LISTEN (pid $pid)"
     exit 0

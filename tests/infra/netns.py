@@ -37,7 +37,7 @@ from nodes import Node, NodeError, _alive  # noqa: E402
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 2222
-# The engines here run chrooted (scripts/docker-up.sh): the certs.d they read is under that root.
+# The engines here run chrooted (as .ci/provision runs them): the certs.d they read is under that root.
 ENGINE_ROOT = Path(os.environ.get("SPARKFORGE_ENGINE_ROOT", "/var/lib/sparkforge-engine/trixie"))
 
 

@@ -21,7 +21,7 @@ Usage::
     finally:
         stop_nodes(nodes)
 
-Needs root and ``dockerd`` on PATH (scripts/docker-up.sh installs it). Stdlib only.
+Needs root and ``dockerd`` on PATH (.ci/provision puts one there on CI). Stdlib only.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Node:
             self._t0 = None  # already running: no start time to measure
             return
         if shutil.which(self.dockerd) is None:
-            raise NodeError(f"{self.dockerd} not found on PATH (run scripts/docker-up.sh)")
+            raise NodeError(f"{self.dockerd} not found on PATH")
         for d in (self.data_root, self.exec_root):
             d.mkdir(parents=True, exist_ok=True)
         # Own config file: otherwise dockerd reads /etc/docker/daemon.json of the host daemon.
@@ -315,7 +315,7 @@ def _umount_under(root: Path) -> None:
     dockerd bind-mounts parts of its roots; a killed dockerd leaves them, and the next
     start stacks another on top, so repeat until none is left.
     """
-    # A chrooted dockerd (scripts/docker-up.sh) makes its mounts below the engine root, where this
+    # A chrooted dockerd (as .ci/provision runs it) makes its mounts below the engine root, where this
     # namespace sees them under the root's prefix.
     chroot = Path(os.environ.get("SPARKFORGE_ENGINE_ROOT", "/var/lib/sparkforge-engine/trixie"))
     tops = [str(root)] + ([str(chroot) + str(root)] if chroot.is_dir() else [])

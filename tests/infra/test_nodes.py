@@ -1,6 +1,6 @@
 """Smoke test of tests/infra/nodes.py: two extra dockerd nodes start, answer, and stop clean.
 
-Skipped where extra daemons cannot run (not root, or no dockerd: see scripts/docker-up.sh).
+Skipped where extra daemons cannot run (not root, or no dockerd on PATH).
 """
 
 import os
@@ -16,7 +16,7 @@ from nodes import start_nodes, stop_nodes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("docker") is None,
-    reason="needs root and dockerd (scripts/docker-up.sh)",
+    reason="needs root and dockerd on PATH",
 )
 
 
