@@ -1,8 +1,8 @@
 """The Docker CLI as sparkforge runs it: a time limit on every call, one-line errors, no orphans.
 
 Every call names what it was doing, so a wedged or missing engine becomes one line such as
-"docker image inspect: the Docker engine did not answer within 10 s" instead of a hang or a
-traceback. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
+"docker image inspect: no answer within 10 s (is the Docker engine wedged or unreachable?)" instead
+of a hang or a traceback. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
 stops them with the CLI.
 """
 
@@ -42,6 +42,7 @@ def _env(host: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def last_line(text: str | bytes | None, fallback: str) -> str:
+    """The last non-blank line of a child's output, or fallback."""
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
