@@ -113,7 +113,7 @@ def test_the_locked_plan_pins_base_packages_and_epoch(images: Path) -> None:
     assert uses == 1  # the vLLM wheel, in the runtime stage
     # The compile's build tools are not the runtime's packages: only the base's builds constrain them.
     build_stage = dockerfile[dockerfile.index("AS vllm-build"):dockerfile.index("AS runtime")]
-    assert "-c /opt/sparkforge/protect/constraints.txt -r requirements/build.txt" in build_stage
+    assert '-c /opt/sparkforge/protect/constraints.txt -r "$build_reqs"' in build_stage
     assert "lock/constraints.txt" not in build_stage
     assert dockerfile.count("COPY lock/constraints.txt /opt/sparkforge/lock/constraints.txt") == 1
     assert "lock/constraints.txt" not in context_files(plan, layout(images))
