@@ -212,17 +212,12 @@ def _jsonable(obj: Any) -> Any:
 def digest_tree(folder: Path) -> str:
     """sha256 over the relative paths and bytes of every file below folder, in sorted order.
 
-    A link anywhere below folder is refused, never read through: a mod is its own files only.
+    The folder holds no links: config.load_mod refused any before the plan reads it.
     """
     h = hashlib.sha256()
     files = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            if path.is_symlink():
-                raise ConfigError(f"{path.relative_to(folder).as_posix()} is a link; a mod folder may hold "
-                                  "only its own files and folders, never a link to anything", path=folder)
         files += [Path(dirpath) / name for name in filenames]
     for path in sorted(files, key=lambda p: p.relative_to(folder).as_posix()):
         h.update(path.relative_to(folder).as_posix().encode() + b"\0")
