@@ -1,0 +1,138 @@
+"""Files a recipe or a mod names by URL and sha256: fetched once, checked, kept in the cache by hash.
+
+A remote patch and a prebuilt wheel are pinned the same way: the URL says where to get the file,
+the sha256 says which file it must be. The file is downloaded on the host (with the CA bundle the
+user gives, as for the build), checked against the hash, and stored under
+<cache>/downloads/<sha256>/<name>; the build and check-mods only ever read that copy, so no
+build step needs the network for it. A file already in the cache is never fetched again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import ssl
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from .sources import cache_dir
+
+READ_TIMEOUT = 60.0  # seconds without a byte before a download is given up
+CHUNK = 1 << 20
+
+
+class DownloadFailed(Exception):
+    """The file could not be had (network, TLS, HTTP status); the message says why in one line."""
+
+
+class HashMismatch(Exception):
+    """The file arrived, but its sha256 is not the one pinned."""
+
+    def __init__(self, url: str, wanted: str, got: str) -> None:
+        self.url, self.wanted, self.got = url, wanted, got
+        super().__init__(f"{url} has sha256 {got}, not the pinned {wanted}")
+
+
+def downloads_dir() -> Path:
+    return cache_dir() / "downloads"
+
+
+def cached(sha256: str, name: str) -> Path:
+    """Where the file with this hash is kept (it may not be there yet)."""
+    return downloads_dir() / sha256 / name
+
+
+def tls_context(ca_cert: Path | None) -> ssl.SSLContext:
+    """The system's trust store, or the bundle given with --ca-cert instead of it."""
+    return ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
+
+
+def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
+          progress: Callable[[int, int | None], None] = lambda done, total: None) -> Path:
+    """The file at url, from the cache or downloaded into it, whose sha256 is `sha256` (64 hex).
+
+    Raises DownloadFailed when it cannot be fetched and HashMismatch when what came is another file;
+    in both cases nothing is left in the cache.
+    """
+    target = cached(sha256, name)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            got = _stream(url, out, ca_cert, progress)
+        if got != sha256:
+            raise HashMismatch(url, sha256, got)
+        os.replace(part, target)
+    except BaseException:
+        Path(part).unlink(missing_ok=True)
+        if not any(target.parent.iterdir()):
+            target.parent.rmdir()
+        raise
+    return target
+
+
+def _stream(url: str, out, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
+    """Copy url into out; return the sha256 of what came."""
+    digest = hashlib.sha256()
+    request = urllib.request.Request(url, headers={"User-Agent": "sparkforge"})
+    try:
+        with urllib.request.urlopen(request, timeout=READ_TIMEOUT, context=tls_context(ca_cert)) as resp:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            done = 0
+            while chunk := resp.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                done += len(chunk)
+                progress(done, total)
+    except urllib.error.HTTPError as exc:
+        raise DownloadFailed(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise DownloadFailed(f"{url}: {_reason(exc.reason)}") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise DownloadFailed(f"{url}: {_reason(exc)}") from None
+    return digest.hexdigest()
+
+
+def _reason(exc: object) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS certificate not trusted ({exc.verify_message}); give the CA bundle with --ca-cert"
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {READ_TIMEOUT:.0f}s"
+    return str(getattr(exc, "strerror", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def take_local(path: Path, sha256: str, name: str) -> Path:
+    """A local file pinned by hash, copied into the cache beside downloaded ones (a later edit of the
+    original cannot change what the build uses). Raises HashMismatch, or OSError when unreadable."""
+    target = cached(sha256, name)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(path, part)
+        got = sha256_of(Path(part))  # the hash of the copy: what the build will read
+        if got != sha256:
+            raise HashMismatch(str(path), sha256, got)
+        os.replace(part, target)
+    except BaseException:
+        Path(part).unlink(missing_ok=True)
+        if not any(target.parent.iterdir()):
+            target.parent.rmdir()
+        raise
+    return target
