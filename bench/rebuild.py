@@ -1,7 +1,8 @@
 """Rebuild benchmark: a cold build, a rebuild after one install-phase mod changed, and the tool's
 overhead on a fully cached build against a raw `docker buildx build` of the same rendered folder;
 then the git-source variant (tests/gitsource.py): a cold build, and rebuilds after an install-phase
-and after a source-phase mod changed.
+and after a source-phase mod changed; then that variant with an empty and with a warm wheel cache,
+each after `docker builder prune -af` (this empties the engine's whole build cache).
 
 Run with `make bench-rebuild` (needs Docker and the local base: `make base-local`).
 """
@@ -25,7 +26,7 @@ from gitsource import VARIANT as GIT_VARIANT  # noqa: E402
 from gitsource import GitSource, ensure_torch_base  # noqa: E402
 
 from sparkforge.builder import BuildOptions, build_image, buildx_command  # noqa: E402
-from sparkforge.pipeline import load_plan  # noqa: E402
+from sparkforge.pipeline import WheelNote, build_variant, load_plan  # noqa: E402
 from sparkforge.plan import Layout  # noqa: E402
 from sparkforge.render import render_context  # noqa: E402
 
@@ -135,9 +136,38 @@ def bench_git_source(work: Path) -> bool:
               f"compile {'re-ran (ok)' if compiled(src) else 'cached (FAIL)'}")
         print(f"ratio git install-mod rebuild/cold: {inst_s / cold_s:6.3f}")
         print(f"ratio git source-mod rebuild/cold:  {src_s / cold_s:6.3f}")
-        return not compiled(inst) and compiled(src)
+        return not compiled(inst) and compiled(src) and bench_wheel_cache(git, work)
     finally:
         git.stop()
+
+
+def bench_wheel_cache(git: GitSource, work: Path) -> bool:
+    """The git-source variant built twice, each time after `docker builder prune -af`: with an empty wheel
+    cache (the compile runs), then with the wheel the first build stored (it does not). True when so."""
+    variant = f"{GIT_VARIANT}-pinned"
+    (git.images / f"{variant}.yaml").write_text(
+        f"extends: {GIT_VARIANT}\ncomponents:\n  sparkprobe:\n    commit: {git.probe}\n")
+    layout = Layout.default(images_dir=git.images, mods_dir=git.mods)
+    opts = BuildOptions(network="host", ca_cert=git.ca_bundle, log_dir=work / "logs")
+    cache = work / "wheel-cache"
+    plan = load_plan(layout, variant).plan
+    print("bench-rebuild: the wheel cache; each build starts from an empty BuildKit cache (docker builder prune -af)")
+
+    def build() -> tuple[float, WheelNote]:
+        subprocess.run(["docker", "builder", "prune", "-af"], check=True, capture_output=True)
+        start = time.monotonic()
+        done = build_variant(plan, layout, opts, smoke=False, wheel_cache=cache)
+        return time.monotonic() - start, done.wheel
+
+    cold_s, cold = build()
+    print(f"  empty wheel cache:                        {cold_s:7.1f} s, wheel {cold.origin}"
+          + (" (ok)" if cold.origin == "compiled" else " (FAIL)"))
+    warm_s, warm = build()
+    print(f"  warm wheel cache:                         {warm_s:7.1f} s, wheel {warm.origin}"
+          + (" (ok)" if warm.origin == "cache" else " (FAIL)"))
+    print(f"ratio git build warm/cold wheel cache:      {warm_s / cold_s:6.3f}  (both after a builder prune; here the "
+          "compile is VLLM_TARGET_DEVICE=empty, a small part of a CUDA compile)")
+    return cold.origin == "compiled" and warm.origin == "cache"
 
 
 if __name__ == "__main__":

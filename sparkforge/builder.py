@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -48,8 +48,8 @@ class Step:
     @property
     def ran(self) -> bool:
         """Whether the step was executed rather than taken from the cache."""
-        return (not self.cached and self.seconds is not None and not self.name.startswith("internal")
-                and not self.command.startswith("FROM "))
+        return (not self.cached and self.seconds is not None and not self.command.startswith("FROM ")
+                and not self.name.startswith(("internal", "context ")))  # BuildKit's own, and named contexts
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class BuildOptions:
     output: str | None = None
     # The Docker engine to build on (DOCKER_HOST), e.g. unix:///run/other/docker.sock.
     docker_host: str | None = None
+    # Named build contexts (--build-context NAME=DIR), e.g. the folder of a wheel to install.
+    contexts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -86,10 +88,15 @@ def candidate_tag(plan: Plan) -> str:
     return f"{plan.tag}-candidate"
 
 
-def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None) -> list[str]:
-    """The exact `docker buildx build` command for a rendered context."""
+def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None,
+                   target: str | None = None) -> list[str]:
+    """The exact `docker buildx build` command for a rendered context (of one stage, with target)."""
     cmd = ["docker", "buildx", "build", "--progress=plain", *(["--output", opts.output] if opts.output else ["--load"]),
            "--file", str(context.dockerfile)]
+    if target:
+        cmd += ["--target", target]
+    for name, folder in opts.contexts:
+        cmd += ["--build-context", f"{name}={folder}"]
     if tag:
         cmd += ["--tag", tag]
     if opts.builder:
@@ -172,17 +179,43 @@ class _BuildLog:
 def build_image(plan: Plan, context: Context, opts: BuildOptions,
                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
     """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
+    log_path = _log_path(plan, opts, "")
+    metadata = log_path.with_suffix(".json")
+    cmd = buildx_command(plan, context, opts)
+    cmd[-1:-1] = ["--metadata-file", str(metadata)]
+    reader = _buildx(plan, cmd, opts, log_path, progress)
+    try:
+        image_id = json.loads(metadata.read_text())["containerimage.config.digest"]
+    except (OSError, ValueError, KeyError):
+        raise BuildError(f"the build finished but wrote no image ID to {metadata}", field="docker") from None
+    return BuildResult(plan, image_id, candidate_tag(plan), log_path, time.monotonic() - reader.start,
+                       sorted(reader.steps.values(), key=lambda s: s.number))
+
+
+def export_stage(plan: Plan, context: Context, opts: BuildOptions, target: str, dest: Path,
+                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
+    """Build one stage of a context and write its files to dest (BuildKit's local exporter); no image."""
+    log_path = _log_path(plan, opts, f"-{target}")
+    cmd = buildx_command(plan, context, replace(opts, output=f"type=local,dest={dest}"), target=target)
+    reader = _buildx(plan, cmd, opts, log_path, progress)
+    return BuildResult(plan, "", "", log_path, time.monotonic() - reader.start,
+                       sorted(reader.steps.values(), key=lambda s: s.number))
+
+
+def _log_path(plan: Plan, opts: BuildOptions, suffix: str) -> Path:
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}{suffix}.log"
+
+
+def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
+            progress: Callable[[Step, float], None]) -> _BuildLog:
+    """Run a buildx command, its log to log_path and each step to progress; a failure is one BuildError."""
     if opts.ca_cert and not opts.ca_cert.is_file():
         raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
     problem = dockercli.engine_problem(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
     if problem:
         raise BuildError(problem, field="docker")
-    opts.log_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    log_path = opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}.log"
-    metadata = log_path.with_suffix(".json")
-    cmd = buildx_command(plan, context, opts)
-    cmd[-1:-1] = ["--metadata-file", str(metadata)]
     reader = _BuildLog(progress)
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     with open(log_path, "w", encoding="utf-8") as log:
@@ -199,17 +232,11 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
             dockercli.finish(proc)
             raise
         code = dockercli.finish(proc)
-    seconds = time.monotonic() - reader.start
     if code != 0:
         if not reader.steps:
             check_engine()  # explains a missing engine or buildx; otherwise fall through
         raise reader.failure(plan, code, log_path)
-    try:
-        image_id = json.loads(metadata.read_text())["containerimage.config.digest"]
-    except (OSError, ValueError, KeyError):
-        raise BuildError(f"the build finished but wrote no image ID to {metadata}", field="docker") from None
-    return BuildResult(plan, image_id, candidate_tag(plan), log_path, seconds,
-                       sorted(reader.steps.values(), key=lambda s: s.number))
+    return reader
 
 
 def image_ids(*refs: str) -> dict[str, str | None]:

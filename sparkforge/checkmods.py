@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import imagetool, sources
+from . import download, imagetool, sources, wheels
 from .plan import Mod, Plan
 
 APPLIED, ALREADY, FAILED, UNVERIFIED = "applied", "already", "failed", "unverified"
@@ -52,6 +52,15 @@ def vllm_source(plan: Plan) -> SourceRef:
     """The vLLM tree at the variant's pin: the release's sdist when the pin is that release
     (for git pins: when the release records a commit that the pinned commit starts with), else git."""
     v = plan.vllm
+    if v.wheel is not None:
+        wheel = v.wheel
+
+        def from_wheel() -> Path:
+            try:
+                return sources.extract_tree(wheels.fetch_wheel(wheel), "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
+            except (download.DownloadFailed, download.HashMismatch, OSError) as exc:
+                raise sources.SourceUnavailable(f"the recipe's wheel: {exc}") from None
+        return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
     if v.source == "pypi":
         return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
     if v.commit.value is None:

@@ -97,6 +97,8 @@ def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
 
 
 BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
+WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
+                    "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
 
 
 @app.command("list")
@@ -167,7 +169,7 @@ def _progress_printer(label: str):
     from .builder import Step
 
     def show(step: Step, elapsed: float) -> None:
-        if step.name.startswith("internal"):
+        if step.name.startswith(("internal", "context ")):
             return
         mins, secs = divmod(int(elapsed), 60)
         err.print(f"  {label} {mins:02d}:{secs:02d} [{step.name}] {step.command[:100]}", markup=False)
@@ -192,13 +194,23 @@ def build(
                                 "is used, and one that does not is ignored with a warning."),
     dry: bool = typer.Option(False, "--dry-run", help="Print the tags and the exact `docker buildx build` command; "
                              "write nothing and do not touch Docker."),
+    wheel_cache: Optional[Path] = typer.Option(None, "--wheel-cache", envvar="SPARKFORGE_WHEEL_CACHE",
+                                               help=WHEEL_CACHE_HELP),
+    use_wheel_cache: bool = typer.Option(True, "--wheel-cache-on/--no-wheel-cache",
+                                         help="--no-wheel-cache: compile vLLM, and store nothing in the wheel cache."),
 ) -> None:
     """Render, build with BuildKit, smoke-test, then tag a variant.
 
     The image gets its immutable tag (from the plan) and its moving tag (the variant name) only
     after the static smoke tier passes. When a build or smoke test fails, every existing tag
     stays where it was.
+
+    A git-source variant installs the vLLM wheel from the wheel cache when an earlier compile
+    with the same inputs (commit, source-phase mods, build.env, arch list, base) left it there,
+    and otherwise compiles and stores its wheel there. `python build.py wheels list` shows it.
     """
+    from .wheels import default_root
+
     plan = _plan(variant, base, locked=locked)
     opts = pipeline.build_options(network=network, ca_cert=ca_cert, no_cache=no_cache, max_jobs=max_jobs,
                                   nvcc_threads=nvcc_threads, log_dir=log_dir)
@@ -207,7 +219,8 @@ def build(
         return
     _say(f"building {plan.tag} from {pipeline.context_dir(plan)}")
     done = pipeline.build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),
-                                  on_smoke=lambda static: out.print(views.smoke_table([static])))
+                                  wheel_cache=(wheel_cache or default_root()) if use_wheel_cache else None,
+                                  on_smoke=lambda static: out.print(views.smoke_table([static])), say=_say)
     _emit(views.build_lines(plan, done))
 
 
@@ -242,6 +255,7 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
 # ---------------------------------------------------------------- distribute: push, deploy, status (cli_cluster.py)
 
 from . import cli_cluster  # noqa: F401, I001 - registers its verbs here, keeping the order of --help
+from . import cli_wheels  # noqa: F401, I001 - the `wheels` group
 
 
 # ---------------------------------------------------------------- locks and reproducibility: lock, verify-repro,

@@ -26,6 +26,10 @@ COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 DIGEST_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
 REF_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
 URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~-]+)+/?\Z")
+# A file to download: https, and a path that may hold a percent-encoded character or a '+'
+# (wheel names of local versions). It never reaches a shell line; the host fetches it.
+FILE_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%+-]+)+\Z")
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 REPOSITORY_RE = re.compile(r"\A[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*\Z")
 TAG_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
@@ -116,6 +120,8 @@ Commit = _matching(COMMIT_RE, "full commit: write 40 lowercase hex digits (put a
 Digest = _matching(DIGEST_RE, "digest: write sha256:<64 hex>")
 GitRef = _matching(REF_RE, "git ref")
 GitUrl = _matching(URL_RE, "https git URL")
+FileUrl = _matching(FILE_URL_RE, "https URL of a file")
+Sha256 = _matching(SHA256_RE, "sha256: write its 64 lowercase hex digits")
 Repository = _matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)
 ImageTag = _matching(TAG_RE, "image tag")
 Package = _matching(PKG_RE, "pip package name")
@@ -151,10 +157,16 @@ class BaseSpec(Strict):
 
 
 class VllmSpec(Strict):
-    source: Literal["git", "pypi"] | None = None
+    """git: clone a commit and compile it; pypi: install the release; wheel: install a prebuilt
+    wheel named by url (https) or path (relative to the recipe's folder), pinned by sha256."""
+
+    source: Literal["git", "pypi", "wheel"] | None = None
     repo: GitUrl | None = None
     ref: GitRef | None = None
     commit: Union[Commit, Unknown, None] = None
+    url: FileUrl | None = None
+    path: RelPath | None = None
+    sha256: Sha256 | None = None
     version: PipVersion | None = None
     install_deps: bool | None = None
 

@@ -105,7 +105,9 @@ def _commit(commit: str | None) -> str:
 
 
 def _vllm_text(source: str, version: str, ref: str | None, commit: str | None) -> str:
-    return f"{version} (pypi)" if source == "pypi" else f"{version} ({source} {ref} @ {_commit(commit)})"
+    if source in ("pypi", "wheel"):
+        return f"{version} ({source})"
+    return f"{version} ({source} {ref} @ {_commit(commit)})"
 
 
 def _component_text(kind: str, package: str | None, version: str | None, repo: str | None, ref: str | None,
@@ -169,7 +171,9 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         base=(("base", base),),
         os_packages=_os_packages(plan.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, v.commit.value)), ("repo", v.repo or "none"),
-              ("install_deps", _yes(v.install_deps))),
+              ("install_deps", _yes(v.install_deps)),
+              ("wheel", " ".join(x for x in (v.wheel.filename, v.wheel.url, v.wheel.path, f"sha256:{v.wheel.sha256}")
+                                 if x) if v.wheel else "none")),
         components=tuple(comps),
         protect=_names(plan.protect),
         build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch),
@@ -207,7 +211,8 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
         base=(("base", base),),
         os_packages=_os_packages(lock.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
-              ("repo", "none" if v.source == "pypi" else None), ("install_deps", _yes(v.install_deps))),
+              ("repo", "none" if v.source != "git" else None), ("install_deps", _yes(v.install_deps)),
+              ("wheel", None)),
         components=tuple(comps),
         protect=_names(lock.protect),
         build=_build(None, None, None, None, lock.source_date_epoch),

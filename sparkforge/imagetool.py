@@ -734,6 +734,7 @@ def write_record(home: Path) -> dict:
     plan = json.loads((home / "plan.json").read_text())
     mods = [json.loads(p.read_text()) for p in sorted((home / "record" / "mods").glob("*.json"))]
     commit_file = home / "record" / "vllm-commit"
+    wheel_file = home / "record" / "vllm-wheel.json"
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     built = int(epoch) if epoch.isdigit() else int(time.time())
     installed = {"vllm": _installed("vllm")}
@@ -752,7 +753,8 @@ def write_record(home: Path) -> dict:
         "tag": plan["tag"],
         "plan_hash": plan["plan_hash"],
         "base": plan["base"],
-        "vllm": plan["vllm"] | {"built_commit": built_commit},
+        "vllm": plan["vllm"] | {"built_commit": built_commit,
+                                "installed_wheel": json.loads(wheel_file.read_text()) if wheel_file.exists() else None},
         "components": plan["components"],
         "installed": installed,
         "packages": installed_packages(),
@@ -819,7 +821,7 @@ def smoke_static(home: Path) -> list[tuple[str, str, str]]:
         return [("build record present", "failed", str(exc))]
     add("build record present", record.get("plan_hash") == plan["plan_hash"], str(home / "build-record.json"))
     want, have = plan["vllm"]["version"], _installed("vllm")
-    add(f"vllm {want} installed", _public(have) == want, f"installed: {have}")
+    add(f"vllm {want} installed", (have if "+" in want else _public(have)) == want, f"installed: {have}")
     for comp in plan["components"]:
         if comp["kind"] == "pip":
             name = comp["package"].split("[")[0]
@@ -949,6 +951,24 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_note_wheel(args: argparse.Namespace) -> int:
+    """Record the vLLM wheel the image installed: compiled here, from the wheel cache, or the recipe's."""
+    import hashlib
+
+    wheel = Path(args.wheel)
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    note = {"origin": args.origin, "filename": wheel.name, "sha256": digest.hexdigest(), "cache_key": args.key,
+            "compiled_for": args.compiled_for}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(note, sort_keys=True) + "\n")
+    print(f"vllm wheel: {args.origin}, {wheel.name}, sha256 {note['sha256']}")
+    return 0
+
+
 def _cmd_smoke(args: argparse.Namespace) -> int:
     checks = smoke_static(Path(args.home)) if args.tier == "static" else smoke_gpu(Path(args.home))
     for name, state, detail in checks:
@@ -983,6 +1003,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("record", help="write the build record into HOME/build-record.json")
     p.add_argument("home")
     p.set_defaults(func=_cmd_record)
+    p = sub.add_parser("note-wheel", help="record the vLLM wheel installed and where it came from")
+    p.add_argument("wheel")
+    p.add_argument("--origin", required=True, choices=["compiled", "cache", "recipe"])
+    p.add_argument("--key", help="the wheel cache key (origin cache and compiled)")
+    p.add_argument("--compiled-for", help="origin cache: the build that compiled it (VARIANT-HASH at TIME)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_note_wheel)
     p = sub.add_parser("smoke", help="run a smoke tier inside the image; one JSON line per check")
     p.add_argument("--tier", choices=["static", "gpu"], default="static")
     p.add_argument("--home", default="/opt/sparkforge")

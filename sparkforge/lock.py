@@ -28,6 +28,7 @@ from .config import (
     Digest,
     GitRef,
     GitUrl,
+    Sha256,
     ImageTag,
     Name,
     OsPackage,
@@ -79,8 +80,9 @@ class LockedVllm:
     source: str
     version: str
     ref: str | None
-    commit: Pinned | None  # None for a pypi source
+    commit: Pinned | None  # None for a pypi or wheel source
     install_deps: bool
+    sha256: str | None = None  # a wheel source: the wheel's hash
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class Lock:
             "base": {"repository": self.base.repository, "tag": self.base.tag, "digest": self.base.digest.to_json()},
             "vllm": _drop_none({"source": self.vllm.source, "version": self.vllm.version, "ref": self.vllm.ref,
                                 "commit": self.vllm.commit.to_json() if self.vllm.commit else None,
-                                "install_deps": self.vllm.install_deps}),
+                                "sha256": self.vllm.sha256, "install_deps": self.vllm.install_deps}),
             "components": {c.name: _drop_none({
                 "kind": c.kind, "package": c.package, "version": c.version.to_json() if c.version else None,
                 "repo": c.repo, "ref": c.ref, "commit": c.commit.to_json() if c.commit else None, "dest": c.dest})
@@ -171,10 +173,11 @@ class _Base(Strict):
 
 
 class _Vllm(Strict):
-    source: Literal["git", "pypi"]
+    source: Literal["git", "pypi", "wheel"]
     version: PipVersion
     ref: Optional[GitRef] = None
     commit: Union[Commit, _Unresolved, None] = None
+    sha256: Optional[Sha256] = None
     install_deps: bool
 
 
@@ -259,7 +262,7 @@ def read_lock(path: Path) -> Lock:
         source_date_epoch=data.source_date_epoch,
         base=LockedBase(data.base.repository, data.base.tag, _pin(data.base.digest) or Pinned(None, "")),
         vllm=LockedVllm(data.vllm.source, data.vllm.version, data.vllm.ref, _pin(data.vllm.commit),
-                        data.vllm.install_deps),
+                        data.vllm.install_deps, data.vllm.sha256),
         components=tuple(LockedComponent(name, c.kind, c.package, _pin(c.version), c.repo, c.ref, _pin(c.commit),
                                          c.dest) for name, c in sorted(data.components.items())),
         mods=tuple((m.name, m.digest) for m in data.mods),
@@ -299,7 +302,7 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("variant", plan.variant), ("base.repository", b.repository), ("base.tag", b.tag),
                 ("base.digest", _plan_pin(b.digest)), ("vllm.source", v.source), ("vllm.version", v.version),
                 ("vllm.ref", v.ref), ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
-                ("vllm.install_deps", v.install_deps),
+                ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
                 ("components", [c.name for c in plan.components])]
         for c in plan.components:
             out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
@@ -314,7 +317,8 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         b, v = lock.base, lock.vllm
         out += [("variant", lock.variant), ("base.repository", b.repository), ("base.tag", b.tag),
                 ("base.digest", b.digest), ("vllm.source", v.source), ("vllm.version", v.version),
-                ("vllm.ref", v.ref), ("vllm.commit", v.commit), ("vllm.install_deps", v.install_deps),
+                ("vllm.ref", v.ref), ("vllm.commit", v.commit), ("vllm.sha256", v.sha256),
+                ("vllm.install_deps", v.install_deps),
                 ("components", [c.name for c in lock.components])]
         for c in lock.components:
             out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
@@ -443,7 +447,8 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         source_date_epoch=source_date_epoch,
         base=LockedBase(plan.base.repository, plan.base.tag, pins.get("base.digest", _plan_pin(plan.base.digest))),
         vllm=LockedVllm(v.source, v.version, v.ref,
-                        pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps),
+                        pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps,
+                        v.wheel.sha256 if v.wheel else None),
         components=tuple(comps),
         mods=tuple((m.name, m.digest) for m in plan.mods),
         protect=plan.protect,

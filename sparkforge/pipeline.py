@@ -11,12 +11,14 @@ import enum
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
+from . import wheels
 from .builder import (
     BuildOptions,
     BuildResult,
@@ -24,6 +26,7 @@ from .builder import (
     build_image,
     buildx_command,
     current_image,
+    export_stage,
     image_ids,
     keep_candidate,
     promote,
@@ -49,6 +52,7 @@ from .render import Context, render_context
 from .resolve import resolve_pins, today_epoch
 from .smoke import DEFAULT_SERVE_MODEL, TIERS, TierResult, run_static, run_tier
 from .sources import release_versions
+from .wheels import WheelInput
 
 
 class LockPolicy(str, enum.Enum):
@@ -150,8 +154,27 @@ class DryRun:
 
 
 def dry_run(plan: Plan, opts: BuildOptions) -> DryRun:
+    """The command of a build; for a git source, the compiling one (the wheel cache is looked at by the build)."""
     ctx = Context(context_dir(plan), ())
+    if plan.vllm.source == "wheel":
+        opts = with_wheel(opts, wheels.planned_wheel(plan))
     return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts)), ctx.path)
+
+
+def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
+    """The options of a build that installs `wheel`: its folder is the named build context vllm-wheel."""
+    return replace(opts, contexts=((wheels.CONTEXT, str(wheel.folder)),)) if wheel else opts
+
+
+@dataclass(frozen=True)
+class WheelNote:
+    """Which vLLM wheel a build installed: compiled, from the wheel cache, or the recipe's; and why."""
+
+    origin: str  # "compiled", "cache", "recipe", or "release" (pypi)
+    sha256: str | None = None
+    key: str | None = None  # the wheel cache key, where the source is git and the key could be made
+    why_compiled: str = ""  # origin "compiled": why the cache did not give the wheel
+    stored: bool = False  # origin "compiled": the wheel went into the cache
 
 
 @dataclass(frozen=True)
@@ -162,6 +185,52 @@ class BuildOutcome:
     static: TierResult | None
     smoke_already_passed: bool
     tagged: tuple[str, ...]
+    wheel: WheelNote = WheelNote("release")
+
+
+def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: Path | None,
+                  say: Callable[[str], None] = lambda line: None,
+                  progress: Callable[[Step, float], None] = lambda step, elapsed: None,
+                  ) -> tuple[WheelInput | None, WheelNote]:
+    """The vLLM wheel the image build installs, made ready before it runs.
+
+    A wheel source: the recipe's wheel, fetched and checked. A git source with a wheel cache: the
+    cached wheel of this build's inputs, or else the compile runs now (BuildKit, the wheel-export
+    stage) and its wheel goes into the cache first; either way the image build installs it from
+    the cache, so that its Dockerfile, and so its cached layers, are the same on a hit and a miss.
+    None: the image build compiles (no cache, or a key cannot be made) or installs a release."""
+    if plan.vllm.source == "wheel":
+        wheel = wheels.recipe_wheel(plan, layout, ca_cert=opts.ca_cert)
+        say(f"vLLM wheel: {wheel.wheel}, sha256 {wheel.sha256[:12]} (checked)")
+        return wheel, WheelNote("recipe", wheel.sha256)
+    if plan.vllm.source != "git":
+        return None, WheelNote("release")
+    if wheel_cache is None:
+        return None, WheelNote("compiled", why_compiled="the wheel cache is off")
+    found = wheels.lookup(plan, layout, wheel_cache, opts.docker_host)
+    if found.wheel:
+        say(f"vLLM wheel: from the wheel cache ({found.key[:12]}, compiled for {found.wheel.compiled_for}); "
+            "no compile")
+        return found.wheel, WheelNote("cache", found.wheel.sha256, found.key)
+    if found.inputs is None:
+        say(f"vLLM wheel: compiled in the image build, without the wheel cache: {found.why_not}")
+        return None, WheelNote("compiled", why_compiled=found.why_not)
+    say(f"vLLM wheel: compiling, because {found.why_not}")
+    ctx = render_context(plan, layout, context_dir(plan))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        wheel_cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".export.", dir=wheel_cache) as tmp:
+            compiled = export_stage(plan, ctx, opts, "wheel-export", Path(tmp), progress)
+            entry = wheels.store(wheel_cache, found.inputs, Path(tmp),
+                                 f"{plan.variant}-{plan.plan_hash[:12]} at {stamp}")
+    except OSError as exc:
+        raise BuildError(f"cannot write the wheel cache: {exc.strerror or exc} (build with --no-wheel-cache, or give "
+                         "a writable --wheel-cache)", path=wheel_cache, field="--wheel-cache") from None
+    say(f"vLLM wheel: compiled and stored in the wheel cache ({entry.key[:12]}, sha256 {entry.sha256[:12]}) in "
+        f"{compiled.seconds:.1f}s; compile log: {compiled.log_path}")
+    return wheels.as_input(entry), WheelNote("compiled", entry.sha256, entry.key, why_compiled=found.why_not,
+                                             stored=True)
 
 
 def kept_message(plan: Plan, before: str | None) -> str:
@@ -172,14 +241,20 @@ def kept_message(plan: Plan, before: str | None) -> str:
 
 
 def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool = True,
+                  wheel_cache: Path | None = None,
                   progress: Callable[[Step, float], None] = lambda step, elapsed: None,
-                  on_smoke: Callable[[TierResult], None] = lambda result: None) -> BuildOutcome:
+                  on_smoke: Callable[[TierResult], None] = lambda result: None,
+                  say: Callable[[str], None] = lambda line: None) -> BuildOutcome:
     """Render, build, run the static smoke tier, then tag: the immutable tag and the moving tag
     move only after the tier passes. A failure raises BuildError saying where the tags still are;
-    an image that fails its smoke test keeps only a candidate tag."""
-    ctx = render_context(plan, layout, context_dir(plan))
+    an image that fails its smoke test keeps only a candidate tag.
+
+    With a wheel cache, a git source installs the wheel of its inputs from the cache, compiled
+    first (and stored) only when the cache lacks it (prepare_wheel)."""
     try:
-        result = build_image(plan, ctx, opts, progress=progress)
+        wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
+        ctx = render_context(plan, layout, context_dir(plan), wheel)
+        result = build_image(plan, ctx, with_wheel(opts, wheel), progress=progress)
     except BuildError as exc:
         exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
         raise
@@ -192,7 +267,7 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
         if not static.ok:
             raise BuildError(f"static smoke tier failed; image left as {keep_candidate(result)}; "
                              f"{kept_message(plan, now[plan.moving_tag])}", field=plan.variant)
-    return BuildOutcome(result, static, already, tuple(promote(result, now)))
+    return BuildOutcome(result, static, already, tuple(promote(result, now)), note)
 
 
 def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
@@ -242,8 +317,10 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         if image is None:
             to_build = pinned_plan(plan, pins, sde)
             say(f"building {to_build.tag} to see what it installs")
-            ctx = render_context(to_build, layout, context_dir(to_build))
-            image = build_image(to_build, ctx, replace(opts, source_date_epoch=sde), progress=progress).image_id
+            wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
+            ctx = render_context(to_build, layout, context_dir(to_build), wheel)
+            image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
+                                progress=progress).image_id
         record, _ = read_record(image)
         if "packages" not in record:
             raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
@@ -347,7 +424,9 @@ def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep
     `keep`, else removed."""
     from .repro import verify_repro
 
-    ctx = render_context(plan, layout, context_dir(plan))
+    wheel, _ = prepare_wheel(plan, layout, opts, None, say)  # a git source compiles: that is what is compared
+    ctx = render_context(plan, layout, context_dir(plan), wheel)
+    opts = with_wheel(opts, wheel)
     (PROJECT_ROOT / "build").mkdir(exist_ok=True)
     workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{plan.variant}-", dir=PROJECT_ROOT / "build"))
     try:

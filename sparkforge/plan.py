@@ -7,14 +7,16 @@ always gives the same immutable tag.
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
+import urllib.parse
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from . import __version__
 from .config import (
@@ -84,13 +86,25 @@ class BaseImage:
 
 
 @dataclass(frozen=True)
+class WheelFile:
+    """A prebuilt wheel the recipe names: an https URL or a path relative to the recipe's folder."""
+
+    filename: str
+    sha256: str
+    url: str | None = None
+    path: str | None = None
+    local: str | None = field(default=None, compare=False)  # path's place on this host; not part of the plan
+
+
+@dataclass(frozen=True)
 class Vllm:
-    source: str  # "git": clone and compile; "pypi": install the release wheel
+    source: str  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel
     version: str
     repo: str | None
     ref: str | None
     commit: Pin
     install_deps: bool
+    wheel: WheelFile | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +195,8 @@ class Plan:
         data = _jsonable(self)
         for mod in data["mods"]:
             mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
+        if data["vllm"]["wheel"]:
+            data["vllm"]["wheel"].pop("local")
         data["tag"] = self.tag
         data["moving_tag"] = self.moving_tag
         data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]
@@ -196,6 +212,8 @@ class Plan:
             data.pop(key)
         for mod in data["mods"]:
             mod.pop("folder")
+        if data["vllm"]["wheel"]:
+            data["vllm"]["wheel"].pop("local")
         return data
 
 
@@ -266,12 +284,20 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
     if source == "git":
         vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
                     Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
-    else:
+    if source in ("git", "pypi"):
+        for fld in ("url", "path", "sha256"):
+            if getattr(v, fld) is not None:
+                raise ConfigError(f"a {source} source does not take {fld} (that is for source: wheel)", path=leaf,
+                                  field=f"vllm.{fld}")
+    if source == "pypi":
         for fld in ("repo", "ref", "commit"):
             if getattr(v, fld) is not None:
                 raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
                                   field=f"vllm.{fld}")
         vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps)
+    elif source == "wheel":
+        vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
+                    _wheel_file(v, version, leaf))
 
     components = []
     for name, c in sorted((data.components or {}).items()):
@@ -343,11 +369,47 @@ def _with_hash(plan: Plan, plan_hash: str) -> Plan:
     return Plan(**values)
 
 
+def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
+    """The wheel of a `source: wheel` recipe; its file name must be a vLLM wheel of the recipe's version."""
+    for fld in ("repo", "ref", "commit"):
+        if getattr(v, fld) is not None:
+            raise ConfigError("a wheel source takes url or path, sha256, version and install_deps (in a child of a "
+                              f"git variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
+    if (v.url is None) == (v.path is None):
+        raise ConfigError("give the wheel as url (https) or as path (relative to the recipe's folder), one of them",
+                          path=leaf, field="vllm.url")
+    if v.sha256 is None:
+        raise ConfigError("required field is missing: the wheel's sha256 (`sha256sum FILE` prints it)", path=leaf,
+                          field="vllm.sha256")
+    fld = "vllm.url" if v.url else "vllm.path"
+    filename = urllib.parse.unquote(v.url.rsplit("/", 1)[1]) if v.url else v.path.rsplit("/", 1)[-1]
+    try:
+        name, wheel_version, _, _ = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        raise ConfigError(f"{filename!r} is not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl)", path=leaf,
+                          field=fld) from None
+    if name != "vllm":
+        raise ConfigError(f"{filename} is a wheel of {name}, not of vllm", path=leaf, field=fld)
+    if wheel_version != Version(version):
+        raise ConfigError(f"{filename} is vllm {wheel_version}, but the recipe says version {version}", path=leaf,
+                          field="vllm.version")
+    local = None
+    if v.path:
+        local = leaf.parent / v.path
+        if local.exists() and leaf.parent.resolve() not in local.resolve().parents:
+            raise ConfigError(f"{v.path} leads outside {leaf.parent} (through a link); keep the wheel inside it",
+                              path=leaf, field="vllm.path")
+    return WheelFile(filename, v.sha256, v.url, v.path, str(local) if local else None)
+
+
 def _check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
     where = f"mods: {spec.name}"
     if spec.component not in components:
         raise ConfigError(f"targets component {spec.component!r}, which this variant does not have",
                           path=leaf, field=where)
+    if spec.phase == "source" and vllm.source == "wheel":
+        raise ConfigError("is a source-phase mod, but this variant installs a prebuilt wheel, which has no source "
+                          "tree to patch (use an install-phase mod, or build from git)", path=leaf, field=where)
     if spec.phase == "source" and (spec.component != "vllm" or vllm.source != "git"):
         raise ConfigError("is a source-phase mod, but this variant builds no vLLM source tree "
                           "(vllm.source is not git)", path=leaf, field=where)

@@ -20,6 +20,7 @@ import jinja2
 from .errors import ConfigError, SparkforgeError
 from .plan import Layout, Plan
 from .sources import cache_dir
+from .wheels import WheelInput, planned_wheel
 
 DOCKERFILE = "Dockerfile"
 MANAGED_MARK = ".sparkforge-context"
@@ -52,12 +53,21 @@ def _environment(template_dir: Path) -> jinja2.Environment:
     return env
 
 
-def render_dockerfile(plan: Plan, layout: Layout) -> str:
+def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = None) -> str:
+    """The Dockerfile of a plan. A git source compiles unless `wheel` (from the wheel cache) is given;
+    a wheel source installs the recipe's wheel."""
     env = _environment(layout.template.parent)
     template = env.get_template(layout.template.name)
     cutlass = next((c for c in plan.components if c.name == "cutlass" and c.kind == "git"), None)
+    if wheel is None and plan.vllm.source == "wheel":
+        wheel = planned_wheel(plan)
+    compiles = plan.vllm.source == "git" and wheel is None
     text = template.render(
         plan=plan,
+        compiles=compiles,
+        wheel=wheel,
+        wheel_path="/wheels/vllm-*.whl" if compiles or wheel is None else "/wheels/" + shlex.quote(
+            wheel.wheel.rpartition("/")[2]),
         git_components=[c for c in plan.components if c.kind == "git"],
         pip_components=[c for c in plan.components if c.kind == "pip"],
         cutlass_dest=cutlass.dest if cutlass else None,
@@ -74,10 +84,10 @@ def render_dockerfile(plan: Plan, layout: Layout) -> str:
     return "\n".join(lines).strip("\n") + "\n"
 
 
-def context_files(plan: Plan, layout: Layout) -> dict[str, bytes]:
+def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None) -> dict[str, bytes]:
     """Every file of the build context, by relative path."""
     files: dict[str, bytes] = {
-        DOCKERFILE: render_dockerfile(plan, layout).encode(),
+        DOCKERFILE: render_dockerfile(plan, layout, wheel).encode(),
         "plan.json": plan.to_json().encode(),
         "sparkforge/imagetool.py": layout.imagetool.read_bytes(),
         "sparkforge/gitfetch.py": layout.gitfetch.read_bytes(),
@@ -117,13 +127,14 @@ def mod_files(name: str, folder: Path) -> dict[str, bytes]:
     return found
 
 
-def render_context(plan: Plan, layout: Layout, out_dir: Path) -> Context:
-    """Write the build context to out_dir, replacing a context that sparkforge rendered there before."""
+def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput | None = None) -> Context:
+    """Write the build context to out_dir, replacing a context that sparkforge rendered there before.
+    `wheel` is as for render_dockerfile."""
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANAGED_MARK).exists():
         raise SparkforgeError("exists and was not rendered by sparkforge; choose an empty or new folder",
                               path=out_dir)
-    files = context_files(plan, layout)
+    files = context_files(plan, layout, wheel)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

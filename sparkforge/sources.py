@@ -172,13 +172,14 @@ def _package_dir(project: str) -> str:
 TREE_FORMAT = "whole-1"
 
 
-def extract_tree(archive: Path, package: str) -> Path:
+def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
     """Extract a whole sdist (without its top folder) or wheel once; return its root, which holds package/.
 
     The whole tree, not only the package: a source-phase mod may touch setup.py, CMakeLists.txt or csrc/.
     Only regular files and folders are extracted (no links, no devices), each confined to the root.
+    `name` names the tree in the cache (default: the archive's file name, unique on an index).
     """
-    root = cache_dir() / "trees" / f"{TREE_FORMAT}-{archive.name}"
+    root = cache_dir() / "trees" / f"{TREE_FORMAT}-{name or archive.name}"
     if (root / ".complete").exists():
         return root
     with _staged_tree(root, archive.name) as staging:

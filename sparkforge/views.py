@@ -58,7 +58,12 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
         _line(f"  base        {plan.base.ref}"),
     ]
-    src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}" if v.source == "git" else "pypi release"
+    if v.source == "git":
+        src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
+    elif v.wheel:
+        src = f"wheel {v.wheel.url or v.wheel.path} sha256:{v.wheel.sha256[:12]}"
+    else:
+        src = "pypi release"
     lines.append(_line(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})"))
     for c in plan.components:
         if c.kind == "pip":
@@ -129,6 +134,12 @@ def record_lines(image: str, record: dict, labels: dict) -> list[Text]:
         _line(f"  vllm         {v['version']} ({v['source']}) commit "
               f"{v['commit']['value'] or v.get('built_commit') or '-'}; installed {installed.get('vllm')}"),
     ]
+    wheel = v.get("installed_wheel")
+    if wheel:
+        where = {"cache": f"from the wheel cache, key {(wheel.get('cache_key') or '')[:12]}, compiled for "
+                          f"{wheel.get('compiled_for')}", "recipe": "the recipe's prebuilt wheel",
+                 "compiled": "compiled in the image build"}.get(wheel["origin"], wheel["origin"])
+        lines.append(_line(f"  vllm wheel   {wheel['filename']} sha256 {wheel['sha256']}; {where}"))
     for c in record["components"]:
         pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
         name = (c.get("package") or c["name"]).split("[")[0]
@@ -205,7 +216,23 @@ def build_lines(plan: Plan, done: Any) -> list[Text]:
                    f"{len(result.steps) - ran} cached; log: {result.log_path}")]
     if done.smoke_already_passed:
         lines.append(_line(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})"))
+    lines += wheel_lines(done.wheel)
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
+
+
+def wheel_lines(note: Any) -> list[Text]:
+    """Where the vLLM wheel of a build came from, with its hash; for a compile, why it ran."""
+    if note.origin == "cache":
+        return [_line(f"vllm wheel: from the wheel cache, key {note.key[:12]}, sha256 {note.sha256}; "
+                      "the compile did not run")]
+    if note.origin == "recipe":
+        return [_line(f"vllm wheel: the recipe's prebuilt wheel, sha256 {note.sha256}")]
+    if note.origin != "compiled":
+        return []
+    if note.stored:
+        return [_line(f"vllm wheel: compiled ({note.why_compiled}) and stored in the wheel cache, key {note.key[:12]}, "
+                      f"sha256 {note.sha256}")]
+    return [_line(f"vllm wheel: compiled in the image build ({note.why_compiled})")]
 
 
 def dry_run_lines(d: Any) -> list[Text]:

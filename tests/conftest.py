@@ -18,9 +18,18 @@ _before: dict[str, str] = {}
 
 def pytest_sessionstart(session):
     _before.update(hoststate.snapshot())
+    # Builds run by the tests keep their compiled wheels in a wheel cache of their own, never the user's.
+    import os
+    import tempfile
+
+    os.environ["SPARKFORGE_WHEEL_CACHE"] = tempfile.mkdtemp(prefix="sparkforge-test-wheels-")
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import os
+    import shutil
+
+    shutil.rmtree(os.environ.get("SPARKFORGE_WHEEL_CACHE", "/nonexistent"), ignore_errors=True)
     if not _before:
         return
     changed = hoststate.changed(_before, hoststate.snapshot())

@@ -10,6 +10,7 @@ and vllm/__init__.py before the compile; the shipped install-phase mods follow.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import importlib.util
 import subprocess
@@ -104,6 +105,17 @@ mods:
 """
 
 
+def ran_steps(log: Path) -> list[str]:
+    """The names ("stage i/n") of the RUN and COPY steps BuildKit ran rather than took from its cache, from a build log."""
+    heads, cached = {}, set()
+    for line in log.read_text().splitlines():
+        if m := re.match(r"^#(\d+) \[([^\]]+)\] (RUN|COPY)", line):
+            heads.setdefault(m.group(1), m.group(2))
+        elif m := re.match(r"^#(\d+) CACHED$", line):
+            cached.add(m.group(1))
+    return [name for n, name in heads.items() if n not in cached]
+
+
 class GitSource:
     """A running git server with its repositories, and a recipe folder and mods folder that use it."""
 
@@ -126,15 +138,15 @@ class GitSource:
         shutil.copytree(ROOT / "mods", self.mods)
         shutil.copytree(ROOT / "tests" / "mods" / "probe-source-mark", self.mods / "probe-source-mark")
 
-    def cli(self, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-        """The real command line on this setup's recipes and mods (git trusts the test CA)."""
-        env = dict(os.environ, GIT_SSL_CAINFO=str(self.ca_bundle))
+    def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """The real command line on this setup's recipes and mods (git trusts the test CA); `env` adds to ours."""
+        env = dict(os.environ, GIT_SSL_CAINFO=str(self.ca_bundle), **(env or {}))
         return subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(self.images), "--mods",
                                str(self.mods), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                               env=env)
 
-    def build(self, variant: str = VARIANT, *extra: str) -> subprocess.CompletedProcess:
-        return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra)
+    def build(self, variant: str = VARIANT, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra, env=env)
 
     def stop(self) -> None:
         self.server.stop()

@@ -50,6 +50,29 @@ def base_image() -> str:
     return BASE
 
 
+@pytest.fixture(scope="session")
+def torch_base(base_image: str, tmp_path_factory) -> str:
+    """The local base with a real CPU torch and numpy (tests/gitsource.py), made once."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gitsource import Unavailable, ensure_torch_base
+
+    try:
+        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def git_setup(torch_base: str, tmp_path_factory):
+    """The git-source setup (tests/gitsource.py), shared by the git-source and wheel tests, so that
+    the wheel tests find the compile of the same source in BuildKit's cache."""
+    from gitsource import GitSource
+
+    setup = GitSource(tmp_path_factory.mktemp("gitsrc"))
+    yield setup
+    setup.stop()
+
+
 def sparkforge(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run the real command line."""
     return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, text=True,

@@ -8,7 +8,6 @@ source-phase mod and the shipped install-phase mods, VLLM_TARGET_DEVICE=empty fo
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,26 +17,11 @@ import pytest
 from conftest import ROOT, sparkforge
 
 sys.path.insert(0, str(ROOT / "tests"))
-from gitsource import NUMPY, VARIANT, GitSource, Unavailable, ensure_torch_base  # noqa: E402
+from gitsource import NUMPY, VARIANT, GitSource, ran_steps  # noqa: E402
 
 
 def _run(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, **kw)
-
-
-@pytest.fixture(scope="session")
-def torch_base(base_image: str, tmp_path_factory) -> str:
-    try:
-        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
-def git_setup(torch_base: str, tmp_path_factory):
-    setup = GitSource(tmp_path_factory.mktemp("gitsrc"))
-    yield setup
-    setup.stop()
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +104,8 @@ def test_rebuilds_rerun_only_what_a_change_touches(git_setup: GitSource, built: 
 
 
 def _ran_steps(stdout: str) -> list[str]:
-    """The names ("stage i/n") of the steps BuildKit ran rather than took from its cache, from the build log."""
-    log = Path(next(line for line in stdout.splitlines() if "; log: " in line).rsplit("; log: ", 1)[1])
-    heads, cached = {}, set()
-    for line in log.read_text().splitlines():
-        if m := re.match(r"^#(\d+) \[([^\]]+)\] (RUN|COPY)", line):
-            heads.setdefault(m.group(1), m.group(2))
-        elif m := re.match(r"^#(\d+) CACHED$", line):
-            cached.add(m.group(1))
-    return [name for n, name in heads.items() if n not in cached]
+    """The steps BuildKit ran in the build whose log the build's output names."""
+    return ran_steps(Path(next(line for line in stdout.splitlines() if "; log: " in line).rsplit("; log: ", 1)[1]))
 
 
 def test_with_a_lock_every_command_names_one_tag(git_setup: GitSource, built: dict, registry) -> None:

@@ -74,6 +74,11 @@ RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
     VLLM_CUTLASS_SRC_DIR=/opt/cutlass \
     python3 -m pip wheel --no-build-isolation --no-deps -w /wheels .
 
+# ---------------------------------------------------------------- the compiled wheel and its records, for the wheel cache
+FROM scratch AS wheel-export
+COPY --from=vllm-build /wheels/ /wheels/
+COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /record/vllm-commit
+
 # ---------------------------------------------------------------- runtime: installs, then mods, then metadata
 FROM base AS runtime
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
@@ -82,11 +87,13 @@ ARG SOURCE_DATE_EPOCH
 COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /opt/sparkforge/record/vllm-commit
 COPY --from=component-cutlass /opt/cutlass /opt/cutlass
 COPY --from=component-transformers /opt/src/transformers /opt/src/transformers
+# The vLLM wheel: compiled above.
 RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
     --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
-    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl
+    python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl; \
+    python3 /opt/sparkforge/imagetool.py note-wheel /wheels/vllm-*.whl --origin compiled --out /opt/sparkforge/record/vllm-wheel.json
 RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \

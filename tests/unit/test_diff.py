@@ -12,7 +12,7 @@ import pytest
 
 from sparkforge.diff import SECTIONS, diff, diff_snapshots, from_plan
 from sparkforge.lock import lock_path, make_lock, write_lock
-from sparkforge.plan import Component, Layout, Plan, Vllm, plan_variant, rehash
+from sparkforge.plan import Component, Layout, Plan, Vllm, WheelFile, plan_variant, rehash
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ROOT / "tests" / "variants"
@@ -125,7 +125,8 @@ def changed(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     """Every way to change one leaf below value: (where, the changed value)."""
     if dataclasses.is_dataclass(value):
         skip = SKIP | (NOT_OF_KIND[value.kind] if isinstance(value, Component) else set())
-        skip |= NOT_OF_PYPI if isinstance(value, Vllm) and value.source == "pypi" else set()
+        skip |= NOT_OF_PYPI if isinstance(value, Vllm) and value.source in ("pypi", "wheel") else set()
+        skip |= {"wheel"} if isinstance(value, Vllm) and value.source != "wheel" else set()
         for f in dataclasses.fields(value):
             if f.name in skip:
                 continue
@@ -159,6 +160,9 @@ def plans() -> list[Plan]:
     """The shipped variants and the test variant: pypi and git vLLM, pip and git components."""
     out = [plan_variant(Layout.default(ROOT), v) for v in ("ng16", "ng17e")]
     out.append(plan_variant(Layout.default(ROOT, images_dir=VARIANTS), "testvllm"))
+    wheel = WheelFile("vllm-0.17.0-py3-none-any.whl", "a" * 64, url="https://example.invalid/vllm-0.17.0-py3-none-any.whl")
+    out.append(dataclasses.replace(out[-1], variant="testwheel",
+                                   vllm=dataclasses.replace(out[-1].vllm, source="wheel", wheel=wheel)))
     # Give each a lock's package pins and an epoch, so that changing them changes something known.
     return [rehash(dataclasses.replace(p, pins=(("numpy", "2.1.0"),), source_date_epoch=1704067200))
             for p in out]

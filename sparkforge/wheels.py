@@ -1,0 +1,310 @@
+"""The vLLM wheel a build installs without compiling: a prebuilt wheel the recipe names, or the wheel
+an earlier compile with the very same inputs left in the wheel cache.
+
+A compile's wheel is decided by the vLLM commit, the source-phase mods, the compile's environment
+(`build.env`), the arch list, the base (digest, or the local image ID when the recipe pins none), the
+commits of the git components the compile sees, and the template's compile step. Those inputs, as
+canonical JSON, are hashed into the cache key; an entry is used only when its key is this build's key,
+and its wheel only when the wheel's sha256 still matches what the entry recorded. The cache is a plain
+folder (entry = <key>/entry.json + the wheel + the compile's records), so machines can share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from . import dockercli, download
+from .errors import BuildError, ConfigError
+from .plan import Layout, Plan, WheelFile, digest_files
+from .sources import cache_dir
+
+CONTEXT = "vllm-wheel"  # the named build context the Dockerfile reads a wheel from
+CACHE_FORMAT = 1
+ENTRY = "entry.json"
+USED = ".last-used"  # a folder of the cache root: one file per key, touched on each use (never inside an entry,
+# whose files are a build context: a change there would make BuildKit redo the install)
+
+
+class DownloadError(BuildError):
+    """A file the recipe names by URL could not be fetched (network, TLS, HTTP status)."""
+
+
+@dataclass(frozen=True)
+class WheelInput:
+    """A wheel the build installs instead of compiling, and where it came from."""
+
+    origin: str  # "recipe": the recipe's `source: wheel`; "cache": an earlier compile's, from the wheel cache
+    folder: Path  # given to BuildKit as the named context vllm-wheel
+    wheel: str  # the wheel's path inside folder
+    sha256: str
+    key: str | None = None  # origin "cache": the cache key
+    records: bool = False  # folder holds record/: the compile's commit and source-mod results
+    compiled_for: str | None = None  # origin "cache": the build that compiled it, as "VARIANT-HASH12 at TIME"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One wheel in the cache."""
+
+    key: str
+    folder: Path
+    inputs: dict[str, Any]
+    wheel: str  # path inside folder
+    sha256: str
+    size: int
+    created: str
+    compiled_for: str  # "VARIANT-HASH12 at TIME": the build that compiled it
+    last_used: float
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.wheel
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("SPARKFORGE_WHEEL_CACHE") or cache_dir() / "wheels")
+
+
+# ------------------------------------------------------------------ source: wheel
+
+
+def planned_wheel(plan: Plan) -> WheelInput:
+    """Where the recipe's wheel lies once fetched, without fetching it (render, dry runs)."""
+    w = plan.vllm.wheel
+    assert w is not None
+    path = download.cached(w.sha256, w.filename)
+    return WheelInput("recipe", path.parent, path.name, w.sha256)
+
+
+def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> WheelInput:
+    """The recipe's prebuilt wheel, fetched (or copied) into the cache and checked: its sha256, and the
+    version its metadata gives against the recipe's."""
+    w = plan.vllm.wheel
+    assert w is not None
+    recipe = layout.images_dir / f"{plan.variant}.yaml"
+    try:
+        path = fetch_wheel(w, ca_cert)
+    except download.HashMismatch as exc:
+        raise ConfigError(f"the wheel has sha256 {exc.got}, not {exc.wanted}: pin the wheel you mean",
+                          path=recipe, field="vllm.sha256") from None
+    except download.DownloadFailed as exc:
+        raise DownloadError(f"cannot fetch the wheel: {exc}", path=recipe, field="vllm.url") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the wheel {w.local}: {exc.strerror}", path=recipe, field="vllm.path") from None
+    found = metadata_version(path)
+    if found != Version(plan.vllm.version):
+        raise ConfigError(f"{w.filename} holds vllm {found} (its METADATA), but the recipe says version "
+                          f"{plan.vllm.version}", path=recipe, field="vllm.version")
+    return WheelInput("recipe", path.parent, path.name, w.sha256)
+
+
+def fetch_wheel(w: WheelFile, ca_cert: Path | None = None) -> Path:
+    """The recipe's wheel in the cache, by hash: downloaded, or copied from its path (which the plan
+    stage confined to the recipe folder). Raises download.HashMismatch, download.DownloadFailed, OSError."""
+    if w.url:
+        return download.fetch(w.url, w.sha256, w.filename, ca_cert=ca_cert)
+    return download.take_local(Path(w.local or ""), w.sha256, w.filename)
+
+
+def metadata_version(wheel: Path) -> Version | None:
+    """The Version field of a wheel's METADATA, or None when it has none that parses."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            name = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+            if name is None:
+                return None
+            headers = HeaderParser().parsestr(zf.read(name).decode("utf-8", errors="replace"))
+        return Version(headers.get("Version", ""))
+    except (zipfile.BadZipFile, InvalidVersion, OSError):
+        return None
+
+
+# ------------------------------------------------------------------ the wheel cache: keys
+
+
+def base_identity(plan: Plan, host: str | None = None) -> str | None:
+    """The base's digest, or (unpinned) its image ID on the build engine; None when neither is known."""
+    if plan.base.digest.value:
+        return plan.base.digest.value
+    proc = dockercli.run(["image", "inspect", "--format", "{{.Id}}", plan.base.ref], host=host, check=False,
+                         what="docker image inspect")
+    ident = proc.stdout.strip()
+    return f"image-id {ident}" if proc.returncode == 0 and ident else None
+
+
+def key_inputs(plan: Plan, layout: Layout, base: str | None) -> tuple[dict[str, Any] | None, str]:
+    """What decides the compiled wheel's content, or None and why the cache cannot be used."""
+    v = plan.vllm
+    if v.source != "git":
+        return None, "the variant compiles no vLLM"
+    if v.commit.value is None:
+        return None, "vllm.commit is not pinned (lock the variant)"
+    gits = [c for c in plan.components if c.kind == "git"]
+    loose = next((c for c in gits if c.commit.value is None), None)
+    if loose:
+        return None, f"components.{loose.name}.commit is not pinned (lock the variant)"
+    if base is None:
+        return None, f"the base {plan.base.ref} has no digest and is not on this engine"
+    return {
+        "format": CACHE_FORMAT,
+        "vllm": {"repo": v.repo, "commit": v.commit.value, "version": v.version},
+        "source_mods": [{"name": m.name, "digest": m.digest} for m in plan.mods_in("source")],
+        "build_env": dict(plan.build.env),
+        "torch_cuda_arch_list": plan.build.torch_cuda_arch_list,
+        "base": base,
+        "git_components": {c.name: c.commit.value for c in gits},
+        "template": digest_files(layout.template),
+    }, ""
+
+
+def cache_key(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """The inputs in which another entry differs from this build, as `field (there: X, here: Y)`."""
+    out = []
+    for name in sorted(set(mine) | set(theirs)):
+        if mine.get(name) != theirs.get(name):
+            out.append(f"{name} (cached: {_short(theirs.get(name))}, this build: {_short(mine.get(name))})")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ------------------------------------------------------------------ the wheel cache: entries
+
+
+def entries(root: Path) -> list[Entry]:
+    """Every complete entry of the cache, newest first; half-written or foreign folders are skipped."""
+    found = []
+    for folder in sorted(root.glob("*/")) if root.is_dir() else ():
+        entry = read_entry(folder)
+        if entry is not None:
+            found.append(entry)
+    return sorted(found, key=lambda e: e.created, reverse=True)
+
+
+def read_entry(folder: Path) -> Entry | None:
+    try:
+        data = json.loads((folder / ENTRY).read_text())
+        used_file = folder.parent / USED / folder.name
+        used = (used_file if used_file.exists() else folder / ENTRY).stat().st_mtime
+        if data.get("format") != CACHE_FORMAT or folder.name != data["key"]:
+            return None
+        return Entry(data["key"], folder, data["inputs"], data["wheel"], data["sha256"], data["size"],
+                     data["created"], data["compiled_for"], used)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the cache holds for a build: the wheel to install, or why the build compiles."""
+
+    inputs: dict[str, Any] | None
+    key: str | None
+    wheel: WheelInput | None
+    why_not: str  # when wheel is None: why the compile runs
+
+
+def lookup(plan: Plan, layout: Layout, root: Path, host: str | None = None) -> Lookup:
+    """Find this build's wheel in the cache; the wheel is hash-checked before it is offered."""
+    inputs, why = key_inputs(plan, layout, base_identity(plan, host) if plan.vllm.source == "git" else None)
+    if inputs is None:
+        return Lookup(None, None, None, why)
+    key = cache_key(inputs)
+    entry = read_entry(root / key)
+    if entry is None:
+        return Lookup(inputs, key, None, _closest(inputs, root))
+    if not entry.path.is_file() or download.sha256_of(entry.path) != entry.sha256:
+        return Lookup(inputs, key, None, f"the cached wheel {key[:12]} does not match its recorded sha256; "
+                                         f"it was changed after it was stored (`wheels prune --key {key[:12]}`)")
+    mark_used(root, key)
+    return Lookup(inputs, key, as_input(entry), "")
+
+
+def as_input(entry: Entry) -> WheelInput:
+    return WheelInput("cache", entry.folder, entry.wheel, entry.sha256, entry.key, records=True,
+                      compiled_for=entry.compiled_for)
+
+
+def mark_used(root: Path, key: str) -> None:
+    (root / USED).mkdir(parents=True, exist_ok=True)
+    (root / USED / key).touch()
+
+
+def _closest(inputs: dict[str, Any], root: Path) -> str:
+    same = [e for e in entries(root) if e.inputs.get("vllm") == inputs["vllm"]]
+    if not same:
+        return f"the wheel cache holds no wheel of vllm {inputs['vllm']['commit'][:12]}"
+    best = min(same, key=lambda e: len(differences(inputs, e.inputs)))
+    return f"the cached wheel {best.key[:12]} of this commit differs in " + "; ".join(differences(inputs, best.inputs))
+
+
+def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str) -> Entry:
+    """Move a compile's exported files (wheels/vllm-*.whl, record/) into the cache as one entry, whole.
+
+    An entry already there for the key is kept (it was made from the same inputs)."""
+    key = cache_key(inputs)
+    wheels_found = sorted((exported / "wheels").glob("vllm-*.whl"))
+    if len(wheels_found) != 1:
+        raise BuildError(f"the compile exported {len(wheels_found)} vLLM wheels to {exported}, not one",
+                         field="wheel cache")
+    existing = read_entry(root / key)
+    if existing is not None:
+        return existing
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
+    try:
+        for part in ("wheels", "record"):
+            if (exported / part).is_dir():
+                shutil.move(exported / part, staging / part)
+        wheel = f"wheels/{wheels_found[0].name}"
+        data = {"format": CACHE_FORMAT, "key": key, "inputs": inputs, "wheel": wheel,
+                "sha256": download.sha256_of(staging / wheel), "size": (staging / wheel).stat().st_size,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "compiled_for": compiled_for}
+        (staging / ENTRY).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.chmod(staging, 0o755)
+        try:
+            os.replace(staging, root / key)
+        except OSError:  # another build stored the same key first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    entry = read_entry(root / key)
+    assert entry is not None
+    mark_used(root, key)
+    return entry
+
+
+def prune(root: Path, *, older_than_days: float | None = None, key: str | None = None,
+          dry_run: bool = False) -> list[Entry]:
+    """Remove entries not used for older_than_days, or the entry whose key starts with `key`, or (neither) all."""
+    now = time.time()
+    chosen = [e for e in entries(root)
+              if (key is None or e.key.startswith(key))
+              and (older_than_days is None or now - e.last_used > older_than_days * 86400)]
+    if key is not None and not chosen:
+        raise ConfigError(f"no wheel in {root} has a key starting with {key!r}", field="--key")
+    if not dry_run:
+        for entry in chosen:
+            shutil.rmtree(entry.folder)
+            (root / USED / entry.key).unlink(missing_ok=True)
+    return chosen
