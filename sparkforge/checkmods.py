@@ -17,7 +17,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from . import imagetool, sources
+from .errors import DownloadError
 from .plan import Mod, Plan
+from .remote import materialize
 
 APPLIED, ALREADY, FAILED, UNVERIFIED = "applied", "already", "failed", "unverified"
 
@@ -70,17 +72,15 @@ def vllm_source(plan: Plan) -> SourceRef:
     return SourceRef(f"vllm {commit[:12]} (git)", lambda: sources.git_tree(v.repo or "", commit, "vllm"))
 
 
-def _spec_dict(mod: Mod) -> dict:
-    return mod.spec.model_dump(mode="json")
-
-
 def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
-                     patcher_timeout: float = imagetool.PATCHER_TIMEOUT) -> list[tuple[Mod, str, str]]:
+                     patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+                     ca_cert: Path | None = None) -> list[tuple[Mod, str, str]]:
     """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
 
     Each mod: apply, run its file checks, apply again (must be detected as already applied).
     A failed mod leaves its files untouched, and the mods after it still run, so one broken mod
-    never hides the state of the next.
+    never hides the state of the next. A patch named by URL that cannot be fetched (with ca_cert)
+    leaves its mod unverified, as an unreachable source does.
     """
     if tree is not None:
         sources.scratch_copy(tree, scratch)
@@ -88,8 +88,12 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
         scratch.mkdir(parents=True)
     results = []
     for mod in mods:
-        spec = _spec_dict(mod)
-        first = imagetool.apply_mod(spec, Path(mod.folder), scratch, patcher_timeout=patcher_timeout)
+        try:
+            spec, folder = materialize(mod, ca_cert)
+        except DownloadError as exc:
+            results.append((mod, UNVERIFIED, exc.detail))
+            continue
+        first = imagetool.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if first.state == imagetool.FAILED:
             results.append((mod, FAILED, first.detail))
             continue
@@ -97,7 +101,7 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
         if bad:
             results.append((mod, FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
             continue
-        second = imagetool.apply_mod(spec, Path(mod.folder), scratch, patcher_timeout=patcher_timeout)
+        second = imagetool.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if second.state != imagetool.ALREADY:
             results.append((mod, FAILED, f"second application was {second.state}, not detected as already applied"))
             continue
@@ -106,7 +110,8 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
     return results
 
 
-def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT) -> list[Row]:
+def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+                  ca_cert: Path | None = None) -> list[Row]:
     """Rows for each mod of a variant, in the variant's order."""
     rows: dict[str, Row] = {}
     groups: dict[str, list[Mod]] = {}
@@ -129,7 +134,8 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imageto
             continue
         scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
         try:
-            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout):
+            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout,
+                                                       ca_cert=ca_cert):
                 rows[mod.name] = Row(plan.variant, mod.name, state, detail, ref.label)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -162,7 +168,7 @@ class MatrixCell:
 
 
 def matrix(mods: list[Mod], versions: list[str], workdir: Path,
-           progress: Callable[[str], None] = lambda _: None) -> list[MatrixCell]:
+           progress: Callable[[str], None] = lambda _: None, *, ca_cert: Path | None = None) -> list[MatrixCell]:
     """Try each vLLM mod alone against each release: where does it start and stop applying?"""
     cells = []
     for version in versions:
@@ -175,7 +181,7 @@ def matrix(mods: list[Mod], versions: list[str], workdir: Path,
         for mod in mods:
             scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{version}-", dir=workdir))
             try:
-                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root")
+                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root", ca_cert=ca_cert)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             cells.append(MatrixCell(mod.name, version, state, detail, _declares(mod, version)))

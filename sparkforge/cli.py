@@ -19,7 +19,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from . import __version__, pipeline, views
 from .config import list_variants
-from .errors import SparkforgeError
+from .errors import ConfigError, SparkforgeError
 from .pipeline import LoadedPlan, LockPolicy, load_plan
 from .plan import PROJECT_ROOT, Layout, Plan
 from .smoke import DEFAULT_SERVE_MODEL
@@ -97,6 +97,14 @@ def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
 
 
 BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
+CA_HELP = ("CA bundle for a proxy; used to download patches named by URL, and given to BuildKit as a secret, never "
+           "stored in a layer. Give a full bundle (system + yours).")
+
+
+def _ca_bundle(path: Optional[Path]) -> Optional[Path]:
+    if path is not None and not path.is_file():
+        raise ConfigError("CA bundle not found", path=path, field="--ca-cert")
+    return path
 
 
 @app.command("list")
@@ -127,10 +135,15 @@ def render(
     variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Folder to write (default: build/VARIANT)."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
 ) -> None:
-    """Write the Dockerfile and the build context of a variant. Never touches Docker."""
+    """Write the Dockerfile and the build context of a variant. Never touches Docker.
+
+    A patch that a mod names by URL is downloaded once into the cache (checked against its
+    sha256) and put into the context like a local patch.
+    """
     plan = _plan(variant, base)
-    ctx = pipeline.render_variant(plan, State.layout, output)
+    ctx = pipeline.render_variant(plan, State.layout, output, ca_cert=_ca_bundle(ca_cert))
     _say(f"rendered {plan.tag} to {ctx.path} ({len(ctx.files)} files)")
 
 
@@ -142,18 +155,22 @@ def check_mods(
     since: str = typer.Option("0.15.0", help="First vLLM release of --matrix."),
     until: Optional[str] = typer.Option(None, help="Last vLLM release of --matrix (default: the newest)."),
     strict: bool = typer.Option(False, "--strict", help="Fail also when a source could not be fetched."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
 ) -> None:
     """Prove that each mod applies to the real source it targets.
 
     For each variant, fetch the pinned source of every component its mods edit (vLLM releases
     from PyPI, cached; git where a commit is reachable), apply the variant's mods in order to a
     scratch copy, run each mod's checks, and apply again to show it is detected as already
-    applied. Exits 1 when a mod fails (with --strict, also when a source could not be fetched).
+    applied. A patch named by URL is fetched once into the cache, like a source; when it cannot be
+    fetched its mod is unverified. Exits 1 when a mod fails (with --strict, also when a source or
+    a patch could not be fetched).
     """
     pipeline.release_range(since, until)  # bad bounds are refused with or without --matrix
+    _ca_bundle(ca_cert)
     plans = [_plan(n) for n in pipeline.variants_to_check(State.layout, list(variants or []), all_variants)]
     report = pipeline.check_mods(plans, matrix_range=(since, until) if show_matrix else None,
-                                 say=lambda line: err.print(line, markup=False))
+                                 say=lambda line: err.print(line, markup=False), ca_cert=ca_cert)
     out.print(views.check_table(report.rows, plans))
     out.print(views.check_summary(report))
     if show_matrix:
@@ -180,8 +197,7 @@ def build(
     variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
     network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy; given to BuildKit as a "
-                                           "secret, never stored in a layer. Give a full bundle (system + yours)."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every step."),
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="Override MAX_JOBS of the compile."),
     nvcc_threads: Optional[int] = typer.Option(None, "--nvcc-threads", min=1, help="Override NVCC_THREADS."),

@@ -1,0 +1,106 @@
+"""Mods whose patch is named by URL (or by a GitHub pull request) and pinned by sha256.
+
+Such a mod is a folder like any other, but its mod.yaml says `patch: {url: ..., sha256: ...}` (or
+`{pr: OWNER/REPO#NUMBER, sha256: ...}`) instead of naming a file beside it. `materialize` makes it
+usable by the applier: the patch is downloaded once into the cache (download.fetch), checked
+against its hash, checked to be a unified diff whose paths stay inside the component tree, and
+put with the mod's own files into a cached folder. From there on the build context, check-mods
+and the image's imagetool read it exactly as a local patch.
+
+The plan never needs the network: the mod's content digest covers mod.yaml, and so the sha256.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import download, imagetool
+from .config import (
+    REMOTE_PATCH_FILE,
+    RemotePatch,
+)
+from .errors import ConfigError, DownloadError
+from .plan import Mod
+from .sources import cache_dir
+
+
+def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[dict, Path]:
+    """The spec (as mod.json holds it) and the folder the applier reads for a mod.
+
+    A mod with a local patch (or any other kind) is returned as it is. For a patch named by URL,
+    the folder is a cached copy of the mod's files plus the fetched patch (as upstream.diff), and
+    the spec names that file, with where it came from under `patch_source`.
+
+    Raises ConfigError when the file that came has another hash or is not a diff that stays
+    inside its tree (nothing is left in the cache then), and DownloadError when it cannot be fetched.
+    """
+    spec = mod.spec.model_dump(mode="json")
+    remote = mod.spec.patch
+    if not isinstance(remote, RemotePatch):
+        return spec, Path(mod.folder)
+    spec = spec | {"patch": REMOTE_PATCH_FILE, "patch_source": source_of(remote)}
+    target = cache_dir() / "mods" / f"{mod.name}-{mod.digest.removeprefix('sha256:')[:12]}"
+    if target.is_dir():
+        return spec, target
+    meta = Path(mod.folder) / "mod.yaml"
+    fetched = fetch_patch(mod.name, remote, meta, ca_cert)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tree = staging / "mod"
+        shutil.copytree(mod.folder, tree, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copyfile(fetched, tree / REMOTE_PATCH_FILE)
+        try:
+            imagetool.check_static(spec, tree)
+        except imagetool.ModFailure as exc:
+            raise ConfigError(f"{remote.source_url}: {exc}", path=meta, field=_field(remote)) from None
+        try:
+            os.replace(tree, target)
+        except OSError:
+            if not target.is_dir():  # else: made at the same time by another run, from the same bytes
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return spec, target
+
+
+def source_of(remote: RemotePatch) -> dict[str, str]:
+    """Where a fetched patch came from, as mod.json in the image records it."""
+    return {"url": remote.source_url, "sha256": remote.sha256} | ({"pr": remote.pr} if remote.pr else {})
+
+
+def _field(remote: RemotePatch) -> str:
+    return "patch.url" if remote.url else "patch.pr"
+
+
+def fetch_patch(name: str, remote: RemotePatch, meta: Path, ca_cert: Path | None = None) -> Path:
+    """The pinned patch in the download cache, fetched when it is not there yet and checked to be a diff."""
+    url = remote.source_url
+    try:
+        path = download.fetch(url, remote.sha256, REMOTE_PATCH_FILE, ca_cert=ca_cert)
+    except download.HashMismatch as exc:
+        raise ConfigError(f"{url} sent a file with sha256 {exc.got}, not the pinned {remote.sha256}: the patch "
+                          f"changed upstream, or the URL is not the one meant; read what it sends now, and pin "
+                          f"its hash only if it is the patch you want", path=meta, field="patch.sha256") from None
+    except download.DownloadFailed as exc:
+        raise DownloadError(f"cannot fetch the patch of mod {name}: {exc}", path=meta, field=_field(remote)) from None
+    try:
+        check_diff(path.read_bytes())
+    except imagetool.ModFailure as exc:
+        download.forget(remote.sha256, REMOTE_PATCH_FILE)
+        raise ConfigError(f"{url}: {exc}", path=meta, field=_field(remote)) from None
+    return path
+
+
+def check_diff(data: bytes) -> list[imagetool.FilePatch]:
+    """The file changes of a unified diff; ModFailure when it is none, or names a path outside its tree."""
+    try:
+        return imagetool.parse_diff(data)  # which also refuses a header naming a path outside the tree
+    except imagetool.ModFailure as exc:
+        if str(exc) == "the patch file holds no file changes":
+            raise imagetool.ModFailure("is not a unified diff (no '--- a/FILE' / '+++ b/FILE' header with a "
+                                       "hunk): is this the raw diff, e.g. a pull request's .diff URL?") from None
+        raise
