@@ -389,6 +389,49 @@ def outdated(
     _emit(views.outdated_lines(report, tried_mods=mods))
 
 
+# ---------------------------------------------------------------- mod new
+
+mod_app = typer.Typer(help="Write a new mod folder.", no_args_is_help=True)
+app.add_typer(mod_app, name="mod")
+
+
+@mod_app.command("new")
+def mod_new(
+    name: str = typer.Argument(..., help="The mod's name, and its folder mods/NAME (lowercase letters, digits, '-')."),
+    from_url: Optional[str] = typer.Option(None, "--from-url", help="https URL of a unified diff, e.g. "
+                                           "https://github.com/OWNER/REPO/commit/SHA.diff."),
+    pr: Optional[str] = typer.Option(None, "--pr", help="A GitHub pull request, OWNER/REPO#NUMBER; its diff is "
+                                     "https://github.com/OWNER/REPO/pull/NUMBER.diff."),
+    versions: str = typer.Option(..., "--versions", help="The releases of the component the patch is for, as a "
+                                 "PEP 440 range, e.g. '>=0.17.0,<0.19'."),
+    component: str = typer.Option("vllm", "--component", help="What the patch edits: vllm, or a component of "
+                                  "the recipe."),
+    phase: str = typer.Option("install", "--phase", help="install: the installed package; source: the vLLM "
+                              "tree before its compile (variants that build vLLM from git)."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
+) -> None:
+    """Write mods/NAME/mod.yaml for an upstream patch, pinned by the sha256 of what is downloaded now.
+
+    The diff is downloaded once into the cache and checked: a unified diff whose files stay inside
+    the component's tree. The mod names the URL (or the pull request) and its sha256, and gets one
+    verify check: a line the patch adds. Nothing is written when any of this fails. Read the
+    patch, fill in the description, then add the mod to a variant and run check-mods: a patch
+    that is already in the variant's release is reported `already`.
+
+    Examples:
+
+      python build.py mod new colpali-template --pr vllm-project/vllm#12345 --versions '>=0.17.0,<0.18.1'
+
+      python build.py mod new fix-x --from-url https://github.com/vllm-project/vllm/commit/SHA.diff --versions '==0.17.0'
+    """
+    from .remote import new_mod
+
+    made = new_mod(State.layout.mods_dir, name, url=from_url, pr=pr, versions=versions, component=component,
+                   phase=phase, ca_cert=_ca_bundle(ca_cert))
+    _say(f"wrote {made.folder / 'mod.yaml'}: {made.url} (sha256 {made.sha256}), changes {', '.join(made.files)}")
+    _say(f"next: read the patch, then add {name} to a variant's mods and run `python build.py check-mods VARIANT`")
+
+
 def run() -> None:
     """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code."""
     try:
