@@ -17,7 +17,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from . import download, imagetool, sources, wheels
+from .errors import DownloadError
 from .plan import Mod, Plan
+from .remote import materialize
 
 APPLIED, ALREADY, FAILED, UNVERIFIED = "applied", "already", "failed", "unverified"
 
@@ -48,16 +50,17 @@ def unavailable(label: str, reason: str) -> SourceRef:
     return SourceRef(label, fetch)
 
 
-def vllm_source(plan: Plan) -> SourceRef:
+def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
     """The vLLM tree at the variant's pin: the release's sdist when the pin is that release
-    (for git pins: when the release records a commit that the pinned commit starts with), else git."""
+    (for git pins: when the release records a commit that the pinned commit starts with), else git;
+    for a wheel source, the wheel's own files (fetched with ca_cert)."""
     v = plan.vllm
     if v.wheel is not None:
         wheel = v.wheel
 
         def from_wheel() -> Path:
             try:
-                return sources.extract_tree(wheels.fetch_wheel(wheel), "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
+                return sources.extract_tree(wheels.fetch_wheel(wheel, ca_cert), "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
             except (download.DownloadFailed, download.HashMismatch, OSError) as exc:
                 raise sources.SourceUnavailable(f"the recipe's wheel: {exc}") from None
         return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
@@ -79,17 +82,15 @@ def vllm_source(plan: Plan) -> SourceRef:
     return SourceRef(f"vllm {commit[:12]} (git)", lambda: sources.git_tree(v.repo or "", commit, "vllm"))
 
 
-def _spec_dict(mod: Mod) -> dict:
-    return mod.spec.model_dump(mode="json")
-
-
 def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
-                     patcher_timeout: float = imagetool.PATCHER_TIMEOUT) -> list[tuple[Mod, str, str]]:
+                     patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+                     ca_cert: Path | None = None) -> list[tuple[Mod, str, str]]:
     """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
 
     Each mod: apply, run its file checks, apply again (must be detected as already applied).
     A failed mod leaves its files untouched, and the mods after it still run, so one broken mod
-    never hides the state of the next.
+    never hides the state of the next. A patch named by URL that cannot be fetched (with ca_cert)
+    leaves its mod unverified, as an unreachable source does.
     """
     if tree is not None:
         sources.scratch_copy(tree, scratch)
@@ -97,8 +98,12 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
         scratch.mkdir(parents=True)
     results = []
     for mod in mods:
-        spec = _spec_dict(mod)
-        first = imagetool.apply_mod(spec, Path(mod.folder), scratch, patcher_timeout=patcher_timeout)
+        try:
+            spec, folder = materialize(mod, ca_cert)
+        except DownloadError as exc:
+            results.append((mod, UNVERIFIED, exc.detail))
+            continue
+        first = imagetool.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if first.state == imagetool.FAILED:
             results.append((mod, FAILED, first.detail))
             continue
@@ -106,7 +111,7 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
         if bad:
             results.append((mod, FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
             continue
-        second = imagetool.apply_mod(spec, Path(mod.folder), scratch, patcher_timeout=patcher_timeout)
+        second = imagetool.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if second.state != imagetool.ALREADY:
             results.append((mod, FAILED, f"second application was {second.state}, not detected as already applied"))
             continue
@@ -115,7 +120,8 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
     return results
 
 
-def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT) -> list[Row]:
+def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+                  ca_cert: Path | None = None) -> list[Row]:
     """Rows for each mod of a variant, in the variant's order."""
     rows: dict[str, Row] = {}
     groups: dict[str, list[Mod]] = {}
@@ -127,7 +133,7 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imageto
         if component == "image":
             ref, tree = SourceRef("an empty image root", lambda: None), None
         elif component == "vllm":
-            ref = vllm_source(plan)
+            ref = vllm_source(plan, ca_cert)
         else:
             ref = _component_source(plan, component)
         try:
@@ -138,7 +144,8 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imageto
             continue
         scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
         try:
-            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout):
+            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout,
+                                                       ca_cert=ca_cert):
                 rows[mod.name] = Row(plan.variant, mod.name, state, detail, ref.label)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -171,7 +178,7 @@ class MatrixCell:
 
 
 def matrix(mods: list[Mod], versions: list[str], workdir: Path,
-           progress: Callable[[str], None] = lambda _: None) -> list[MatrixCell]:
+           progress: Callable[[str], None] = lambda _: None, *, ca_cert: Path | None = None) -> list[MatrixCell]:
     """Try each vLLM mod alone against each release: where does it start and stop applying?"""
     cells = []
     for version in versions:
@@ -184,7 +191,7 @@ def matrix(mods: list[Mod], versions: list[str], workdir: Path,
         for mod in mods:
             scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{version}-", dir=workdir))
             try:
-                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root")
+                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root", ca_cert=ca_cert)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             cells.append(MatrixCell(mod.name, version, state, detail, _declares(mod, version)))

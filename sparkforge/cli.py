@@ -19,7 +19,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from . import __version__, pipeline, views
 from .config import list_variants
-from .errors import SparkforgeError
+from .errors import ConfigError, SparkforgeError
 from .pipeline import LoadedPlan, LockPolicy, load_plan
 from .plan import PROJECT_ROOT, Layout, Plan
 from .smoke import DEFAULT_SERVE_MODEL
@@ -99,6 +99,14 @@ def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
 BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
 WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
                     "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
+CA_HELP = ("CA bundle for a proxy; used to download patches named by URL, and given to BuildKit as a secret, never "
+           "stored in a layer. Give a full bundle (system + yours).")
+
+
+def _ca_bundle(path: Optional[Path]) -> Optional[Path]:
+    if path is not None and not path.is_file():
+        raise ConfigError("CA bundle not found", path=path, field="--ca-cert")
+    return path
 
 
 @app.command("list")
@@ -129,10 +137,15 @@ def render(
     variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Folder to write (default: build/VARIANT)."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
 ) -> None:
-    """Write the Dockerfile and the build context of a variant. Never touches Docker."""
+    """Write the Dockerfile and the build context of a variant. Never touches Docker.
+
+    A patch that a mod names by URL is downloaded once into the cache (checked against its
+    sha256) and put into the context like a local patch.
+    """
     plan = _plan(variant, base)
-    ctx = pipeline.render_variant(plan, State.layout, output)
+    ctx = pipeline.render_variant(plan, State.layout, output, ca_cert=_ca_bundle(ca_cert))
     _say(f"rendered {plan.tag} to {ctx.path} ({len(ctx.files)} files)")
 
 
@@ -144,18 +157,22 @@ def check_mods(
     since: str = typer.Option("0.15.0", help="First vLLM release of --matrix."),
     until: Optional[str] = typer.Option(None, help="Last vLLM release of --matrix (default: the newest)."),
     strict: bool = typer.Option(False, "--strict", help="Fail also when a source could not be fetched."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
 ) -> None:
     """Prove that each mod applies to the real source it targets.
 
     For each variant, fetch the pinned source of every component its mods edit (vLLM releases
     from PyPI, cached; git where a commit is reachable), apply the variant's mods in order to a
     scratch copy, run each mod's checks, and apply again to show it is detected as already
-    applied. Exits 1 when a mod fails (with --strict, also when a source could not be fetched).
+    applied. A patch named by URL is fetched once into the cache, like a source; when it cannot be
+    fetched its mod is unverified. Exits 1 when a mod fails (with --strict, also when a source or
+    a patch could not be fetched).
     """
     pipeline.release_range(since, until)  # bad bounds are refused with or without --matrix
+    _ca_bundle(ca_cert)
     plans = [_plan(n) for n in pipeline.variants_to_check(State.layout, list(variants or []), all_variants)]
     report = pipeline.check_mods(plans, matrix_range=(since, until) if show_matrix else None,
-                                 say=lambda line: err.print(line, markup=False))
+                                 say=lambda line: err.print(line, markup=False), ca_cert=ca_cert)
     out.print(views.check_table(report.rows, plans))
     out.print(views.check_summary(report))
     if show_matrix:
@@ -182,8 +199,7 @@ def build(
     variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
     base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
     network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy; given to BuildKit as a "
-                                           "secret, never stored in a layer. Give a full bundle (system + yours)."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every step."),
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="Override MAX_JOBS of the compile."),
     nvcc_threads: Optional[int] = typer.Option(None, "--nvcc-threads", min=1, help="Override NVCC_THREADS."),
@@ -385,6 +401,49 @@ def outdated(
     report = pipeline.outdated_variant(_plan(variant), try_mods=mods, until=until,
                                        progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
     _emit(views.outdated_lines(report, tried_mods=mods))
+
+
+# ---------------------------------------------------------------- mod new
+
+mod_app = typer.Typer(help="Write a new mod folder.", no_args_is_help=True)
+app.add_typer(mod_app, name="mod")
+
+
+@mod_app.command("new")
+def mod_new(
+    name: str = typer.Argument(..., help="The mod's name, and its folder mods/NAME (lowercase letters, digits, '-')."),
+    from_url: Optional[str] = typer.Option(None, "--from-url", help="https URL of a unified diff, e.g. "
+                                           "https://github.com/OWNER/REPO/commit/SHA.diff."),
+    pr: Optional[str] = typer.Option(None, "--pr", help="A GitHub pull request, OWNER/REPO#NUMBER; its diff is "
+                                     "https://github.com/OWNER/REPO/pull/NUMBER.diff."),
+    versions: str = typer.Option(..., "--versions", help="The releases of the component the patch is for, as a "
+                                 "PEP 440 range, e.g. '>=0.17.0,<0.19'."),
+    component: str = typer.Option("vllm", "--component", help="What the patch edits: vllm, or a component of "
+                                  "the recipe."),
+    phase: str = typer.Option("install", "--phase", help="install: the installed package; source: the vLLM "
+                              "tree before its compile (variants that build vLLM from git)."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
+) -> None:
+    """Write mods/NAME/mod.yaml for an upstream patch, pinned by the sha256 of what is downloaded now.
+
+    The diff is downloaded once into the cache and checked: a unified diff whose files stay inside
+    the component's tree. The mod names the URL (or the pull request) and its sha256, and gets one
+    verify check: a line the patch adds. Nothing is written when any of this fails. Read the
+    patch, fill in the description, then add the mod to a variant and run check-mods: a patch
+    that is already in the variant's release is reported `already`.
+
+    Examples:
+
+      python build.py mod new colpali-template --pr vllm-project/vllm#12345 --versions '>=0.17.0,<0.18.1'
+
+      python build.py mod new fix-x --from-url https://github.com/vllm-project/vllm/commit/SHA.diff --versions '==0.17.0'
+    """
+    from .remote import new_mod
+
+    made = new_mod(State.layout.mods_dir, name, url=from_url, pr=pr, versions=versions, component=component,
+                   phase=phase, ca_cert=_ca_bundle(ca_cert))
+    _say(f"wrote {made.folder / 'mod.yaml'}: {made.url} (sha256 {made.sha256}), changes {', '.join(made.files)}")
+    _say(f"next: read the patch, then add {name} to a variant's mods and run `python build.py check-mods VARIANT`")
 
 
 def run() -> None:

@@ -41,6 +41,11 @@ REL_PATH_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*\Z")
 OS_PKG_RE = re.compile(r"\A[a-z0-9][a-z0-9.+-]*(=[A-Za-z0-9.+:~-]+)?\Z")
 PEP440_CHARS_RE = re.compile(r"\A[A-Za-z0-9.+!_-]+\Z")
 MODE_RE = re.compile(r"\A0[0-7]{3}\Z")
+# A patch named by URL: https only, an optional query (GitHub's `?full_index=1`), no fragment.
+PATCH_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%+-]+)+/?(\?[A-Za-z0-9._~%=&+-]+)?\Z")
+# A GitHub pull request: OWNER/REPO#NUMBER.
+PR_RE = re.compile(r"\A(?P<owner>[A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/(?P<repo>[A-Za-z0-9_.-]{1,100})#(?P<number>[1-9][0-9]{0,9})\Z")
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 
 # Docker refuses a tag over 128 characters and a repository over 255. The immutable tag is
 # "<variant>-<12 hex>", so a variant name may use 128 - 13 of them.
@@ -98,14 +103,22 @@ def _pep440(value: str) -> str:
     return value
 
 
-def _specifier(value: str) -> str:
+def specifier_error(value: str) -> str | None:
+    """Why value is not a PEP 440 specifier set, or None when it is one."""
     # packaging strips surrounding whitespace; a newline or tab in a range is still a typo.
-    if not value.isprintable():
-        raise ValueError(f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'")
     try:
-        SpecifierSet(value)
+        if value.isprintable():
+            SpecifierSet(value)
+            return None
     except InvalidSpecifier:
-        raise ValueError(f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'") from None
+        pass
+    return f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'"
+
+
+def _specifier(value: str) -> str:
+    problem = specifier_error(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -136,6 +149,18 @@ PipVersion = Annotated[str, AfterValidator(_pep440)]
 Specifier = Annotated[str, AfterValidator(_specifier)]
 Text = Annotated[str, AfterValidator(_nonblank)]
 Count = Annotated[int, Field(ge=1, le=256)]
+PatchUrl = _matching(PATCH_URL_RE, "https URL of a patch")
+Sha256 = _matching(SHA256_RE, "sha256: write the 64 lowercase hex digits (sha256sum FILE)")
+
+
+def _pull_request(value: str) -> str:
+    m = PR_RE.fullmatch(value)
+    if not m or m["repo"] in (".", ".."):
+        raise ValueError(f"{value!r} is not a pull request: write OWNER/REPO#NUMBER, e.g. vllm-project/vllm#12345")
+    return value
+
+
+PullRequest = Annotated[str, AfterValidator(_pull_request)]
 
 
 class Strict(BaseModel):
@@ -272,6 +297,33 @@ class ModVerify(Strict):
         return self
 
 
+class RemotePatch(Strict):
+    """A patch fetched by URL (or from a GitHub pull request), pinned by the sha256 of its bytes."""
+
+    url: PatchUrl | None = None
+    pr: PullRequest | None = None
+    sha256: Sha256
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RemotePatch":
+        if (self.url is None) == (self.pr is None):
+            raise ValueError("give either url or pr, not both" if self.url else "give url or pr (with sha256)")
+        return self
+
+    @property
+    def source_url(self) -> str:
+        """Where the patch is downloaded from: the URL, or the pull request's diff on GitHub."""
+        return self.url or pr_diff_url(self.pr or "")
+
+
+def pr_diff_url(pr: str) -> str:
+    """https://github.com/OWNER/REPO/pull/NUMBER.diff for OWNER/REPO#NUMBER."""
+    m = PR_RE.fullmatch(pr)
+    if not m:
+        raise ValueError(f"{pr!r} is not a pull request OWNER/REPO#NUMBER")
+    return f"https://github.com/{m['owner']}/{m['repo']}/pull/{m['number']}.diff"
+
+
 class ModSpec(Strict):
     """mods/<name>/mod.yaml: data only, never executed."""
 
@@ -282,7 +334,7 @@ class ModSpec(Strict):
     targets: ModTargets
     phase: Literal["source", "install"]
     kind: Literal["patch", "patcher", "files"]
-    patch: RelPath | None = None
+    patch: Union[RelPath, RemotePatch, None] = None  # a file of the folder, or {url|pr, sha256}
     patcher: RelPath | None = None
     files: list[ModFile] = []
     env: ModEnv | None = None
@@ -304,6 +356,9 @@ class ModSpec(Strict):
 
 
 # ---------------------------------------------------------------- loading
+
+# The file name a patch fetched by URL takes beside the mod's own files (remote.materialize).
+REMOTE_PATCH_FILE = "upstream.diff"
 
 
 # libyaml's loader when PyYAML was built with it: the same safe subset, parsed several times faster.
@@ -367,7 +422,7 @@ def _is_branch(part: Any) -> bool:
 
 
 # The union members of the schemas below, as pydantic names them in a location.
-_UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec"}
+_UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec", "RemotePatch"}
 
 
 def _validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA) -> ConfigError:
@@ -415,15 +470,40 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
         raise _validation_error(exc, meta, data) from None
     if spec.name != name:
         raise ConfigError(f"name {spec.name!r} differs from the folder name {name!r}", path=meta, field="name")
-    assets = [("patch", spec.patch), ("patcher", spec.patcher)] + [("files", f.src) for f in spec.files]
+    local_patch = spec.patch if isinstance(spec.patch, str) else None
+    assets = [("patch", local_patch), ("patcher", spec.patcher)] + [("files", f.src) for f in spec.files]
     for field, rel in assets:
         if rel is not None and not (folder / rel).is_file():
             raise ConfigError(f"{rel!r} is not a file in {folder}", path=meta, field=field)
+    static = spec.model_dump(mode="json")
+    if isinstance(spec.patch, RemotePatch):
+        # The patch is checked when it is fetched (remote.materialize); here only the folder is.
+        static.pop("patch")
+        if (folder / REMOTE_PATCH_FILE).exists():
+            raise ConfigError(f"{REMOTE_PATCH_FILE} is the name the fetched patch takes in the build; rename "
+                              f"this mod's own file", path=folder / REMOTE_PATCH_FILE, field="patch")
     try:  # a patch or patcher naming a path outside its tree is bad input, refused before any build
-        imagetool.check_static(spec.model_dump(mode="json"), folder)
+        imagetool.check_static(static, folder)
     except imagetool.ModFailure as exc:
         raise ConfigError(str(exc), path=meta, field=spec.kind) from None
     return spec, folder
+
+
+class _ModDumper(yaml.SafeDumper):
+    """Writes a text of several lines as a literal block, as mods are written by hand."""
+
+
+_ModDumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+
+
+def mod_yaml_text(data: dict[str, Any], path: Path) -> str:
+    """mod.yaml for data (checked against the schema first), in the order the keys are given."""
+    try:
+        ModSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, path, data) from None
+    return yaml.dump(data, Dumper=_ModDumper, sort_keys=False, allow_unicode=True, width=110)
 
 
 # ---------------------------------------------------------------- variants and inheritance

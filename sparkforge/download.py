@@ -77,6 +77,34 @@ def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
     return target
 
 
+def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path, str]:
+    """Download a file whose hash is not known yet (to pin it): (its place in the cache, its sha256).
+
+    Raises DownloadFailed; nothing is left behind when it does.
+    """
+    root = downloads_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=root)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            got = _stream(url, out, ca_cert, lambda done, total: None)
+        target = cached(got, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, target)
+    except BaseException:
+        Path(part).unlink(missing_ok=True)
+        raise
+    return target, got
+
+
+def forget(sha256: str, name: str) -> None:
+    """Drop a cached file (one that came as pinned but cannot be used), and its folder when empty."""
+    target = cached(sha256, name)
+    target.unlink(missing_ok=True)
+    if target.parent.is_dir() and not any(target.parent.iterdir()):
+        target.parent.rmdir()
+
+
 def _stream(url: str, out, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
     """Copy url into out; return the sha256 of what came."""
     digest = hashlib.sha256()

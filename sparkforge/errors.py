@@ -45,6 +45,12 @@ class BuildError(SparkforgeError):
     exit_code = 1
 
 
+class DownloadError(SparkforgeError):
+    """A file named by URL could not be fetched (network, TLS, HTTP status): not bad input, so exit 1."""
+
+    exit_code = 1
+
+
 class DistributeError(SparkforgeError):
     """Moving an image to the nodes of a cluster failed."""
 

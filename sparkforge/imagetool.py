@@ -760,6 +760,8 @@ def write_record(home: Path) -> dict:
         "packages": installed_packages(),
         "mods": [{"name": m["name"], "digest": m["digest"], "phase": m["spec"]["phase"],
                   "result": next((r["result"] for r in mods if r["name"] == m["name"]), None)}
+                 # a patch named by URL (or pull request) and its sha256: where the change came from
+                 | ({"patch": m["spec"]["patch"]} if isinstance(m["spec"].get("patch"), dict) else {})
                  for m in plan["mods"]],
         "protected": json.loads((home / "protect" / "protected.json").read_text()),
         "build": plan["build"],

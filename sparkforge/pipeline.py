@@ -116,9 +116,11 @@ def list_plans(layout: Layout) -> list[LoadedPlan]:
     return [load_plan(layout, name) for name in list_variants(layout.images_dir)]
 
 
-def render_variant(plan: Plan, layout: Layout, output: Path | None = None) -> Context:
+def render_variant(plan: Plan, layout: Layout, output: Path | None = None, *,
+                   ca_cert: Path | None = None) -> Context:
     """`render`: write the context to output (default build/VARIANT). An output that is a file,
-    lies below one, or cannot be written is refused before anything is written."""
+    lies below one, or cannot be written is refused before anything is written. ca_cert is the CA
+    bundle for patches named by URL."""
     out_dir = (output or PROJECT_ROOT / "build" / plan.variant).absolute()
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     if not existing.is_dir():
@@ -128,7 +130,7 @@ def render_variant(plan: Plan, layout: Layout, output: Path | None = None) -> Co
     if not os.access(above, os.W_OK | os.X_OK):
         raise ConfigError("cannot write here (permission denied): choose another folder", path=above,
                           field="--output")
-    return render_context(plan, layout, out_dir)
+    return render_context(plan, layout, out_dir, ca_cert=ca_cert)
 
 
 NETWORKS = ("host", "none", "default")
@@ -216,7 +218,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
         say(f"vLLM wheel: compiled in the image build, without the wheel cache: {found.why_not}")
         return None, WheelNote("compiled", why_compiled=found.why_not)
     say(f"vLLM wheel: compiling, because {found.why_not}")
-    ctx = render_context(plan, layout, context_dir(plan))
+    ctx = render_context(plan, layout, context_dir(plan), ca_cert=opts.ca_cert)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         wheel_cache.mkdir(parents=True, exist_ok=True)
@@ -253,7 +255,7 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
     first (and stored) only when the cache lacks it (prepare_wheel)."""
     try:
         wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
-        ctx = render_context(plan, layout, context_dir(plan), wheel)
+        ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
         result = build_image(plan, ctx, with_wheel(opts, wheel), progress=progress)
     except BuildError as exc:
         exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
@@ -318,7 +320,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
             to_build = pinned_plan(plan, pins, sde)
             say(f"building {to_build.tag} to see what it installs")
             wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
-            ctx = render_context(to_build, layout, context_dir(to_build), wheel)
+            ctx = render_context(to_build, layout, context_dir(to_build), wheel, ca_cert=opts.ca_cert)
             image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
                                 progress=progress).image_id
         record, _ = read_record(image)
@@ -387,23 +389,25 @@ def variants_to_check(layout: Layout, names: list[str], all_variants: bool) -> l
 
 def check_mods(plans: list[Plan], workdir: Path | None = None, *,
                matrix_range: tuple[str, str | None] | None = None,
-               say: Callable[[str], None] = lambda line: None) -> ModsReport:
+               say: Callable[[str], None] = lambda line: None, ca_cert: Path | None = None) -> ModsReport:
     """Apply each variant's mods to the real source they target; with a range, also try each vLLM
-    mod alone against every vLLM release in it. Without a workdir, a scratch folder is used and removed."""
+    mod alone against every vLLM release in it. Without a workdir, a scratch folder is used and removed.
+    ca_cert is the CA bundle for patches named by URL."""
     if matrix_range is not None:
         low, high = release_range(*matrix_range)
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
-            return check_mods(plans, Path(work), matrix_range=matrix_range, say=say)
+            return check_mods(plans, Path(work), matrix_range=matrix_range, say=say, ca_cert=ca_cert)
     rows: list[Row] = []
     for plan in plans:
         say(f"checking {plan.variant} ({len(plan.mods)} mods)")
-        rows += check_variant(plan, workdir)
+        rows += check_variant(plan, workdir, ca_cert=ca_cert)
     if matrix_range is None:
         return ModsReport(tuple(rows))
     mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}
     versions = [v for v in release_versions("vllm") if Version(v) >= low and (high is None or Version(v) <= high)]
-    cells = matrix(list(mods.values()), versions, workdir, progress=lambda v: say(f"matrix: vllm {v}"))
+    cells = matrix(list(mods.values()), versions, workdir, progress=lambda v: say(f"matrix: vllm {v}"),
+                   ca_cert=ca_cert)
     return ModsReport(tuple(rows), tuple(mods.values()), tuple(versions), tuple(cells))
 
 
@@ -425,7 +429,7 @@ def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep
     from .repro import verify_repro
 
     wheel, _ = prepare_wheel(plan, layout, opts, None, say)  # a git source compiles: that is what is compared
-    ctx = render_context(plan, layout, context_dir(plan), wheel)
+    ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
     opts = with_wheel(opts, wheel)
     (PROJECT_ROOT / "build").mkdir(exist_ok=True)
     workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{plan.variant}-", dir=PROJECT_ROOT / "build"))

@@ -19,6 +19,7 @@ import jinja2
 
 from .errors import ConfigError, SparkforgeError
 from .plan import Layout, Plan
+from .remote import materialize
 from .sources import cache_dir
 from .wheels import WheelInput, planned_wheel
 
@@ -84,8 +85,10 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
     return "\n".join(lines).strip("\n") + "\n"
 
 
-def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None) -> dict[str, bytes]:
-    """Every file of the build context, by relative path."""
+def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *,
+                  ca_cert: Path | None = None) -> dict[str, bytes]:
+    """Every file of the build context, by relative path. A patch a mod names by URL is fetched
+    into the cache the first time (with ca_cert), and is then in the context like a local one."""
     files: dict[str, bytes] = {
         DOCKERFILE: render_dockerfile(plan, layout, wheel).encode(),
         "plan.json": plan.to_json().encode(),
@@ -96,9 +99,9 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None) -
     if plan.pins:
         files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
     for mod in plan.mods:
-        for rel, body in mod_files(mod.name, Path(mod.folder)).items():
+        spec, folder = materialize(mod, ca_cert)
+        for rel, body in mod_files(mod.name, folder).items():
             files[f"mods/{mod.name}/{rel}"] = body
-        spec = mod.spec.model_dump(mode="json")
         files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
     return dict(sorted(files.items()))
 
@@ -127,14 +130,15 @@ def mod_files(name: str, folder: Path) -> dict[str, bytes]:
     return found
 
 
-def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput | None = None) -> Context:
+def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput | None = None, *,
+                   ca_cert: Path | None = None) -> Context:
     """Write the build context to out_dir, replacing a context that sparkforge rendered there before.
-    `wheel` is as for render_dockerfile."""
+    `wheel` is as for render_dockerfile; ca_cert fetches patches named by URL."""
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANAGED_MARK).exists():
         raise SparkforgeError("exists and was not rendered by sparkforge; choose an empty or new folder",
                               path=out_dir)
-    files = context_files(plan, layout, wheel)
+    files = context_files(plan, layout, wheel, ca_cert=ca_cert)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

@@ -75,7 +75,9 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
     lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
     lines += [_line(f"  env         {k}={val}") for k, val in plan.env]
-    lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}")
+    lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}"
+                    + (f"; patch {_patch_origin(m.spec.patch.model_dump(exclude_none=True))}"
+                       if m.spec.patch is not None and not isinstance(m.spec.patch, str) else ""))
               for i, m in enumerate(plan.mods, 1)]
     lines += [_line("  ", ("UNPINNED", "yellow"), f"    {fld}: {reason}") for fld, reason in plan.unpinned()]
     lines += [_line("  ", ("UNRESOLVED", "yellow"), f"  {fld} (in the lock): {reason}")
@@ -123,6 +125,11 @@ def smoke_table(results: Iterable[Any]) -> Table:
     return table
 
 
+def _patch_origin(patch: dict) -> str:
+    """A patch named by URL or pull request, as mod.yaml pins it."""
+    return f"{patch.get('url') or patch.get('pr')} sha256 {patch['sha256'][:12]}"
+
+
 def record_lines(image: str, record: dict, labels: dict) -> list[Text]:
     """`inspect`: the build record of an image, one fact a line."""
     base, v, installed = record["base"], record["vllm"], record["installed"]
@@ -146,7 +153,8 @@ def record_lines(image: str, record: dict, labels: dict) -> list[Text]:
         lines.append(_line(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
                            f"installed {installed.get(name, installed.get(c['name']))}"))
     lines.append(_line(f"  arch list    {record['build']['torch_cuda_arch_list']}"))
-    lines += [_line(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}")
+    lines += [_line(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}"
+                    + (f"; patch {_patch_origin(m['patch'])}" if m.get("patch") else ""))
               for m in record["mods"]]
     lines += [_line(f"  protected    {name} {version}") for name, version in sorted(record["protected"].items())]
     lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u['field']}: {u['reason']}") for u in record["unpinned"]]

@@ -26,7 +26,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from . import dockercli, download
-from .errors import BuildError, ConfigError
+from .errors import BuildError, ConfigError, DownloadError
 from .plan import Layout, Plan, WheelFile, digest_files
 from .sources import cache_dir
 
@@ -35,10 +35,6 @@ CACHE_FORMAT = 1
 ENTRY = "entry.json"
 USED = ".last-used"  # a folder of the cache root: one file per key, touched on each use (never inside an entry,
 # whose files are a build context: a change there would make BuildKit redo the install)
-
-
-class DownloadError(BuildError):
-    """A file the recipe names by URL could not be fetched (network, TLS, HTTP status)."""
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,12 @@ says why. The wheel the compile made is then served over HTTPS with a test CA as
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
-import gitserver  # noqa: E402
+import fileserver  # noqa: E402
 from gitsource import TORCH_BASE, VARIANT, GitSource, ran_steps  # noqa: E402
 
 PINNED = "testgit-wc"  # testgit with every commit pinned, so that the cache can key it
@@ -169,21 +166,10 @@ def wheel_server(setup: GitSource, compiled: dict, tmp_path_factory):
     stored = setup.wheel_cache / entry["key"] / entry["wheel"]
     shutil.copy(stored, root / stored.name)
     shutil.copy(stored, root / stored.name.replace("-0.17.0", "-0.17.1", 1))
-    ca, crt, key = gitserver.make_ca(root.parent / f"{root.name}-certs")
-    handler = type("Files", (http.server.SimpleHTTPRequestHandler,),
-                   {"log_message": lambda self, *a: None, "__init__": lambda self, *a, **kw:
-                    http.server.SimpleHTTPRequestHandler.__init__(self, *a, directory=str(root), **kw)})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(crt, key)
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    bundle = root.parent / f"{root.name}-bundle.crt"
-    bundle.write_bytes(setup.ca_bundle.read_bytes() + ca.read_bytes())
-    yield {"url": f"https://127.0.0.1:{server.server_address[1]}", "name": stored.name, "sha256": entry["sha256"],
-           "bundle": bundle}
-    server.shutdown()
-    server.server_close()
+    server = fileserver.start(root.parent / f"{root.name}-certs", root=root)
+    bundle = fileserver.bundle(server.ca, root.parent / f"{root.name}-bundle.crt")
+    yield {"url": server.url, "name": stored.name, "sha256": entry["sha256"], "bundle": bundle}
+    server.stop()
 
 
 def wheel_recipe(server: dict, *, version: str = "", name: str | None = None, sha: str | None = None) -> str:

@@ -31,6 +31,9 @@ TYPES = {
     "RelPath": (config.RelPath, config.REL_PATH_RE),
     "ModPath": (config.ModPath, config.REL_PATH_RE),
     "OsPackage": (config.OsPackage, config.OS_PKG_RE),
+    "PatchUrl": (config.PatchUrl, config.PATCH_URL_RE),
+    "PullRequest": (config.PullRequest, config.PR_RE),
+    "Sha256": (config.Sha256, config.SHA256_RE),
     # Not every string of PEP 440's characters is a version: generate versions pip would accept.
     "PipVersion": (config.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
                                                  r"(\.post[0-9])?(\.dev[0-9]{1,3})?(\+[a-z0-9]{1,5})?")),
