@@ -56,7 +56,7 @@ registry: $(STAMP) ## start the registry cluster.yaml describes (CLUSTER=FILE; w
 registry-stop: $(STAMP) ## stop that registry
 	$(PY) build.py registry stop $(if $(CLUSTER),--cluster $(CLUSTER))
 
-bench-rebuild: $(STAMP) ## time a cold build, a rebuild after one mod changed, the cached-build overhead, and the git-source build with an empty and a warm wheel cache (empties the build cache)
+bench-rebuild: $(STAMP) ## time a cold build, a rebuild after one mod changed, the cached-build overhead, and the git-source build with an empty and a warm wheel cache (on an engine of its own)
 	$(PY) bench/rebuild.py
 
 bench-distribute: $(STAMP) ## cold deploys to a namespace cluster (root, sshd): stream vs gzip/zstd/none pushes, a one-mod change, 3 vs 1 node

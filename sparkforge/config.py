@@ -29,7 +29,6 @@ URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~-]+)+/?\Z
 # A file to download: https, and a path that may hold a percent-encoded character or a '+'
 # (wheel names of local versions). It never reaches a shell line; the host fetches it.
 FILE_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%+-]+)+\Z")
-SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 REPOSITORY_RE = re.compile(r"\A[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*\Z")
 TAG_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
@@ -134,7 +133,6 @@ Digest = _matching(DIGEST_RE, "digest: write sha256:<64 hex>")
 GitRef = _matching(REF_RE, "git ref")
 GitUrl = _matching(URL_RE, "https git URL")
 FileUrl = _matching(FILE_URL_RE, "https URL of a file")
-Sha256 = _matching(SHA256_RE, "sha256: write its 64 lowercase hex digits")
 Repository = _matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)
 ImageTag = _matching(TAG_RE, "image tag")
 Package = _matching(PKG_RE, "pip package name")

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import ssl
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .sources import cache_dir
 
@@ -58,6 +57,12 @@ def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
     Raises DownloadFailed when it cannot be fetched and HashMismatch when what came is another file;
     in both cases nothing is left in the cache.
     """
+    return _keep(sha256, name, url, lambda out: _stream(url, out, ca_cert, progress))
+
+
+def _keep(sha256: str, name: str, origin: str, fill: Callable[[Any], str]) -> Path:
+    """The cached file of this hash, or one written by fill (which returns the sha256 of what it wrote)
+    and kept only when that is `sha256`; nothing is left behind when fill fails or the hash differs."""
     target = cached(sha256, name)
     if target.is_file():
         return target
@@ -65,9 +70,9 @@ def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
     fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            got = _stream(url, out, ca_cert, progress)
+            got = fill(out)
         if got != sha256:
-            raise HashMismatch(url, sha256, got)
+            raise HashMismatch(origin, sha256, got)
         os.replace(part, target)
     except BaseException:
         Path(part).unlink(missing_ok=True)
@@ -146,21 +151,13 @@ def sha256_of(path: Path) -> str:
 def take_local(path: Path, sha256: str, name: str) -> Path:
     """A local file pinned by hash, copied into the cache beside downloaded ones (a later edit of the
     original cannot change what the build uses). Raises HashMismatch, or OSError when unreadable."""
-    target = cached(sha256, name)
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(path, part)
-        got = sha256_of(Path(part))  # the hash of the copy: what the build will read
-        if got != sha256:
-            raise HashMismatch(str(path), sha256, got)
-        os.replace(part, target)
-    except BaseException:
-        Path(part).unlink(missing_ok=True)
-        if not any(target.parent.iterdir()):
-            target.parent.rmdir()
-        raise
-    return target
+
+    def copy(out) -> str:  # the hash of the copy: what the build will read
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+        return digest.hexdigest()
+
+    return _keep(sha256, name, str(path), copy)

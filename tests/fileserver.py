@@ -9,13 +9,11 @@ the test CA) that a build needs to reach both PyPI and this server.
 from __future__ import annotations
 
 import http.server
-import ssl
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gitserver import make_ca
+from gitserver import serve_https
 
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -73,17 +71,8 @@ class FileServer:
 
 def start(certs: Path, root: Path | None = None, host: str = "127.0.0.1") -> FileServer:
     """Serve over HTTPS on a free port of host; certificates are made in certs."""
-    ca, crt, key = make_ca(certs, host)
-    state = FileServer("", ca, root)
-    handler = type("Handler", (_Handler,), {"server_state": state})
-    server = http.server.ThreadingHTTPServer((host, 0), handler)
-    server.daemon_threads = True
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(crt, key)
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state.url = f"https://{host}:{server.server_address[1]}"
-    state._server = server
+    state = FileServer("", Path(), root)
+    state._server, state.url, state.ca = serve_https(type("Handler", (_Handler,), {"server_state": state}), certs, host)
     return state
 
 

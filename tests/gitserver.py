@@ -173,14 +173,19 @@ class GitServer:
         self._server.server_close()
 
 
-def start(root: Path, certs: Path, host: str = "127.0.0.1") -> GitServer:
-    """Serve every bare repository under root over HTTPS on a free port of host."""
+def serve_https(handler: type, certs: Path, host: str = "127.0.0.1") -> tuple[http.server.ThreadingHTTPServer, str, Path]:
+    """Run handler over HTTPS on a free port of host, in a thread: (the server, its URL, the test CA made in certs)."""
     ca, crt, key = make_ca(certs, host)
-    handler = type("Handler", (_Handler,), {"root": root})
     server = http.server.ThreadingHTTPServer((host, 0), handler)
     server.daemon_threads = True
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(crt, key)
     server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return GitServer(root, f"https://{host}:{server.server_address[1]}", ca, server)
+    return server, f"https://{host}:{server.server_address[1]}", ca
+
+
+def start(root: Path, certs: Path, host: str = "127.0.0.1") -> GitServer:
+    """Serve every bare repository under root over HTTPS on a free port of host."""
+    server, url, ca = serve_https(type("Handler", (_Handler,), {"root": root}), certs, host)
+    return GitServer(root, url, ca, server)

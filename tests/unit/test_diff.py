@@ -110,8 +110,9 @@ def test_a_lock_does_not_know_the_image_and_says_so(images: Path) -> None:
 
 
 # Fields that name the variant, describe it, or are covered by another field: the mod's digest
-# is a hash over its folder, mod.yaml included, so `spec` and `folder` never change alone.
-SKIP = {"variant", "chain", "recipe_files", "description", "plan_hash", "spec", "folder", "unknown"}
+# is a hash over its folder, mod.yaml included, so `spec` and `folder` never change alone; a wheel's
+# `local` is where its `path` lies on this host, not part of the plan.
+SKIP = {"variant", "chain", "recipe_files", "description", "plan_hash", "spec", "folder", "local", "unknown"}
 # What a component of the other kind does not have (resolve refuses a recipe that sets them).
 NOT_OF_PYPI = {"repo", "ref", "commit"}
 # Tuples of the plan, by what they hold.

@@ -32,6 +32,7 @@ TYPES = {
     "ModPath": (config.ModPath, config.REL_PATH_RE),
     "OsPackage": (config.OsPackage, config.OS_PKG_RE),
     "PatchUrl": (config.PatchUrl, config.PATCH_URL_RE),
+    "FileUrl": (config.FileUrl, config.FILE_URL_RE),
     "PullRequest": (config.PullRequest, config.PR_RE),
     "Sha256": (config.Sha256, config.SHA256_RE),
     # Not every string of PEP 440's characters is a version: generate versions pip would accept.
