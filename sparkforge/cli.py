@@ -99,8 +99,8 @@ def _plan(variant: str, base: Optional[str] = None, *, locked: bool = False,
 BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
 WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
                     "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
-CA_HELP = ("CA bundle for a proxy; used to download patches named by URL, and given to BuildKit as a secret, never "
-           "stored in a layer. Give a full bundle (system + yours).")
+CA_HELP = ("CA bundle for a proxy or a private server: used to download patches and wheels named by URL, and given to "
+           "BuildKit as a secret for its own downloads, never stored in a layer. Give a full bundle (system + yours).")
 
 
 def _ca_bundle(path: Optional[Path]) -> Optional[Path]:
@@ -212,8 +212,9 @@ def build(
                              "write nothing and do not touch Docker."),
     wheel_cache: Optional[Path] = typer.Option(None, "--wheel-cache", envvar="SPARKFORGE_WHEEL_CACHE",
                                                help=WHEEL_CACHE_HELP),
-    use_wheel_cache: bool = typer.Option(True, "--wheel-cache-on/--no-wheel-cache",
-                                         help="--no-wheel-cache: compile vLLM, and store nothing in the wheel cache."),
+    no_wheel_cache: bool = typer.Option(False, "--no-wheel-cache",
+                                        help="Compile vLLM inside the image build, and store nothing in the wheel "
+                                        "cache (--no-cache alone still installs a cached wheel)."),
 ) -> None:
     """Render, build with BuildKit, smoke-test, then tag a variant.
 
@@ -235,7 +236,7 @@ def build(
         return
     _say(f"building {plan.tag} from {pipeline.context_dir(plan)}")
     done = pipeline.build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),
-                                  wheel_cache=(wheel_cache or default_root()) if use_wheel_cache else None,
+                                  wheel_cache=None if no_wheel_cache else (wheel_cache or default_root()),
                                   on_smoke=lambda static: out.print(views.smoke_table([static])), say=_say)
     _emit(views.build_lines(plan, done))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import ssl
 import tempfile
 import urllib.error
@@ -20,6 +21,8 @@ from typing import Any, Callable
 
 from .sources import cache_dir
 
+_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
+_NAME = re.compile(r"\A[A-Za-z0-9._+-]+\Z")
 READ_TIMEOUT = 60.0  # seconds without a byte before a download is given up
 CHUNK = 1 << 20
 
@@ -41,7 +44,9 @@ def downloads_dir() -> Path:
 
 
 def cached(sha256: str, name: str) -> Path:
-    """Where the file with this hash is kept (it may not be there yet)."""
+    """Where the file with this hash is kept (it may not be there yet): always a file of <cache>/downloads/<sha256>/."""
+    if not (_HEX64.fullmatch(sha256) and _NAME.fullmatch(name)) or name in (".", ".."):
+        raise ValueError(f"not a sha256 and a plain file name: {sha256!r}, {name!r}")
     return downloads_dir() / sha256 / name
 
 
@@ -65,18 +70,22 @@ def _keep(sha256: str, name: str, origin: str, fill: Callable[[Any], str]) -> Pa
     and kept only when that is `sha256`; nothing is left behind when fill fails or the hash differs."""
     target = cached(sha256, name)
     if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
+        if sha256_of(target) == sha256:  # checked on every use: the cache is a folder anyone may write
+            return target
+        target.unlink()
+    part = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
         with os.fdopen(fd, "wb") as out:
             got = fill(out)
         if got != sha256:
             raise HashMismatch(origin, sha256, got)
         os.replace(part, target)
     except BaseException:
-        Path(part).unlink(missing_ok=True)
-        if not any(target.parent.iterdir()):
+        if part:
+            Path(part).unlink(missing_ok=True)
+        if target.parent.is_dir() and not any(target.parent.iterdir()):
             target.parent.rmdir()
         raise
     return target

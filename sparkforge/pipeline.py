@@ -209,7 +209,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
         return None, WheelNote("release")
     if wheel_cache is None:
         return None, WheelNote("compiled", why_compiled="the wheel cache is off")
-    found = wheels.lookup(plan, layout, wheel_cache, opts.docker_host)
+    found = wheels.lookup(plan, wheel_cache, opts.docker_host)
     if found.wheel:
         say(f"vLLM wheel: from the wheel cache ({found.key[:12]}, compiled for {found.wheel.compiled_for}); "
             "no compile")
@@ -222,13 +222,18 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         wheel_cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".export.", dir=wheel_cache) as tmp:
-            compiled = export_stage(plan, ctx, opts, "wheel-export", Path(tmp), progress)
-            entry = wheels.store(wheel_cache, found.inputs, Path(tmp),
-                                 f"{plan.variant}-{plan.plan_hash[:12]} at {stamp}")
+        export = Path(tempfile.mkdtemp(prefix=".export.", dir=wheel_cache))
     except OSError as exc:
         raise BuildError(f"cannot write the wheel cache: {exc.strerror or exc} (build with --no-wheel-cache, or give "
                          "a writable --wheel-cache)", path=wheel_cache, field="--wheel-cache") from None
+    try:
+        compiled = export_stage(plan, ctx, opts, "wheel-export", export, progress)
+        entry = wheels.store(wheel_cache, found.inputs, export, f"{plan.variant}-{plan.plan_hash[:12]} at {stamp}")
+    except OSError as exc:
+        raise BuildError(f"cannot store the compiled wheel in the wheel cache: {exc.strerror or exc}",
+                         path=wheel_cache, field="--wheel-cache") from None
+    finally:
+        shutil.rmtree(export, ignore_errors=True)
     say(f"vLLM wheel: compiled and stored in the wheel cache ({entry.key[:12]}, sha256 {entry.sha256[:12]}) in "
         f"{compiled.seconds:.1f}s; compile log: {compiled.log_path}")
     return wheels.as_input(entry), WheelNote("compiled", entry.sha256, entry.key, why_compiled=found.why_not,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import urllib.parse
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from .config import (
 from .errors import ConfigError
 
 DEFAULT_IMAGE = "sparkforge/vllm"
+# The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
+WHEEL_FILE_RE = re.compile(r"\A[A-Za-z0-9._+-]+\.whl\Z")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -384,9 +387,12 @@ def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
     fld = "vllm.url" if v.url else "vllm.path"
     filename = urllib.parse.unquote(v.url.rsplit("/", 1)[1]) if v.url else v.path.rsplit("/", 1)[-1]
     try:
+        if not WHEEL_FILE_RE.fullmatch(filename):
+            raise InvalidWheelFilename(filename)
         name, wheel_version, _, _ = parse_wheel_filename(filename)
     except (InvalidWheelFilename, InvalidVersion):
-        raise ConfigError(f"{filename!r} is not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl)", path=leaf,
+        raise ConfigError(f"{filename!r} is not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl, of letters, "
+                          "digits and '._+-')", path=leaf,
                           field=fld) from None
     if name != "vllm":
         raise ConfigError(f"{filename} is a wheel of {name}, not of vllm", path=leaf, field=fld)

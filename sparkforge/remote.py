@@ -159,13 +159,26 @@ def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None,
     except download.DownloadFailed as exc:
         raise DownloadError(f"cannot fetch the patch: {exc}", field="--pr" if pr else "--from-url") from None
     try:
+        return _write_new_mod(folder, name, path, sha256, source, url=url, pr=pr, versions=versions,
+                              component=component, phase=phase)
+    except BaseException:
+        download.forget(sha256, REMOTE_PATCH_FILE)  # nothing of a failed `mod new` stays in the cache
+        raise
+
+
+def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str, *, url: str | None,
+                   pr: str | None, versions: str, component: str, phase: str) -> NewMod:
+    try:
         data = path.read_bytes()
         patches = check_diff(data)
     except imagetool.ModFailure as exc:
-        download.forget(sha256, REMOTE_PATCH_FILE)
         raise ConfigError(f"{source}: {exc}", field="--pr" if pr else "--from-url") from None
     files = tuple(fp.path for fp in patches)
     origin = f"pull request {pr} ({source})" if pr else source
+    check = verify_check(data, component)
+    if check is None:
+        raise ConfigError(f"{source}: the patch adds and removes no line a check could look for (only blank lines, "
+                          "or lines it moves); write this mod by hand", field="--pr" if pr else "--from-url")
     text = mod_yaml_text({
         "name": name,
         "summary": f"Upstream patch: {pr or source}",
@@ -179,7 +192,7 @@ def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None,
         "phase": phase,
         "kind": "patch",
         "patch": ({"pr": pr} if pr else {"url": url}) | {"sha256": sha256},
-        "verify": [verify_check(data, component)],
+        "verify": [check],
     }, path=folder / "mod.yaml")
     folder.mkdir(parents=True)  # fails when the folder appeared meanwhile: nothing of another is touched
     try:
@@ -192,10 +205,10 @@ def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None,
     return NewMod(folder, source, sha256, files)
 
 
-def verify_check(diff: bytes, component: str) -> dict[str, str]:
+def verify_check(diff: bytes, component: str) -> dict[str, str] | None:
     """A check that the patch took effect: a line it adds, in the first file it changes (in the
     component's package, when it changes one there). A patch that only removes lines gets a Python
-    check that the first removed line is gone."""
+    check that the first removed line is gone; None when there is no such line."""
     package = component.replace("-", "_") + "/"
     added: dict[str, list[str]] = {}
     removed: dict[str, list[str]] = {}
@@ -216,6 +229,8 @@ def verify_check(diff: bytes, component: str) -> dict[str, str]:
         new = [line for line in added[path] if line not in removed[path]]
         if new:
             return {"file": path, "contains": new[0]}
-    path = order[0]
-    gone = removed[path][0]
-    return {"python": f"import pathlib; assert {gone!r} not in pathlib.Path({path!r}).read_text()"}
+    for path in order:
+        gone = [line for line in removed[path] if line not in added[path]]
+        if gone and path != "/dev/null":
+            return {"python": f"import pathlib; assert {gone[0]!r} not in pathlib.Path({path!r}).read_text()"}
+    return None

@@ -67,6 +67,7 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         plan=plan,
         compiles=compiles,
         wheel=wheel,
+        # A wheel from the host is mounted alone (not its folder), at a path of its own name.
         wheel_path="/wheels/vllm-*.whl" if compiles or wheel is None else "/wheels/" + shlex.quote(
             wheel.wheel.rpartition("/")[2]),
         git_components=[c for c in plan.components if c.kind == "git"],

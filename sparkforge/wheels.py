@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -27,10 +28,12 @@ from packaging.version import InvalidVersion, Version
 
 from . import dockercli, download
 from .errors import BuildError, ConfigError, DownloadError
-from .plan import Layout, Plan, WheelFile, digest_files
+from .plan import Layout, Plan, WheelFile
 from .sources import cache_dir
 
 CONTEXT = "vllm-wheel"  # the named build context the Dockerfile reads a wheel from
+ENTRY_WHEEL_RE = re.compile(r"\Awheels/vllm-[A-Za-z0-9._+-]+\.whl\Z")  # where an entry keeps its wheel
+_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
 CACHE_FORMAT = 1
 ENTRY = "entry.json"
 USED = ".last-used"  # a folder of the cache root: one file per key, touched on each use (never inside an entry,
@@ -90,6 +93,8 @@ def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> 
     w = plan.vllm.wheel
     assert w is not None
     recipe = layout.images_dir / f"{plan.variant}.yaml"
+    if w.local and not (Path(w.local).is_file() and os.access(w.local, os.R_OK)):
+        raise ConfigError(f"{w.path} is not a readable file in {layout.images_dir}", path=recipe, field="vllm.path")
     try:
         path = fetch_wheel(w, ca_cert)
     except download.HashMismatch as exc:
@@ -98,7 +103,8 @@ def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> 
     except download.DownloadFailed as exc:
         raise DownloadError(f"cannot fetch the wheel: {exc}", path=recipe, field="vllm.url") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read the wheel {w.local}: {exc.strerror}", path=recipe, field="vllm.path") from None
+        raise BuildError(f"cannot keep the wheel in the download cache {download.downloads_dir()}: "
+                         f"{exc.strerror or exc}", path=recipe, field="vllm") from None
     found = metadata_version(path)
     if found != Version(plan.vllm.version):
         raise ConfigError(f"{w.filename} holds vllm {found} (its METADATA), but the recipe says version "
@@ -140,8 +146,19 @@ def base_identity(plan: Plan, host: str | None = None) -> str | None:
     return f"image-id {ident}" if proc.returncode == 0 and ident else None
 
 
-def key_inputs(plan: Plan, layout: Layout, base: str | None) -> tuple[dict[str, Any] | None, str]:
-    """What decides the compiled wheel's content, or None and why the cache cannot be used."""
+def engine_arch(host: str | None = None) -> str:
+    """The build engine's CPU architecture: a base digest may name a multi-arch index, whose wheels differ by it."""
+    return dockercli.run(["version", "--format", "{{.Server.Os}}/{{.Server.Arch}}"], host=host,
+                         what="docker version").stdout.strip()
+
+
+def key_inputs(plan: Plan, base: str | None, arch: str) -> tuple[dict[str, Any] | None, str]:
+    """What decides the compiled wheel's content, or None and why the cache cannot be used.
+
+    Everything the compile stages read: the source and its source-phase mods, the compile's
+    environment and arch list, the base and the OS packages and protected builds added to it, the
+    git components copied in, the template and the tools that run in those stages (tooling_digest),
+    the engine's architecture, and SOURCE_DATE_EPOCH (it sets the times inside the wheel)."""
     v = plan.vllm
     if v.source != "git":
         return None, "the variant compiles no vLLM"
@@ -160,8 +177,12 @@ def key_inputs(plan: Plan, layout: Layout, base: str | None) -> tuple[dict[str, 
         "build_env": dict(plan.build.env),
         "torch_cuda_arch_list": plan.build.torch_cuda_arch_list,
         "base": base,
+        "os_packages": list(plan.os_packages),
+        "protect": list(plan.protect),
         "git_components": {c.name: c.commit.value for c in gits},
-        "template": digest_files(layout.template),
+        "tooling": plan.tooling_digest,
+        "platform": arch,
+        "source_date_epoch": plan.source_date_epoch,
     }, ""
 
 
@@ -197,16 +218,23 @@ def entries(root: Path) -> list[Entry]:
 
 
 def read_entry(folder: Path) -> Entry | None:
+    """The entry in folder, or None when it is not one whole, well-formed entry of this format.
+
+    A shared folder may hold anything: every field that later reaches a Dockerfile line or a table
+    is checked here (a wheel path inside the entry with a plain file name, 64-hex hashes, one line)."""
     try:
         data = json.loads((folder / ENTRY).read_text())
         used_file = folder.parent / USED / folder.name
         used = (used_file if used_file.exists() else folder / ENTRY).stat().st_mtime
-        if data.get("format") != CACHE_FORMAT or folder.name != data["key"]:
-            return None
-        return Entry(data["key"], folder, data["inputs"], data["wheel"], data["sha256"], data["size"],
-                     data["created"], data["compiled_for"], used)
+        entry = Entry(data["key"], folder, data["inputs"], data["wheel"], data["sha256"], data["size"],
+                      data["created"], data["compiled_for"], used)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    well_formed = (data.get("format") == CACHE_FORMAT and folder.name == entry.key and _HEX64.fullmatch(entry.key)
+                   and _HEX64.fullmatch(str(entry.sha256)) and ENTRY_WHEEL_RE.fullmatch(str(entry.wheel))
+                   and isinstance(entry.inputs, dict) and isinstance(entry.size, int)
+                   and all(isinstance(x, str) and x.isprintable() for x in (entry.created, entry.compiled_for)))
+    return entry if well_formed else None
 
 
 @dataclass(frozen=True)
@@ -219,9 +247,11 @@ class Lookup:
     why_not: str  # when wheel is None: why the compile runs
 
 
-def lookup(plan: Plan, layout: Layout, root: Path, host: str | None = None) -> Lookup:
+def lookup(plan: Plan, root: Path, host: str | None = None) -> Lookup:
     """Find this build's wheel in the cache; the wheel is hash-checked before it is offered."""
-    inputs, why = key_inputs(plan, layout, base_identity(plan, host) if plan.vllm.source == "git" else None)
+    if plan.vllm.source != "git":
+        return Lookup(None, None, None, "the variant compiles no vLLM")
+    inputs, why = key_inputs(plan, base_identity(plan, host), engine_arch(host))
     if inputs is None:
         return Lookup(None, None, None, why)
     key = cache_key(inputs)
@@ -229,8 +259,8 @@ def lookup(plan: Plan, layout: Layout, root: Path, host: str | None = None) -> L
     if entry is None:
         return Lookup(inputs, key, None, _closest(inputs, root))
     if not entry.path.is_file() or download.sha256_of(entry.path) != entry.sha256:
-        return Lookup(inputs, key, None, f"the cached wheel {key[:12]} does not match its recorded sha256; "
-                                         f"it was changed after it was stored (`wheels prune --key {key[:12]}`)")
+        return Lookup(inputs, key, None, f"the cached wheel {key[:12]} no longer has its recorded sha256 (changed "
+                                         "after it was stored); it is compiled again and replaced")
     mark_used(root, key)
     return Lookup(inputs, key, as_input(entry), "")
 
@@ -241,8 +271,12 @@ def as_input(entry: Entry) -> WheelInput:
 
 
 def mark_used(root: Path, key: str) -> None:
-    (root / USED).mkdir(parents=True, exist_ok=True)
-    (root / USED / key).touch()
+    """Note the entry's use, for `prune --older-than`; a cache this user cannot write is still read."""
+    try:
+        (root / USED).mkdir(parents=True, exist_ok=True)
+        (root / USED / key).touch()
+    except OSError:
+        pass
 
 
 def _closest(inputs: dict[str, Any], root: Path) -> str:
@@ -256,14 +290,16 @@ def _closest(inputs: dict[str, Any], root: Path) -> str:
 def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str) -> Entry:
     """Move a compile's exported files (wheels/vllm-*.whl, record/) into the cache as one entry, whole.
 
-    An entry already there for the key is kept (it was made from the same inputs)."""
+    An entry already there for the key is kept when it is whole and its wheel still has its recorded
+    hash (another build made it from the same inputs); otherwise it is moved aside and replaced."""
     key = cache_key(inputs)
     wheels_found = sorted((exported / "wheels").glob("vllm-*.whl"))
-    if len(wheels_found) != 1:
-        raise BuildError(f"the compile exported {len(wheels_found)} vLLM wheels to {exported}, not one",
+    if len(wheels_found) != 1 or not ENTRY_WHEEL_RE.fullmatch(f"wheels/{wheels_found[0].name}"):
+        raise BuildError(f"the compile exported {[p.name for p in wheels_found]} to {exported}, not one vLLM wheel",
                          field="wheel cache")
     existing = read_entry(root / key)
-    if existing is not None:
+    if existing is not None and _intact(existing):
+        mark_used(root, key)
         return existing
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
@@ -277,30 +313,50 @@ def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str)
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "compiled_for": compiled_for}
         (staging / ENTRY).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.chmod(staging, 0o755)
+        if (root / key).exists():
+            _discard(root / key)  # a broken or changed entry of this key
         try:
             os.replace(staging, root / key)
-        except OSError:  # another build stored the same key first
+        except OSError:  # another build stored the same key in the meantime
             shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     entry = read_entry(root / key)
-    assert entry is not None
+    if entry is None or not _intact(entry):
+        raise BuildError(f"the entry {key[:12]} of the wheel cache {root} is not whole after it was stored (another "
+                         "machine writing or pruning it?); build again", field="--wheel-cache")
     mark_used(root, key)
     return entry
 
 
+def _intact(entry: Entry) -> bool:
+    return entry.path.is_file() and download.sha256_of(entry.path) == entry.sha256
+
+
+def _discard(folder: Path) -> None:
+    """Take an entry out of the cache at once (a rename), then delete it: readers never see half of one."""
+    trash = folder.parent / f".trash-{folder.name[:12]}-{os.getpid()}-{time.monotonic_ns()}"
+    os.replace(folder, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def prune(root: Path, *, older_than_days: float | None = None, key: str | None = None,
           dry_run: bool = False) -> list[Entry]:
-    """Remove entries not used for older_than_days, or the entry whose key starts with `key`, or (neither) all."""
+    """Remove entries not used for older_than_days, or the one entry whose key starts with `key`, or (neither)
+    all; each is renamed out of the cache before it is deleted."""
     now = time.time()
     chosen = [e for e in entries(root)
               if (key is None or e.key.startswith(key))
               and (older_than_days is None or now - e.last_used > older_than_days * 86400)]
-    if key is not None and not chosen:
-        raise ConfigError(f"no wheel in {root} has a key starting with {key!r}", field="--key")
+    if key is not None and len(chosen) != 1:
+        raise ConfigError(f"{len(chosen)} wheels in {root} have a key starting with {key!r}; give one that names "
+                          "exactly one (`wheels list`)", field="--key")
     if not dry_run:
         for entry in chosen:
-            shutil.rmtree(entry.folder)
-            (root / USED / entry.key).unlink(missing_ok=True)
+            try:
+                _discard(entry.folder)
+                (root / USED / entry.key).unlink(missing_ok=True)
+            except OSError as exc:
+                raise BuildError(f"cannot remove {entry.folder}: {exc.strerror or exc}", field="wheels prune") from None
     return chosen

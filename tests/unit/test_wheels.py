@@ -51,6 +51,12 @@ def run_cli(images: Path, *args: str) -> subprocess.CompletedProcess:
     (f"source: wheel\n  url: http://h.example/{NAME}\n  sha256: {SHA}", "vllm.url", "is not a valid https URL"),
     (f"source: wheel\n  path: ../{NAME}\n  sha256: {SHA}", "vllm.path", "is not a valid relative path"),
     (f"source: wheel\n  url: https://h.example/vllm.tar.gz\n  sha256: {SHA}", "vllm.url", "is not a wheel file name"),
+    # Decoded, these would leave the download cache, or end a Dockerfile line.
+    (f"source: wheel\n  url: https://h.example/vllm-0.17.0-1..%2F..%2F..%2Fout-cp38-abi3-linux_x86_64.whl\n"
+     f"  sha256: {SHA}", "vllm.url", "is not a wheel file name"),
+    (f"source: wheel\n  url: https://h.example/vllm-0.17.0-cp38-abi3-linux%0ARUN%20x%20%23.whl\n  sha256: {SHA}",
+     "vllm.url", "is not a wheel file name"),
+    (f"source: wheel\n  path: wheels/../{NAME}\n  sha256: {SHA}", "vllm.path", "is not a valid relative path"),
     (f"source: wheel\n  url: https://h.example/torch-2.13.0-cp311-cp311-linux_x86_64.whl\n  sha256: {SHA}",
      "vllm.url", "a wheel of torch, not of vllm"),
     (f"source: wheel\n  url: https://h.example/vllm-0.18.0-cp38-abi3-linux_x86_64.whl\n  sha256: {SHA}",
@@ -66,6 +72,17 @@ def test_bad_wheel_recipes_are_one_line(tmp_path: Path, vllm: str, field: str, m
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"w.yaml: {field}: " in lines[0] and message in lines[0], lines[0]
+
+
+def test_mod_new_finds_no_check_in_a_patch_of_blank_lines() -> None:
+    from sparkforge.remote import verify_check
+
+    blank = b"--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,2 @@\n a = 1\n+\n"
+    assert verify_check(blank, "vllm") is None
+    moved = b"--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,2 +1,2 @@\n-a = 1\n b = 2\n+a = 1\n"
+    assert verify_check(moved, "vllm") is None
+    added = b"--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,2 @@\n a = 1\n+b = 2\n"
+    assert verify_check(added, "vllm") == {"file": "vllm/x.py", "contains": "b = 2"}
 
 
 def test_a_source_phase_mod_is_refused_for_a_wheel(tmp_path: Path) -> None:
@@ -142,36 +159,63 @@ def _git_plan():
 def test_the_key_covers_what_decides_the_wheel_and_says_why_it_cannot_be_made() -> None:
     layout = Layout.default(ROOT)
     plan = _git_plan()
-    inputs, why = wheels.key_inputs(plan, layout, "sha256:" + "1" * 64)
+    inputs, why = wheels.key_inputs(plan, "sha256:" + "1" * 64, "linux/arm64")
     assert why == "" and inputs is not None
     assert set(inputs) == {"format", "vllm", "source_mods", "build_env", "torch_cuda_arch_list", "base",
-                           "git_components", "template"}
+                           "os_packages", "protect", "git_components", "tooling", "platform", "source_date_epoch"}
     key = wheels.cache_key(inputs)
     for change in ({"torch_cuda_arch_list": "12.0a"}, {"base": "sha256:" + "2" * 64}, {"build_env": {"A": "1"}},
-                   {"source_mods": [{"name": "m", "digest": "sha256:0"}]}, {"git_components": {"cutlass": "d" * 40}}):
+                   {"source_mods": [{"name": "m", "digest": "sha256:0"}]}, {"git_components": {"cutlass": "d" * 40}},
+                   {"os_packages": ["zz-pkg"]}, {"protect": ["zz-pkg"]}, {"tooling": "sha256:1"},
+                   {"platform": "linux/amd64"}, {"source_date_epoch": 1}):
         other = inputs | change
         assert wheels.cache_key(other) != key
         assert [d.split(" ")[0] for d in wheels.differences(other, inputs)] == list(change)
-    assert wheels.key_inputs(plan, layout, None)[1].endswith("has no digest and is not on this engine")
+    # Each of them is read from the plan: a plan that differs in it gives another key.
+    for field, value in (("os_packages", plan.os_packages + ("zz",)), ("protect", plan.protect + ("zz",)),
+                         ("tooling_digest", "sha256:0"),
+                         ("source_date_epoch", 1)):
+        other_inputs, _ = wheels.key_inputs(replace(plan, **{field: value}), "sha256:" + "1" * 64, "linux/arm64")
+        assert wheels.cache_key(other_inputs) != key, field
+    assert wheels.key_inputs(plan, None, "linux/arm64")[1].endswith("has no digest and is not on this engine")
     loose = replace(plan, components=plan_variant(layout, "ng17").components)
-    assert "commit is not pinned (lock the variant)" in wheels.key_inputs(loose, layout, "x")[1]
-    assert wheels.key_inputs(plan_variant(layout, "ng16"), layout, "x")[1] == \
-        "vllm.commit is not pinned (lock the variant)"
+    assert "commit is not pinned (lock the variant)" in wheels.key_inputs(loose, "x", "a")[1]
+    assert wheels.key_inputs(plan_variant(layout, "ng16"), "x", "a")[1] == "vllm.commit is not pinned (lock the variant)"
 
 
-def test_lookup_offers_a_stored_wheel_only_while_its_hash_holds(tmp_path: Path) -> None:
-    layout, root = Layout.default(ROOT), tmp_path / "cache"
+def test_lookup_offers_a_stored_wheel_only_while_its_hash_holds(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "cache"
+    monkeypatch.setattr(wheels, "engine_arch", lambda host=None: "linux/arm64")  # the one engine question
     plan = _git_plan()
     plan = replace(plan, base=replace(plan.base, digest=Pin("sha256:" + "1" * 64)))
-    miss = wheels.lookup(plan, layout, root)
+    miss = wheels.lookup(plan, root)
     assert miss.wheel is None and miss.why_not.startswith("the wheel cache holds no wheel of vllm b31e9326a7d9")
     entry = wheels.store(root, miss.inputs, _export(tmp_path), "ng17-x at t")
-    hit = wheels.lookup(plan, layout, root)
+    hit = wheels.lookup(plan, root)
     assert hit.wheel is not None and (hit.wheel.origin, hit.wheel.key, hit.wheel.sha256) == ("cache", entry.key,
                                                                                            entry.sha256)
     entry.path.write_bytes(entry.path.read_bytes() + b"x")  # changed after it was stored
-    changed = wheels.lookup(plan, layout, root)
-    assert changed.wheel is None and "does not match its recorded sha256" in changed.why_not
+    changed = wheels.lookup(plan, root)
+    assert changed.wheel is None and "no longer has its recorded sha256" in changed.why_not
+    # The compile that follows replaces the changed entry instead of keeping it.
+    fresh = wheels.store(root, miss.inputs, _export(tmp_path / "again"), "ng17-y at t2")
+    assert fresh.compiled_for == "ng17-y at t2" and download.sha256_of(fresh.path) == fresh.sha256
+    assert wheels.lookup(plan, root).wheel is not None
+    # A half entry (entry.json without its wheel, as during a copy from another machine) is replaced too.
+    fresh.path.unlink()
+    assert wheels.store(root, miss.inputs, _export(tmp_path / "third"), "ng17-z at t3").compiled_for == "ng17-z at t3"
+
+
+def test_an_entry_with_fields_that_could_reach_a_dockerfile_line_is_not_read(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    entry = wheels.store(root, {"format": 1, "vllm": {"commit": "c" * 40}}, _export(tmp_path), "x at t")
+    data = json.loads((entry.folder / "entry.json").read_text())
+    for field, bad in (("wheel", "wheels/../../etc/x.whl"), ("wheel", "wheels/vllm-1.whl\nRUN x"),
+                       ("compiled_for", "x\nRUN echo"), ("sha256", "z" * 64), ("key", "0" * 64)):
+        (entry.folder / "entry.json").write_text(json.dumps(data | {field: bad}))
+        assert wheels.read_entry(entry.folder) is None, field
+    (entry.folder / "entry.json").write_text(json.dumps(data))
+    assert wheels.read_entry(entry.folder) is not None
 
 
 def _export(tmp: Path, name: str = NAME) -> Path:
@@ -202,7 +246,7 @@ def test_store_lookup_and_prune(tmp_path: Path) -> None:
     os.utime(root / wheels.USED / entry.key, (0, 0))
     assert [e.key for e in wheels.prune(root, older_than_days=1, dry_run=True)] == [entry.key]
     assert (root / entry.key).is_dir()
-    with pytest.raises(ConfigError, match="no wheel in .* has a key starting with 'ffff'"):
+    with pytest.raises(ConfigError, match="0 wheels in .* have a key starting with 'ffff'"):
         wheels.prune(root, key="ffff")
     assert [e.key for e in wheels.prune(root, key=entry.key[:8])] == [entry.key]
     assert wheels.entries(root) == [] and not (root / wheels.USED / entry.key).exists()
@@ -222,7 +266,7 @@ def test_the_closest_entry_says_what_differs(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, message", [
     ((), "say what to remove"),
     (("--all", "--key", "ab"), "--all removes every wheel"),
-    (("--key", "ab"), "has a key starting with 'ab'"),
+    (("--key", "ab"), "0 wheels in"),
 ])
 def test_wheels_prune_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     proc = run_cli(ROOT / "images", "wheels", "prune", "--wheel-cache", str(tmp_path), *args)
