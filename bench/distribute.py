@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 from clusterkit import make_ca  # noqa: E402
 from netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
-from sparkforge import distribute  # noqa: E402
+from sparkforge import distribute, push, stream  # noqa: E402
 from sparkforge.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
 from sparkforge.pipeline import LockPolicy, load_plan  # noqa: E402
 from sparkforge.plan import Layout  # noqa: E402
@@ -125,7 +125,7 @@ def main() -> None:
 
         print("runs:")
         wipe(cluster)
-        anchor = distribute.deploy_stream(head, nodes, state_dir=state)
+        anchor = stream.deploy_stream(head, nodes, state_dir=state)
         if not anchor.ok:
             sys.exit(f"bench-distribute: stream failed: {[r.error for r in anchor.results if r.error]}")
         note("anchor: docker save | ssh docker load, 3 nodes", anchor.seconds, anchor.bytes_moved,
@@ -137,7 +137,7 @@ def main() -> None:
                                          f"bench-{compression}/{head.moving_tag.partition('/')[2]}",
                                          repo_image.image_id, repo_image.size, repo_image.identity)
             subprocess.run(["docker", "tag", head.image_id, image.tag], check=True, capture_output=True)
-            pushed = distribute.push_to(image, reg, compression, state_dir=state)
+            pushed = push.push_to(image, reg, compression, state_dir=state)
             note(f"push {compression}", pushed.seconds, pushed.bytes_pushed, f"{pushed.layers_pushed} layers sent")
             image = with_record(image, state)
             if compression == "zstd":
@@ -161,7 +161,7 @@ def main() -> None:
         changed = distribute.HeadImage(f"bench-zstd/{built.tag.partition('/')[2]}", zimage.moving_tag,
                                        built.image_id, built.size, built.identity)
         subprocess.run(["docker", "tag", built.image_id, changed.tag], check=True, capture_output=True)
-        pushed = distribute.push_to(changed, reg, "zstd", state_dir=state)
+        pushed = push.push_to(changed, reg, "zstd", state_dir=state)
         note(f"push after mod {mod.name} changed (zstd)", pushed.seconds, pushed.bytes_pushed,
              f"{pushed.layers_pushed} layers sent, {pushed.layers_present} already there")
         changed = with_record(changed, state)

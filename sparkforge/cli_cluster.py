@@ -1,6 +1,7 @@
 """The cluster verbs of the command line: push, deploy and status, registered on the one typer app.
 
-Only flags and printing live here; what to do on the nodes is decided in distribute.py and cluster.py.
+Only flags and printing live here; what to do on the nodes is decided in distribute.py, push.py, stream.py
+and cluster.py.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def push(
     Example: python build.py push ng17e --registry 127.0.0.1:5000
     """
     from .cluster import Registry, check_registry, load_cluster_file, registry_of
-    from .distribute import head_image, human_bytes, push_to
+    from .distribute import head_image, human_bytes
+    from .push import push_to
 
     plan = _plan(variant, base)
     path = _cluster_path(cluster)
@@ -115,7 +117,8 @@ def deploy(
       python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from .cluster import resolve_cluster
-    from .distribute import FAILED, deploy_registry, deploy_stream, head_image, human_bytes, rollback_tag
+    from .distribute import FAILED, deploy_registry, head_image, human_bytes, rollback_tag
+    from .stream import deploy_stream
 
     if mode not in ("registry", "stream"):
         raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")

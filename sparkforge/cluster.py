@@ -28,6 +28,7 @@ from typing import Annotated, Callable, Iterable, TypeVar
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from .config import NAME_RE, Strict, _validation_error, read_yaml
+from .dockercli import last_line
 from .errors import ConfigError, DistributeError
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
@@ -40,6 +41,7 @@ LISTEN_RE = re.compile(r"^[0-9.]+:[0-9]{1,5}$")
 
 CONTROL_TIMEOUT = 30.0  # seconds for one control command on a node (inspect, tag, version)
 TRANSFER_TIMEOUT = 3600.0  # seconds a whole pull may take
+STALL_TIMEOUT = 60.0  # seconds a node's load (stream mode) may take no data before the node is dropped
 T = TypeVar("T")
 
 ENDPOINT_HELP = "ssh://[user@]host[:port], tcp://host:port or unix:///path/to/docker.sock"
@@ -380,7 +382,7 @@ def ping(node: Node) -> str:
     """The engine version of a node; a NodeFailure (one line) when it cannot be reached."""
     proc = run_docker(node, "version", "--format", "{{.Server.Version}}", timeout=CONTROL_TIMEOUT)
     if proc.returncode != 0:
-        raise NodeFailure(f"unreachable at {node.endpoint}: {_last_line(proc.stderr)}")
+        raise NodeFailure(f"unreachable at {node.endpoint}: {last_line(proc.stderr, 'no message')}")
     return proc.stdout.decode().strip()
 
 
@@ -423,7 +425,7 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
         raise NodeFailure(f"pull of {ref} did not finish within {TRANSFER_TIMEOUT:.0f}s")
     if code != 0:
         reason = transport_error(node, code, stderr.decode(errors="replace"))
-        raise NodeFailure(f"pull of {ref} failed: {reason or _last_line(stderr)}")
+        raise NodeFailure(f"pull of {ref} failed: {reason or last_line(stderr, 'no message')}")
     return done
 
 
@@ -462,12 +464,6 @@ def _get_manifest(registry: Registry, repo: str, ref: str) -> dict | None:
 
 def _clean(text: str) -> str:
     return " ".join(str(text).split())
-
-
-def _last_line(stderr: bytes | str) -> str:
-    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return _clean(lines[-1])[:300] if lines else "no message"
 
 
 # ------------------------------------------------------------------------ the registry process

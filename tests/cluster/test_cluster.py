@@ -16,7 +16,7 @@ import time
 import pytest
 
 from clusterkit import BASE, ROOT, VARIANTS, make_stale, node_docker, node_id, sparkforge
-from sparkforge import distribute
+from sparkforge import distribute, stream
 from sparkforge.cluster import resolve_cluster
 from sparkforge.pipeline import LockPolicy, load_plan
 from sparkforge.plan import Layout
@@ -186,7 +186,7 @@ def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster
     watcher.start()
     t0 = time.monotonic()
     try:
-        result = distribute.deploy_stream(head, target.nodes, state_dir=tmp_path, stall_timeout=8)
+        result = stream.deploy_stream(head, target.nodes, state_dir=tmp_path, stall_timeout=8)
     finally:
         done.set()
         watcher.join()

@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from conftest import BASE, ROOT, VARIANTS, sparkforge
-from sparkforge import distribute
+from sparkforge import distribute, stream
 from sparkforge.cluster import Node as ClusterNode
 from sparkforge.plan import Layout, plan_variant
 
@@ -332,7 +332,7 @@ def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_
                 os.kill(pid, signal.SIGKILL)  # the head's docker save dies mid-stream
                 cut.set()
 
-    result = distribute.deploy_stream(head, as_nodes([victim]), hook)
+    result = stream.deploy_stream(head, as_nodes([victim]), hook)
     assert cut.is_set()
     row = by_name(result)[victim.name]
     assert row.outcome == "failed" and "docker save on the head failed" in row.error, row
