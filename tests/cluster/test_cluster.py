@@ -16,6 +16,7 @@ import time
 import pytest
 
 from clusterkit import BASE, ROOT, VARIANTS, make_stale, node_docker, node_id, sparkforge
+from procs import processes, read_bytes
 from sparkforge import distribute, stream
 from sparkforge.cluster import resolve_cluster
 from sparkforge.pipeline import LockPolicy, load_plan
@@ -140,28 +141,8 @@ def test_a_stopped_sshd_and_an_unknown_host_key_fail_fast_and_the_other_node_upd
 
 def _remote_loader(host) -> int | None:
     """The pid of `docker load` run by this host's sshd (its environment names the host's engine)."""
-    want = f"DOCKER_HOST={host.engine.endpoint}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"load" in cmd and want in env and cmd[0].endswith(b"docker"):
-            return int(entry)
-    return None
-
-
-def _read_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/io") as f:
-            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
-    except (OSError, StopIteration):
-        return 0
+    found = processes("load", env=f"DOCKER_HOST={host.engine.endpoint}", program="docker")
+    return found[0] if found else None
 
 
 def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster_file, test_image, head,
@@ -176,7 +157,7 @@ def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster
         # Freeze (not kill) the victim's docker load once 30 MB went in: it stays alive, reading nothing.
         while not done.is_set():
             pid = _remote_loader(victim)
-            if pid and _read_bytes(pid) > 30_000_000:
+            if pid and read_bytes(pid) > 30_000_000:
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
                 return
