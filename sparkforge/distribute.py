@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .cluster import (CONTROL_TIMEOUT, Node, NodeFailure, Registry, _clean, layer_sizes, ping, pull, run_docker,
-                      run_nodes)
+from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Registry, _clean, layer_sizes, ping,
+                      pull, run_docker, run_nodes)
 from .dockercli import last_line
 from .errors import DistributeError
 from .plan import PROJECT_ROOT, Plan
@@ -374,8 +374,12 @@ def failed(node: Node, t0: float, exc: BaseException, previous: str | None, move
 
 
 def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Registry,
-                    progress: ProgressFn = lambda p: None, state_dir: Path | None = None) -> Deployment:
-    """Every node pulls the immutable tag from the registry in parallel; see the module docstring."""
+                    progress: ProgressFn = lambda p: None, state_dir: Path | None = None,
+                    stall_timeout: float = PULL_STALL_TIMEOUT) -> Deployment:
+    """Every node pulls the immutable tag from the registry in parallel; see the module docstring.
+
+    A node whose docker pull prints nothing for stall_timeout seconds is stopped and fails alone.
+    """
     t0 = time.monotonic()
     reg = registry if isinstance(registry, Registry) else Registry(registry, "")
     source = registry_ref(reg.address, image.tag)
@@ -397,7 +401,7 @@ def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Reg
                 moved = done
                 progress(Progress(node.name, "pull", done, sum(sizes.values()) or None, detail))
 
-            moved = pull(node, source, sizes, seen)
+            moved = pull(node, source, sizes, seen, stall_timeout)
             progress(Progress(node.name, "verify", moved, moved))
             got = verify_and_tag(node, image, source)
             progress(Progress(node.name, "done", moved, moved, "updated"))

@@ -2,11 +2,12 @@
 one node on the containerd image store.
 
 The tests are ordered (each still makes its own preconditions): a cold deploy over ssh that
-`status` confirms, faults of the ssh layer, then a stalled stream.
+`status` confirms, faults of the ssh layer, a node's engine stalling mid-pull, then a stalled stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -137,6 +138,88 @@ def test_a_stopped_sshd_and_an_unknown_host_key_fail_fast_and_the_other_node_upd
         assert node_id(cluster, host, test_image.moving_tag) == olds[host.name]  # keeps its old image
     assert table[stale.name][1] == "updated"
     assert node_id(cluster, stale, test_image.moving_tag) == node_id(cluster, stale, test_image.tag)
+
+
+def failure_lines(proc, host) -> list[str]:
+    return [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{host.name}: failed: ")]
+
+
+def images(cluster, host) -> list[str]:
+    return sorted(node_docker(cluster, host, "images", "-qa", "--no-trunc").stdout.decode().split())
+
+
+@contextlib.contextmanager
+def during_pull(host, act, after: int = 20_000_000):
+    """Call act() once this host's engine, pulling for a `docker pull` run by its sshd, has read `after`
+    more bytes; yields an Event that is set when it has."""
+    acted, stop = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        start = None
+        while not stop.is_set():
+            pid = host.engine.pid()
+            if pid and processes("pull", env=f"DOCKER_HOST={host.engine.endpoint}", program="docker"):
+                start = read_bytes(pid) if start is None else start
+                if read_bytes(pid) - start > after:
+                    act()
+                    acted.set()
+                    return
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield acted
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_file, registry, pushed, cli,
+                                                           test_image) -> None:
+    victim = cluster.nodes[0]
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    frozen: list[int] = []
+
+    def freeze() -> None:
+        # The victim's dockerd stops answering mid-download, alive: its docker pull prints nothing more.
+        pid = victim.engine.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        # Without a stall limit the deploy would wait for the engine: thaw it later, so the test fails, not hangs.
+        thaw = threading.Timer(240, os.kill, (pid, signal.SIGCONT))
+        thaw.daemon = True
+        thaw.start()
+
+    pulling = f"DOCKER_HOST={victim.engine.endpoint}"
+    try:
+        with during_pull(victim, freeze) as stalled:
+            proc = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--stall", "45")
+        # The node's docker pull ended with the connection (its terminal hung up), the engine still frozen.
+        left = processes("pull", env=pulling, program="docker")
+        for _ in range(100):
+            if not left:
+                break
+            time.sleep(0.1)
+            left = processes("pull", env=pulling, program="docker")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert stalled.is_set(), "the victim's engine was never seen pulling"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 updated, 0 current, 1 failed" in proc.stdout, proc.stdout
+    lines = failure_lines(proc, victim)
+    assert len(lines) == 1, proc.stdout
+    assert f"pull of {cluster.head.address}:5443/{test_image.tag} stalled: no progress for 45s" in lines[0]
+    assert not left, f"the node's docker pull still runs: {left}"
+    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
+    assert node_id(cluster, victim, test_image.tag) is None
+    for host in cluster.nodes:
+        if host is not victim:
+            assert not failure_lines(proc, host), proc.stdout
+            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
+            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
 
 
 def _remote_loader(host) -> int | None:
