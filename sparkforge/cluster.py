@@ -351,12 +351,31 @@ def cli_env() -> dict[str, str]:
 
 def run_docker(node: Node, *args: str, timeout: float, input: bytes | None = None) -> subprocess.CompletedProcess:
     """Run `docker ARGS` on a node; a timeout or a failed connection is a NodeFailure, one line."""
-    argv = docker_argv(node, *args)
+    return _run_on(node, docker_argv(node, *args), args[0], timeout, input)
+
+
+def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> subprocess.CompletedProcess:
+    """Run docker commands on a node, each only after the one before succeeded; over ssh, in one session.
+
+    Returns the last command run: the first that failed, or the last of all.
+    """
+    if node.endpoint.startswith("ssh://"):
+        line = " && ".join("docker " + " ".join(shlex.quote(a) for a in args) for args in commands)
+        return _run_on(node, ssh_argv(node) + [line], commands[0][0], timeout)
+    for args in commands:
+        proc = run_docker(node, *args, timeout=timeout)
+        if proc.returncode != 0:
+            break
+    return proc
+
+
+def _run_on(node: Node, argv: list[str], verb: str, timeout: float,
+            input: bytes | None = None) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(),
                               stdin=None if input is not None else subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise NodeFailure(f"`docker {args[0]}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
+        raise NodeFailure(f"`docker {verb}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
     except OSError as exc:
         raise NodeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
     reason = transport_error(node, proc.returncode, proc.stderr.decode(errors="replace"))
@@ -386,14 +405,6 @@ def transport_error(node: Node, code: int, stderr: str) -> str | None:
     if "Cannot connect to the Docker daemon" in text or "error during connect" in text:
         return f"unreachable at {node.endpoint}: the Docker engine does not answer"
     return None
-
-
-def ping(node: Node) -> str:
-    """The engine version of a node; a NodeFailure (one line) when it cannot be reached."""
-    proc = run_docker(node, "version", "--format", "{{.Server.Version}}", timeout=CONTROL_TIMEOUT)
-    if proc.returncode != 0:
-        raise NodeFailure(f"unreachable at {node.endpoint}: {last_line(proc.stderr, 'no message')}")
-    return proc.stdout.decode().strip()
 
 
 def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T]) -> tuple[T, ...]:

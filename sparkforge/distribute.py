@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Registry, _clean, layer_sizes, ping,
-                      pull, run_docker, run_nodes)
+from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Registry, _clean, layer_sizes, pull,
+                      run_docker, run_dockers, run_nodes)
 from .dockercli import last_line
 from .errors import DistributeError
 from .plan import PROJECT_ROOT, Plan
@@ -328,28 +328,34 @@ def registry_ref(registry: str, ref: str) -> str:
 # ----------------------------------------------------------------------------------- nodes
 
 
-def inspect(node: Node, ref: str) -> NodeImage | None:
-    """The image a reference names on a node, or None when there is none."""
-    proc = run_docker(node, "image", "inspect", ref, timeout=CONTROL_TIMEOUT)
-    if proc.returncode != 0:
-        text = proc.stderr.decode(errors="replace")
-        if "No such image" in text or "not found" in text.lower():
-            return None
-        raise NodeFailure(f"inspect of {ref} failed: {last_line(proc.stderr, 'no message')}")
-    return NodeImage.from_inspect(json.loads(proc.stdout)[0])
+def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
+    """The image each reference names on a node (None where there is none), in one call to the node."""
+    proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
+    # docker prints what it found and names on stderr, one line each, what it did not find.
+    missing = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
+    if proc.returncode != 0 and not all("No such image" in ln or "not found" in ln.lower() for ln in missing):
+        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {last_line(proc.stderr, 'no message')}")
+    try:
+        found = [(NodeImage.from_inspect(d), d) for d in json.loads(proc.stdout or b"[]")]
+    except ValueError:
+        raise NodeFailure(f"inspect of {' '.join(refs)} gave no JSON: {last_line(proc.stdout, 'no output')}") from None
+    if len(found) == len(refs):
+        return dict(zip(refs, (image for image, _ in found)))
+    # Some were missing: tell the others apart by the tags they carry.
+    return {ref: next((image for image, data in found if ref in (data.get("RepoTags") or [])), None) for ref in refs}
 
 
 def set_tags(node: Node, node_id: str, image: HeadImage) -> None:
     """Point the immutable tag, then (last) the moving tag, at the node's copy of the image."""
-    for ref in (image.tag, image.moving_tag):
-        proc = run_docker(node, "tag", node_id, ref, timeout=CONTROL_TIMEOUT)
-        if proc.returncode != 0:
-            raise NodeFailure(f"tagging {ref} failed: {last_line(proc.stderr, 'no message')}")
+    proc = run_dockers(node, [("tag", node_id, image.tag), ("tag", node_id, image.moving_tag)],
+                       timeout=CONTROL_TIMEOUT)
+    if proc.returncode != 0:
+        raise NodeFailure(f"tagging {image.moving_tag} failed: {last_line(proc.stderr, 'no message')}")
 
 
 def verify_and_tag(node: Node, image: HeadImage, ref: str) -> NodeImage:
     """Check that ref on the node is the head's image, then move the tags to it."""
-    got = inspect(node, ref)
+    got = inspect(node, ref)[ref]
     if got is None or not same_image(image.identity, got):
         shown = got.id[:19] if got else "missing"
         raise NodeFailure(f"{ref} on the node is {shown}, not the head's image {image.image_id[:19]} "
@@ -359,11 +365,10 @@ def verify_and_tag(node: Node, image: HeadImage, ref: str) -> NodeImage:
 
 
 def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
-    """(the image the moving tag points to, the immutable tag's image when it is the head's)."""
-    ping(node)
-    previous = inspect(node, image.moving_tag)
-    have = previous if previous is not None and same_image(image.identity, previous) else inspect(node, image.tag)
-    return previous, have if have is not None and same_image(image.identity, have) else None
+    """(the image the moving tag points to, the head's image when either tag names it), in one call."""
+    found = inspect(node, image.moving_tag, image.tag)
+    have = next((i for i in found.values() if i is not None and same_image(image.identity, i)), None)
+    return found[image.moving_tag], have
 
 
 def failed(node: Node, t0: float, exc: BaseException, previous: str | None, moved: int,
@@ -421,8 +426,8 @@ def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = N
 
     def one(node: Node) -> NodeStatus:
         try:
-            ping(node)
-            moving, tagged = inspect(node, plan.moving_tag), inspect(node, plan.tag)
+            found = inspect(node, plan.moving_tag, plan.tag)
+            moving, tagged = found[plan.moving_tag], found[plan.tag]
         except DistributeError as exc:
             return NodeStatus(node, None, None, str(exc))
         ident = image.identity if image else None
