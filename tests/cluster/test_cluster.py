@@ -2,7 +2,8 @@
 one node on the containerd image store.
 
 The tests are ordered (each still makes its own preconditions): a cold deploy over ssh that
-`status` confirms, faults of the ssh layer, a node's engine stalling mid-pull, then a stalled stream.
+`status` confirms, faults of the ssh layer, a node's engine dying or stalling mid-pull and the
+registry down, then a stalled stream.
 """
 
 from __future__ import annotations
@@ -173,6 +174,56 @@ def during_pull(host, act, after: int = 20_000_000):
     finally:
         stop.set()
         watcher.join()
+
+
+def test_a_node_whose_engine_dies_mid_pull_fails_alone_and_keeps_its_old_image(
+        cluster, cluster_file, registry, pushed, cli, test_image) -> None:
+    victim = cluster.nodes[1]
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    try:
+        with during_pull(victim, victim.engine.crash) as crashed:  # SIGKILL its dockerd mid-download
+            proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    finally:
+        if victim.engine.pid() is None:
+            victim.engine.start()  # the later tests, and the fixture's teardown, find it running again
+    assert crashed.is_set(), "the victim's engine was never seen pulling"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 updated, 0 current, 1 failed" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr
+    lines = failure_lines(proc, victim)
+    assert len(lines) == 1 and f"still on {olds[victim.name][:19]}" in lines[0], proc.stdout
+    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
+    assert node_id(cluster, victim, test_image.tag) is None
+    for host in cluster.nodes:
+        if host is not victim:
+            assert not failure_lines(proc, host), proc.stdout
+            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
+            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
+
+
+def test_registry_down_every_node_fails_in_one_line_and_nothing_changes(cluster, cluster_file, registry, pushed,
+                                                                         cli, test_image) -> None:
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    before = {h.name: images(cluster, h) for h in cluster.nodes}
+    stopped = registry("stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    try:
+        proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    finally:
+        started = registry("start")
+        assert started.returncode == 0, started.stdout + started.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "0 updated, 0 current, 3 failed" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr
+    address = f"{cluster.head.address}:5443"
+    for host in cluster.nodes:
+        lines = failure_lines(proc, host)
+        assert len(lines) == 1, proc.stdout
+        assert f"pull of {address}/{test_image.tag} failed" in lines[0] and "connection refused" in lines[0], lines
+        assert f"still on {olds[host.name][:19]}" in lines[0]
+        assert node_id(cluster, host, test_image.moving_tag) == olds[host.name]
+        assert node_id(cluster, host, test_image.tag) is None
+        assert images(cluster, host) == before[host.name]  # nothing half-pulled, nothing tagged
 
 
 def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_file, registry, pushed, cli,
