@@ -231,6 +231,7 @@ def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_fil
     victim = cluster.nodes[0]
     olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
     frozen: list[int] = []
+    thaws: list[threading.Timer] = []
 
     def freeze() -> None:
         # The victim's dockerd stops answering mid-download, alive: its docker pull prints nothing more.
@@ -242,6 +243,7 @@ def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_fil
         thaw = threading.Timer(240, os.kill, (pid, signal.SIGCONT))
         thaw.daemon = True
         thaw.start()
+        thaws.append(thaw)
 
     pulling = f"DOCKER_HOST={victim.engine.endpoint}"
     try:
@@ -255,6 +257,8 @@ def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_fil
             time.sleep(0.1)
             left = processes("pull", env=pulling, program="docker")
     finally:
+        for thaw in thaws:
+            thaw.cancel()
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
     assert stalled.is_set(), "the victim's engine was never seen pulling"
