@@ -4,7 +4,9 @@ A cluster file (``cluster.yaml``) names the nodes and their endpoints, the ssh o
 registry; the command line may name nodes too, by cluster name or by endpoint. Everything is
 checked here, before any node is contacted, so bad input stops the command with one line and
 nothing done. :func:`run_docker` is the one way a command reaches a node's engine: the docker CLI
-with ``-H`` for unix:// and tcp://, and ``ssh … docker`` for ssh:// (never prompting, time-limited).
+with ``-H`` for unix:// and tcp://, and ``ssh … docker`` for ssh:// (never prompting, time-limited);
+:func:`run_dockers` runs several in one ssh session, and :func:`pull` runs `docker pull` on a
+terminal, stopped when it shows no progress for the stall limit.
 """
 
 from __future__ import annotations
