@@ -350,7 +350,8 @@ def set_tags(node: Node, node_id: str, image: HeadImage) -> None:
     proc = run_dockers(node, [("tag", node_id, image.tag), ("tag", node_id, image.moving_tag)],
                        timeout=CONTROL_TIMEOUT)
     if proc.returncode != 0:
-        raise NodeFailure(f"tagging {image.moving_tag} failed: {last_line(proc.stderr, 'no message')}")
+        raise NodeFailure(f"tagging {image.tag}, then {image.moving_tag}, failed: "
+                          f"{last_line(proc.stderr, 'no message')}")
 
 
 def verify_and_tag(node: Node, image: HeadImage, ref: str) -> NodeImage:
