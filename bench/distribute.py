@@ -10,6 +10,8 @@ head's address over TLS:
   change  one install-phase mod changed: rebuild, push (zstd), deploy to the 3 nodes.
 Bytes are what the code counted: bytes piped into each docker load, blob bytes sent by a push,
 and for a pull the registry sizes of the layers each node reported downloading.
+Every timed step starts after a sync, so none pays for the disk writes of the one before it
+(the 3-node deploy comes right after the 1-node deploy and a wipe).
 Run with `make bench-distribute` (root, Docker up, sshd installed, `make base-local`).
 """
 
@@ -32,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 from clusterkit import make_ca  # noqa: E402
 from netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
-from sparkforge import distribute  # noqa: E402
+from sparkforge import distribute, push, stream  # noqa: E402
 from sparkforge.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
 from sparkforge.pipeline import LockPolicy, load_plan  # noqa: E402
 from sparkforge.plan import Layout  # noqa: E402
@@ -69,6 +71,12 @@ def wipe(cluster) -> None:
             node.docker("rmi", "-f", *sorted(set(ids)), check=False)
         node.docker("image", "prune", "-af")
         assert not node.docker("images", "-qa").stdout.strip(), f"{host.name} still has images"
+
+
+def settle() -> None:
+    """Write what the step before left in memory (a wipe's deletions, a push, a deploy) to disk, so that
+    each timed step starts with nothing to flush and none pays for the one before it."""
+    os.sync()
 
 
 def plan_of(mods: Path | None = None):
@@ -115,17 +123,19 @@ def main() -> None:
             print(f"  {name:<44} {seconds:7.1f} s  {gb(moved):>10}  {what}")
 
         def deploy(name: str, targets, image) -> distribute.Deployment:
+            settle()
             dep = distribute.deploy_registry(image, targets, reg, state_dir=state)
             bad = [f"{r.node.name}: {r.error}" for r in dep.results if r.outcome == distribute.FAILED]
             if bad:
                 sys.exit(f"bench-distribute: {name} failed: {'; '.join(bad)}")
             note(name, dep.seconds, dep.bytes_moved, f"{len(dep.results)} nodes pulled "
-                 f"({', '.join(r.outcome for r in dep.results)})")
+                 f"({', '.join(f'{r.node.name} {r.outcome} {r.seconds:.1f} s' for r in dep.results)})")
             return dep
 
         print("runs:")
         wipe(cluster)
-        anchor = distribute.deploy_stream(head, nodes, state_dir=state)
+        settle()
+        anchor = stream.deploy_stream(head, nodes, state_dir=state)
         if not anchor.ok:
             sys.exit(f"bench-distribute: stream failed: {[r.error for r in anchor.results if r.error]}")
         note("anchor: docker save | ssh docker load, 3 nodes", anchor.seconds, anchor.bytes_moved,
@@ -137,7 +147,8 @@ def main() -> None:
                                          f"bench-{compression}/{head.moving_tag.partition('/')[2]}",
                                          repo_image.image_id, repo_image.size, repo_image.identity)
             subprocess.run(["docker", "tag", head.image_id, image.tag], check=True, capture_output=True)
-            pushed = distribute.push_to(image, reg, compression, state_dir=state)
+            settle()
+            pushed = push.push_to(image, reg, compression, state_dir=state)
             note(f"push {compression}", pushed.seconds, pushed.bytes_pushed, f"{pushed.layers_pushed} layers sent")
             image = with_record(image, state)
             if compression == "zstd":
@@ -161,7 +172,8 @@ def main() -> None:
         changed = distribute.HeadImage(f"bench-zstd/{built.tag.partition('/')[2]}", zimage.moving_tag,
                                        built.image_id, built.size, built.identity)
         subprocess.run(["docker", "tag", built.image_id, changed.tag], check=True, capture_output=True)
-        pushed = distribute.push_to(changed, reg, "zstd", state_dir=state)
+        settle()
+        pushed = push.push_to(changed, reg, "zstd", state_dir=state)
         note(f"push after mod {mod.name} changed (zstd)", pushed.seconds, pushed.bytes_pushed,
              f"{pushed.layers_pushed} layers sent, {pushed.layers_present} already there")
         changed = with_record(changed, state)

@@ -1,6 +1,7 @@
 """The cluster verbs of the command line: push, deploy and status, registered on the one typer app.
 
-Only flags and printing live here; what to do on the nodes is decided in distribute.py and cluster.py.
+Only flags and printing live here; what to do on the nodes is decided in distribute.py, push.py, stream.py
+and cluster.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .cli import BASE_HELP, _plan, app, err, out
+from .cluster import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from .errors import SparkforgeError
 
 CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
@@ -64,7 +66,8 @@ def push(
     Example: python build.py push ng17e --registry 127.0.0.1:5000
     """
     from .cluster import Registry, check_registry, load_cluster_file, registry_of
-    from .distribute import head_image, human_bytes, push_to
+    from .distribute import head_image, human_bytes
+    from .push import push_to
 
     plan = _plan(variant, base)
     path = _cluster_path(cluster)
@@ -99,6 +102,12 @@ def deploy(
                                      "see `history`); the moving tag goes back to it."),
     previous: bool = typer.Option(False, "--previous", help="Deploy the build the nodes ran before their "
                                   "current one (from the head's deploy record)."),
+    stall: Optional[float] = typer.Option(None, "--stall", metavar="SECONDS", min=1,
+                                          help="Stop a node's transfer after this many seconds without "
+                                          "progress (its docker pull prints nothing, or its docker load takes no "
+                                          f"data); that node fails alone and keeps its old image. Default: "
+                                          f"{PULL_STALL_TIMEOUT:.0f} for a pull (a containerd-store node prints "
+                                          f"nothing while it unpacks a layer), {STALL_TIMEOUT:.0f} for a stream."),
 ) -> None:
     """Put a built image on every node, in parallel, and check that every node has the head's image.
 
@@ -115,7 +124,8 @@ def deploy(
       python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from .cluster import resolve_cluster
-    from .distribute import FAILED, deploy_registry, deploy_stream, head_image, human_bytes, rollback_tag
+    from .distribute import FAILED, deploy_registry, head_image, human_bytes, rollback_tag
+    from .stream import deploy_stream
 
     if mode not in ("registry", "stream"):
         raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")
@@ -129,9 +139,10 @@ def deploy(
     out.print(f"deploying {image.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
     show = _distribute_printer()
     if mode == "registry":
-        result = deploy_registry(image, target.nodes, target.registry_spec or target.registry or "", show)
+        result = deploy_registry(image, target.nodes, target.registry_spec or target.registry or "", show,
+                                 stall_timeout=stall or PULL_STALL_TIMEOUT)
     else:
-        result = deploy_stream(image, target.nodes, show)
+        result = deploy_stream(image, target.nodes, show, stall_timeout=stall or STALL_TIMEOUT)
     table = Table(box=None, pad_edge=False)
     for col in ("node", "result", "image ID", "moved", "time", "detail"):
         table.add_column(col)

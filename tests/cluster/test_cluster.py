@@ -2,11 +2,13 @@
 one node on the containerd image store.
 
 The tests are ordered (each still makes its own preconditions): a cold deploy over ssh that
-`status` confirms, faults of the ssh layer, then a stalled stream.
+`status` confirms, faults of the ssh layer, a node's engine dying or stalling mid-pull and the
+registry down, then a stalled stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -16,7 +18,8 @@ import time
 import pytest
 
 from clusterkit import BASE, ROOT, VARIANTS, make_stale, node_docker, node_id, sparkforge
-from sparkforge import distribute
+from procs import processes, read_bytes
+from sparkforge import distribute, stream
 from sparkforge.cluster import resolve_cluster
 from sparkforge.pipeline import LockPolicy, load_plan
 from sparkforge.plan import Layout
@@ -138,30 +141,148 @@ def test_a_stopped_sshd_and_an_unknown_host_key_fail_fast_and_the_other_node_upd
     assert node_id(cluster, stale, test_image.moving_tag) == node_id(cluster, stale, test_image.tag)
 
 
+def failure_lines(proc, host) -> list[str]:
+    return [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{host.name}: failed: ")]
+
+
+def images(cluster, host) -> list[str]:
+    return sorted(node_docker(cluster, host, "images", "-qa", "--no-trunc").stdout.decode().split())
+
+
+@contextlib.contextmanager
+def during_pull(host, act, after: int = 20_000_000):
+    """Call act() once this host's engine, pulling for a `docker pull` run by its sshd, has read `after`
+    more bytes; yields an Event that is set when it has."""
+    acted, stop = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        start = None
+        while not stop.is_set():
+            pid = host.engine.pid()
+            if pid and processes("pull", env=f"DOCKER_HOST={host.engine.endpoint}", program="docker"):
+                start = read_bytes(pid) if start is None else start
+                if read_bytes(pid) - start > after:
+                    act()
+                    acted.set()
+                    return
+            stop.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield acted
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def test_a_node_whose_engine_dies_mid_pull_fails_alone_and_keeps_its_old_image(
+        cluster, cluster_file, registry, pushed, cli, test_image) -> None:
+    victim = cluster.nodes[1]
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    try:
+        with during_pull(victim, victim.engine.crash) as crashed:  # SIGKILL its dockerd mid-download
+            proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    finally:
+        if victim.engine.pid() is None:
+            victim.engine.start()  # the later tests, and the fixture's teardown, find it running again
+    assert crashed.is_set(), "the victim's engine was never seen pulling"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 updated, 0 current, 1 failed" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr
+    lines = failure_lines(proc, victim)
+    assert len(lines) == 1 and f"still on {olds[victim.name][:19]}" in lines[0], proc.stdout
+    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
+    assert node_id(cluster, victim, test_image.tag) is None
+    for host in cluster.nodes:
+        if host is not victim:
+            assert not failure_lines(proc, host), proc.stdout
+            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
+            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
+
+
+def test_registry_down_every_node_fails_in_one_line_and_nothing_changes(cluster, cluster_file, registry, pushed,
+                                                                         cli, test_image) -> None:
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    before = {h.name: images(cluster, h) for h in cluster.nodes}
+    stopped = registry("stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    try:
+        proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    finally:
+        started = registry("start")
+        assert started.returncode == 0, started.stdout + started.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "0 updated, 0 current, 3 failed" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr
+    address = f"{cluster.head.address}:5443"
+    for host in cluster.nodes:
+        lines = failure_lines(proc, host)
+        assert len(lines) == 1, proc.stdout
+        assert f"pull of {address}/{test_image.tag} failed" in lines[0] and "connection refused" in lines[0], lines
+        assert f"still on {olds[host.name][:19]}" in lines[0]
+        assert node_id(cluster, host, test_image.moving_tag) == olds[host.name]
+        assert node_id(cluster, host, test_image.tag) is None
+        assert images(cluster, host) == before[host.name]  # nothing half-pulled, nothing tagged
+
+
+def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_file, registry, pushed, cli,
+                                                           test_image) -> None:
+    victim = cluster.nodes[0]
+    olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
+    frozen: list[int] = []
+    thaws: list[threading.Timer] = []
+
+    def freeze() -> None:
+        # The victim's dockerd stops answering mid-download, alive: its docker pull prints nothing more.
+        pid = victim.engine.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        # Without a stall limit the deploy would wait for the engine: thaw it later, so the test fails, not hangs.
+        thaw = threading.Timer(240, os.kill, (pid, signal.SIGCONT))
+        thaw.daemon = True
+        thaw.start()
+        thaws.append(thaw)
+
+    pulling = f"DOCKER_HOST={victim.engine.endpoint}"
+    try:
+        with during_pull(victim, freeze) as stalled:
+            # 60 s: well above the longest silence of a healthy node, the containerd-store one while it
+            # unpacks a layer (up to 26 s seen here with the machine busy).
+            proc = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--stall", "60")
+        # The node's docker pull ended with the connection (its terminal hung up), the engine still frozen.
+        left = processes("pull", env=pulling, program="docker")
+        for _ in range(100):
+            if not left:
+                break
+            time.sleep(0.1)
+            left = processes("pull", env=pulling, program="docker")
+    finally:
+        for thaw in thaws:
+            thaw.cancel()
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert stalled.is_set(), "the victim's engine was never seen pulling"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 updated, 0 current, 1 failed" in proc.stdout, proc.stdout
+    lines = failure_lines(proc, victim)
+    assert len(lines) == 1, proc.stdout
+    assert f"pull of {cluster.head.address}:5443/{test_image.tag} stalled: no progress for 60s" in lines[0]
+    assert not left, f"the node's docker pull still runs: {left}"
+    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
+    assert node_id(cluster, victim, test_image.tag) is None
+    for host in cluster.nodes:
+        if host is not victim:
+            assert not failure_lines(proc, host), proc.stdout
+            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
+            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
+
+
 def _remote_loader(host) -> int | None:
     """The pid of `docker load` run by this host's sshd (its environment names the host's engine)."""
-    want = f"DOCKER_HOST={host.engine.endpoint}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"load" in cmd and want in env and cmd[0].endswith(b"docker"):
-            return int(entry)
-    return None
-
-
-def _read_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/io") as f:
-            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
-    except (OSError, StopIteration):
-        return 0
+    found = processes("load", env=f"DOCKER_HOST={host.engine.endpoint}", program="docker")
+    return found[0] if found else None
 
 
 def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster_file, test_image, head,
@@ -176,7 +297,7 @@ def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster
         # Freeze (not kill) the victim's docker load once 30 MB went in: it stays alive, reading nothing.
         while not done.is_set():
             pid = _remote_loader(victim)
-            if pid and _read_bytes(pid) > 30_000_000:
+            if pid and read_bytes(pid) > 30_000_000:
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
                 return
@@ -186,7 +307,7 @@ def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster
     watcher.start()
     t0 = time.monotonic()
     try:
-        result = distribute.deploy_stream(head, target.nodes, state_dir=tmp_path, stall_timeout=8)
+        result = stream.deploy_stream(head, target.nodes, state_dir=tmp_path, stall_timeout=8)
     finally:
         done.set()
         watcher.join()

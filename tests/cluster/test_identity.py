@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.distribute import ImageIdentity, NodeImage, _TarIndex, same_image
+from sparkforge.distribute import ImageIdentity, NodeImage, same_image
+from sparkforge.stream import _TarIndex
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -13,15 +13,19 @@ import io
 import os
 import signal
 import subprocess
+import sys
 import tarfile
 import threading
 
 import pytest
 
 from conftest import BASE, ROOT, VARIANTS, sparkforge
-from sparkforge import distribute
+from sparkforge import distribute, stream
 from sparkforge.cluster import Node as ClusterNode
 from sparkforge.plan import Layout, plan_variant
+
+sys.path.insert(0, str(ROOT / "tests" / "infra"))
+from procs import processes, read_bytes  # noqa: E402
 
 OLD = "sparkforge-test/old:1"
 
@@ -151,24 +155,8 @@ def failure_line(proc, node) -> str:
 
 def _loader_of(node) -> int | None:
     """The pid of a `docker -H <node> load` run by any process (the CLI under test runs it)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"load" in cmd and node.endpoint.encode() in cmd:
-                return int(entry)
-    return None
-
-
-def _read_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/io") as f:
-            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
-    except (OSError, StopIteration):
-        return 0
+    found = processes("load", node.endpoint)
+    return found[0] if found else None
 
 
 def test_cli_stream_one_stream_cut_the_other_node_completes(nodes, head, cluster_file, old_ids,
@@ -183,7 +171,7 @@ def test_cli_stream_one_stream_cut_the_other_node_completes(nodes, head, cluster
         # Kill the victim's `docker load` (the receiving end of its stream) once 50 MB went in.
         while not stop.is_set():
             pid = _loader_of(victim)
-            if pid and _read_bytes(pid) > 50_000_000:
+            if pid and read_bytes(pid) > 50_000_000:
                 os.kill(pid, signal.SIGKILL)
                 cut.set()
                 return
@@ -304,23 +292,6 @@ def test_unreachable_node_is_reported_and_the_others_finish(nodes, head, registr
     assert tag_id(down, test_image.moving_tag) == head.image_id  # untouched, still what it had
 
 
-def _children_running(*words: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if ppid == os.getpid() and all(w.encode() in cmd for w in words):
-            found.append(int(entry))
-    return found
-
-
 def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_ids, test_image) -> None:
     victim = nodes[1]
     make_stale(victim, test_image, old_ids)
@@ -328,11 +299,11 @@ def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_
 
     def hook(p: distribute.Progress) -> None:
         if p.phase == "load" and p.done > 50_000_000 and not cut.is_set():
-            for pid in _children_running("save", head.tag):
+            for pid in processes("save", head.tag, parent=os.getpid()):
                 os.kill(pid, signal.SIGKILL)  # the head's docker save dies mid-stream
                 cut.set()
 
-    result = distribute.deploy_stream(head, as_nodes([victim]), hook)
+    result = stream.deploy_stream(head, as_nodes([victim]), hook)
     assert cut.is_set()
     row = by_name(result)[victim.name]
     assert row.outcome == "failed" and "docker save on the head failed" in row.error, row
