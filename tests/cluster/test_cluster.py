@@ -176,6 +176,17 @@ def during_pull(host, act, after: int = 20_000_000):
         watcher.join()
 
 
+def assert_only_victim_kept_old(proc, cluster, victim, test_image, olds: dict) -> None:
+    """The victim's moving tag is still on its old image and it has no new tag; every other node is updated."""
+    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
+    assert node_id(cluster, victim, test_image.tag) is None
+    for host in cluster.nodes:
+        if host is not victim:
+            assert not failure_lines(proc, host), proc.stdout
+            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
+            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
+
+
 def test_a_node_whose_engine_dies_mid_pull_fails_alone_and_keeps_its_old_image(
         cluster, cluster_file, registry, pushed, cli, test_image) -> None:
     victim = cluster.nodes[1]
@@ -192,13 +203,7 @@ def test_a_node_whose_engine_dies_mid_pull_fails_alone_and_keeps_its_old_image(
     assert "Traceback" not in proc.stderr
     lines = failure_lines(proc, victim)
     assert len(lines) == 1 and f"still on {olds[victim.name][:19]}" in lines[0], proc.stdout
-    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
-    assert node_id(cluster, victim, test_image.tag) is None
-    for host in cluster.nodes:
-        if host is not victim:
-            assert not failure_lines(proc, host), proc.stdout
-            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
-            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
+    assert_only_victim_kept_old(proc, cluster, victim, test_image, olds)
 
 
 def test_registry_down_every_node_fails_in_one_line_and_nothing_changes(cluster, cluster_file, registry, pushed,
@@ -270,13 +275,7 @@ def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_fil
     assert len(lines) == 1, proc.stdout
     assert f"pull of {cluster.head.address}:5443/{test_image.tag} stalled: no progress for 60s" in lines[0]
     assert not left, f"the node's docker pull still runs: {left}"
-    assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
-    assert node_id(cluster, victim, test_image.tag) is None
-    for host in cluster.nodes:
-        if host is not victim:
-            assert not failure_lines(proc, host), proc.stdout
-            assert node_id(cluster, host, test_image.moving_tag) == node_id(cluster, host, test_image.tag)
-            assert node_id(cluster, host, test_image.moving_tag) != olds[host.name]
+    assert_only_victim_kept_old(proc, cluster, victim, test_image, olds)
 
 
 def _remote_loader(host) -> int | None:
