@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -89,14 +90,17 @@ def test_a_short_sha_that_names_no_commit_fails_in_one_line(git_setup: GitSource
 def test_rebuilds_rerun_only_what_a_change_touches(git_setup: GitSource, built: dict) -> None:
     again = git_setup.build()
     assert again.returncode == 0 and ": 0 steps ran," in again.stdout, again.stdout[-2000:]
+    # Each edit is new to this run: BuildKit matches steps by content, so a text an earlier run on the
+    # same engine already built would come from its cache and show nothing.
+    edit = f"summary: (edited {uuid.uuid4().hex[:12]}) "
     install_mod = git_setup.mods / "uf17-eager-allreduce" / "mod.yaml"
-    install_mod.write_text(install_mod.read_text().replace("summary: ", "summary: (edited) ", 1))
+    install_mod.write_text(install_mod.read_text().replace("summary: ", edit, 1))
     proc = git_setup.build()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not [s for s in _ran_steps(proc.stdout) if s.startswith("vllm-")]
     assert [s for s in _ran_steps(proc.stdout) if s.startswith("runtime")]
     source_mod = git_setup.mods / "probe-source-mark" / "mod.yaml"
-    source_mod.write_text(source_mod.read_text().replace("summary: ", "summary: (edited) ", 1))
+    source_mod.write_text(source_mod.read_text().replace("summary: ", edit, 1))
     proc = git_setup.build()
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = _ran_steps(proc.stdout)
