@@ -22,6 +22,8 @@ from netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
 base_image = docker_fixtures.base_image
 test_image = docker_fixtures.test_image
+torch_base = docker_fixtures.torch_base
+git_setup = docker_fixtures.git_setup
 # Test modules elsewhere do `from conftest import …`; when this conftest is the one imported under
 # that name (tests/docker and tests/cluster in one run), they find the same names here.
 BASE, CA, VARIANTS, build_args, image_id, sparkforge = (

@@ -1,0 +1,145 @@
+"""The path users walk, end to end, as they walk it: a non-root member of the `docker` group, in a
+fresh copy of the project, locks a git-source variant, runs `make image` (which makes .venv), pushes
+to the TLS registry on the head's LAN address, deploys over ssh to the namespace hosts (node3 on the
+containerd image store) and asks for status.
+
+The user is `sparkforge-user` (SPARKFORGE_TEST_USER names another), made by .ci/provision. Its
+home holds the copy, the ssh key, the CA bundle and every cache; the copy is removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from clusterkit import ROOT, node_docker
+
+sys.path.insert(0, str(ROOT / "tests"))
+from gitsource import VARIANT, GitSource  # noqa: E402
+
+USER = os.environ.get("SPARKFORGE_TEST_USER", "sparkforge-user")
+
+
+def _member_of_docker(user: pwd.struct_passwd) -> bool:
+    import grp
+
+    try:
+        group = grp.getgrnam("docker")
+    except KeyError:
+        return False
+    return user.pw_name in group.gr_mem or user.pw_gid == group.gr_gid
+
+
+@pytest.fixture(scope="module")
+def user() -> pwd.struct_passwd:
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("switching to the non-root user needs root and runuser")
+    try:
+        entry = pwd.getpwnam(USER)
+    except KeyError:
+        pytest.skip(f"no user {USER} (`.ci/provision` adds it, in the docker group)")
+    if entry.pw_uid == 0 or not _member_of_docker(entry):
+        pytest.skip(f"{USER} must be a non-root member of the docker group")
+    return entry
+
+
+@pytest.fixture(scope="module")
+def workspace(user: pwd.struct_passwd, git_setup: GitSource):
+    """A copy of the project's tracked files in the user's home, with the git-source variant in its images/."""
+    home = Path(user.pw_dir)
+    ws = home / f"sparkforge-{uuid.uuid4().hex[:8]}"
+    try:
+        files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True,
+                               check=True)
+        for name in filter(None, files.stdout.split("\0")):
+            src, dst = ROOT / name, ws / name
+            if not src.is_symlink() and not src.exists():
+                continue  # deleted in the working tree
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst, follow_symlinks=False)
+        (ws / "images" / f"{VARIANT}.yaml").write_text((git_setup.images / f"{VARIANT}.yaml").read_text())
+        shutil.copytree(git_setup.mods / "probe-source-mark", ws / "mods" / "probe-source-mark")
+        shutil.copy(git_setup.ca_bundle, ws / "ca-bundle.crt")
+        (ws / "ssh").mkdir()
+        yield ws
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+def _chown(path: Path, user: pwd.struct_passwd) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+
+def as_user(user: pwd.struct_passwd, ws: Path, *argv: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Run argv in the workspace as the user, with a login's plain environment (no root's variables)."""
+    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "LANG": "C.UTF-8",
+           "PATH": "/usr/local/bin:/usr/bin:/bin",
+           # A private git server's CA, as the user configures git for it; BuildKit gets it as --ca-cert.
+           "GIT_SSL_CAINFO": str(ws / "ca-bundle.crt")}
+    proc = subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                           *argv], cwd=ws, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+def test_a_docker_group_member_locks_builds_pushes_deploys_and_sees_status(
+        user, workspace: Path, git_setup: GitSource, cluster, cluster_file: Path, registry) -> None:
+    ws = workspace
+    # The cluster file, with the ssh key, known_hosts and registry certificates in the user's own files.
+    shutil.copy(cluster.client_key, ws / "ssh" / "id_ed25519")
+    shutil.copy(cluster.known_hosts, ws / "ssh" / "known_hosts")
+    shutil.copytree(cluster_file.parent / "tls", ws / "tls")
+    (ws / "cluster.yaml").write_text(cluster_file.read_text()
+                                     .replace(str(cluster.client_key), str(ws / "ssh" / "id_ed25519"))
+                                     .replace(str(cluster.known_hosts), str(ws / "ssh" / "known_hosts"))
+                                     .replace(str(cluster_file.parent / "tls"), str(ws / "tls")))
+    _chown(ws, user)
+    os.chmod(ws / "ssh" / "id_ed25519", 0o600)
+    py = str(ws / ".venv" / "bin" / "python")
+
+    # No GB10 here: the lock pins the commits and the epoch, the packages stay unresolved, as in images/.
+    venv = as_user(user, ws, "make", "venv")
+    assert venv.returncode == 0, venv.stdout[-2000:] + venv.stderr[-2000:]
+    lock = as_user(user, ws, py, "build.py", "lock", VARIANT, "--no-build")
+    assert lock.returncode == 0, lock.stdout + lock.stderr
+    locked = json.loads((ws / "images" / f"{VARIANT}.lock.json").read_text())
+    assert locked["vllm"]["commit"] == git_setup.commit
+    assert locked["components"]["sparkprobe"]["commit"] == git_setup.probe
+
+    image = as_user(user, ws, "make", "image", f"VARIANT={VARIANT}", f"ARGS=--locked --ca-cert {ws / 'ca-bundle.crt'}")
+    assert image.returncode == 0, image.stdout[-4000:] + image.stderr[-4000:]
+    assert "vLLM wheel: compiling" in image.stdout or "from the wheel cache" in image.stdout, image.stdout[-3000:]
+    plan = json.loads(as_user(user, ws, py, "build.py", "show", VARIANT, "--json").stdout)
+    assert f"tagged {plan['tag']}" in image.stdout
+
+    args = ("--cluster", str(ws / "cluster.yaml"))
+    push = as_user(user, ws, py, "build.py", "push", VARIANT, *args)
+    assert push.returncode == 0, push.stdout + push.stderr
+    deploy = as_user(user, ws, py, "build.py", "deploy", VARIANT, *args)
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    assert "3 updated, 0 current, 0 failed" in deploy.stdout, deploy.stdout
+    status = as_user(user, ws, py, "build.py", "status", VARIANT, *args)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "all 3 nodes match" in status.stdout, status.stdout
+
+    # On each node's own engine (node3: the containerd store) the moving tag is this build, compiled from the commit.
+    for host in cluster.nodes:
+        run = node_docker(cluster, host, "run", "--rm", "--network", "none", "--entrypoint", "cat",
+                          plan["moving_tag"], "/opt/sparkforge/build-record.json")
+        assert run.returncode == 0, run.stderr.decode()
+        record = json.loads(run.stdout)
+        assert record["vllm"]["built_commit"] == git_setup.commit, host.name
+        assert record["plan_hash"] == plan["plan_hash"], host.name
+    # The wheel came through the user's own wheel cache, in the default place under their home.
+    key = record["vllm"]["installed_wheel"]["cache_key"]
+    assert (Path(user.pw_dir) / ".cache" / "sparkforge" / "wheels" / key / "entry.json").is_file(), key
+    assert (ws / ".venv").stat().st_uid == user.pw_uid  # the copy's own environment, made by make
