@@ -198,13 +198,20 @@ def parse_diff(data: bytes) -> list[FilePatch]:
     """Parse a unified diff (diff -u / -U0, git diff); its header counts must match its hunks exactly."""
     lines = _lines(data)
     patches: list[FilePatch] = []
+    git_file = None  # inside a `diff --git` header: the file it names
     i = 0
     while i < len(lines):
         if lines[i].startswith(b"@@"):
             raise ModFailure(f"hunk {lines[i].decode(errors='replace').strip()} comes before any file header")
         if not (lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
+            if lines[i].startswith(b"diff --git "):
+                names = lines[i][11:].rstrip(b"\r\n").decode("utf-8", "replace")
+                git_file = names.rpartition(" b/")[2] if " b/" in names else names
+            elif git_file is not None:
+                _refuse_git_extension(git_file, lines[i])
             i += 1
             continue
+        git_file = None
         old_name, new_name = _name(lines[i], "a/"), _name(lines[i + 1], "b/")
         for name in (old_name, new_name):
             if name != "/dev/null":
@@ -231,6 +238,22 @@ def parse_diff(data: bytes) -> list[FilePatch]:
     if not patches:
         raise ModFailure("the patch file holds no file changes")
     return patches
+
+
+# Changes a git diff makes without a hunk, which applying only the hunks would silently drop.
+_GIT_EXTENSIONS = ((b"Binary files ", "a binary file change"), (b"GIT binary patch", "a binary file change"),
+                   (b"rename from ", "a rename"), (b"copy from ", "a copy"), (b"old mode ", "a file mode change"),
+                   (b"deleted file mode ", "a file deletion"))
+
+
+def _refuse_git_extension(files: str, line: bytes) -> None:
+    if line.startswith(b"new file mode ") and line.rstrip(b"\r\n") != b"new file mode 100644":
+        raise ModFailure(f"{files}: a new file with mode {line[14:].decode('utf-8', 'replace').strip()} is not "
+                         "supported; a patch mod makes new files as plain files (100644)")
+    for prefix, what in _GIT_EXTENSIONS:
+        if line.startswith(prefix):
+            raise ModFailure(f"{files}: {what} ({line.decode('utf-8', 'replace').strip()}) is not supported; "
+                             "a patch mod changes the text of files only")
 
 
 def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:

@@ -97,6 +97,36 @@ def test_headers_without_hunks_are_an_error(tmp_path: Path) -> None:
         plan_patch("m", f"--- a/{REL}\n+++ b/{REL}\n".encode(), tmp_path)
 
 
+GIT_ONLY = {  # what `git diff` says outside its hunks; applying only the hunks would drop it
+    "binary": (b"diff --git a/logo.png b/logo.png\nindex 1e2..3f4 100644\n"
+               b"Binary files a/logo.png and b/logo.png differ\n", "logo.png: a binary file change"),
+    "binary data": (b"diff --git a/w.bin b/w.bin\nnew file mode 100644\nindex 0000000..5e1c309\n"
+                    b"GIT binary patch\nliteral 5\nMcmWGYEiP6D00tNUb^rhX\n\nliteral 0\nHcmV?d00001\n\n",
+                    "w.bin: a binary file change"),
+    "rename": (b"diff --git a/old.py b/new.py\nsimilarity index 100%\nrename from old.py\nrename to new.py\n",
+               "new.py: a rename"),
+    "mode": (b"diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n--- a/run.sh\n+++ b/run.sh\n"
+             b"@@ -1 +1 @@\n-a\n+b\n", "run.sh: a file mode change"),
+    "new executable": (b"diff --git a/t.sh b/t.sh\nnew file mode 100755\nindex 0000000..1\n--- /dev/null\n"
+                       b"+++ b/t.sh\n@@ -0,0 +1 @@\n+x\n", "t.sh: a new file with mode 100755"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GIT_ONLY))
+def test_git_changes_outside_hunks_are_refused_not_dropped(case: str, tmp_path: Path) -> None:
+    diff, why = GIT_ONLY[case]
+    with pytest.raises(ModFailure, match=re.escape(why)):
+        plan_patch("m", diff, tmp_path)
+
+
+def test_a_git_diff_of_text_files_with_a_mail_preamble_applies(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"a\n")
+    diff = (b"From 1f0e Mon Sep 17 00:00:00 2001\nSubject: [PATCH] rename from the old name\n\n"
+            b"old mode of thinking\n---\n a.txt | 2 +-\n\ndiff --git a/a.txt b/a.txt\nindex 7898192..6178079 100644\n"
+            b"--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+b\n")
+    assert plan_patch("m", diff, tmp_path)[0] == APPLIED
+
+
 def test_truncated_hunk_is_an_error_and_nothing_is_written(tmp_path: Path) -> None:
     old = b"".join(b"line %d\n" % i for i in range(10))
     diff = make_patch(old, old.replace(b"line 4\n", b"line four\n"), "diff", 3, tmp_path)

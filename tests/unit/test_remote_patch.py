@@ -240,6 +240,16 @@ def test_hostile_diff_is_refused(project: Project, server) -> None:
     assert project.downloads() == []
 
 
+def test_a_binary_change_in_a_pull_request_is_refused_not_dropped(project: Project, server, diff: bytes) -> None:
+    binary = diff + (b"diff --git a/docs/assets/logo.png b/docs/assets/logo.png\nindex 1e2..3f4 100644\n"
+                     b"Binary files a/docs/assets/logo.png and b/docs/assets/logo.png differ\n")
+    url = server.put("/vllm/pull/2.diff", binary)
+    project.mod(upstream.mod_yaml(MOD, url=url, digest=upstream.sha256(binary)))
+    line = one_line_error(project.run("check-mods", "v17", "--ca-cert", str(server.ca)), 2)
+    assert f"patch.url: {url}: docs/assets/logo.png: a binary file change" in line
+    assert project.downloads() == []
+
+
 def test_unreachable_url_is_one_line(project: Project, diff: bytes) -> None:
     url = f"https://127.0.0.1:{fileserver.closed_port()}/x.diff"
     project.mod(upstream.mod_yaml(MOD, url=url, digest=upstream.sha256(diff)))
