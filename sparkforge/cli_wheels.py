@@ -76,8 +76,11 @@ def prune_wheels(
     everything: bool = typer.Option(False, "--all", help="Remove every wheel."),
     dry: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
 ) -> None:
-    """Remove wheels from the cache: by age of last use, by key, or all. A later build compiles again."""
-    from .wheels import prune
+    """Remove wheels from the cache: by age of last use, by key, or all. A later build compiles again.
+
+    Each prune also removes what killed builds left in the cache (compile exports, half-stored entries)
+    once no one has touched it for a day."""
+    from .wheels import folder_size, leftovers, prune, remove_leftovers
 
     if not (everything or older_than is not None or key):
         raise ConfigError("say what to remove: --older-than DAYS, --key KEY or --all", field="wheels prune")
@@ -90,3 +93,9 @@ def prune_wheels(
         out.print(f"{verb} {e.key[:12]} vllm {e.inputs.get('vllm', {}).get('version')} ({_size(e.size)})",
                   markup=False)
     out.print(f"{verb} {len(gone)} wheels, {_size(sum(e.size for e in gone))}, from {root}", markup=False)
+    stale = leftovers(root)
+    if stale:
+        size = sum(folder_size(f) for f in stale)
+        if not dry:
+            remove_leftovers(stale)
+        out.print(f"{verb} {len(stale)} folders that interrupted builds left, {_size(size)}", markup=False)

@@ -341,6 +341,45 @@ def _discard(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+LEFTOVER_HOURS = 24  # a compile of the image's own can take hours on a slow machine; a day is past any
+_LEFTOVER_RE = re.compile(r"\A\.(export\.|trash-|[0-9a-f]{12}\.)")  # prepare_wheel's export, _discard, store's staging
+
+
+def leftovers(root: Path, *, older_than_hours: float = LEFTOVER_HOURS) -> list[Path]:
+    """Folders a killed build or prune left in the cache (an export, a staging folder, a renamed entry), untouched
+    for older_than_hours: younger ones may belong to a build that is still running, here or on a machine that
+    shares the cache."""
+    now = time.time()
+    found = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        try:
+            if _LEFTOVER_RE.match(folder.name) and folder.is_dir() and not folder.is_symlink() \
+                    and now - folder.stat().st_mtime > older_than_hours * 3600:
+                found.append(folder)
+        except OSError:
+            continue
+    return found
+
+
+def folder_size(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def remove_leftovers(found: list[Path]) -> None:
+    for folder in found:
+        try:
+            _discard(folder)
+        except OSError as exc:
+            raise BuildError(f"cannot remove {folder}: {exc.strerror or exc}", field="wheels prune") from None
+
+
 def prune(root: Path, *, older_than_days: float | None = None, key: str | None = None,
           dry_run: bool = False) -> list[Entry]:
     """Remove entries not used for older_than_days, or the one entry whose key starts with `key`, or (neither)

@@ -252,6 +252,32 @@ def test_store_lookup_and_prune(tmp_path: Path) -> None:
     assert wheels.entries(root) == [] and not (root / wheels.USED / entry.key).exists()
 
 
+def test_prune_removes_what_killed_builds_left_once_a_day_old(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    kept = wheels.store(root, {"format": 1, "vllm": {"commit": "c" * 40}}, _export(tmp_path), "x at t")
+    old = [root / ".export.k1ll3d", root / f".{'ab' * 6}.s7ag3", root / ".trash-0123456789ab-42-7"]
+    for folder in old:
+        (folder / "wheels").mkdir(parents=True)
+        (folder / "wheels" / "vllm-0.17.0-cp38-abi3-linux_aarch64.whl").write_bytes(b"x" * 1000)
+        os.utime(folder, (0, 0))
+    running = root / ".export.l1ve"  # a compile going on now, maybe on another machine sharing the cache
+    running.mkdir()
+    (root / ".notes").mkdir()  # not ours: never touched
+    os.utime(root / ".notes", (0, 0))
+    assert wheels.leftovers(root) == sorted(old)
+    dry = run_cli(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--key", kept.key[:8],
+                  "--dry-run")
+    assert dry.returncode == 0 and "would remove 3 folders that interrupted builds left, 0.0 MB" in dry.stdout, \
+        dry.stdout + dry.stderr
+    assert all(f.is_dir() for f in old)
+    proc = run_cli(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--older-than", "30")
+    assert proc.returncode == 0 and "removed 0 wheels" in proc.stdout, proc.stdout + proc.stderr
+    assert "removed 3 folders that interrupted builds left" in proc.stdout
+    assert not any(f.exists() for f in old) and running.is_dir() and (root / ".notes").is_dir()
+    assert [e.key for e in wheels.entries(root)] == [kept.key]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".trash-")) == []
+
+
 def test_the_closest_entry_says_what_differs(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     inputs = {"format": 1, "vllm": {"commit": "c" * 40}, "torch_cuda_arch_list": "12.1a", "base": "b"}
