@@ -245,8 +245,11 @@ def wheel_lines(note: Any) -> list[Text]:
 
 def dry_run_lines(d: Any) -> list[Text]:
     """`build --dry-run`: the tags, the context and the exact command, quoted for a shell."""
-    return [_line(f"tag         {d.tag}"), _line(f"moving tag  {d.moving_tag}"),
-            _line(f"context     {d.context} (not written)"), _line(shlex.join(d.command))]
+    lines = [_line(f"tag         {d.tag}"), _line(f"moving tag  {d.moving_tag}"),
+             _line(f"context     {d.context} (not written)")]
+    if d.note:
+        lines.append(_line(f"vllm wheel  {d.note}"))
+    return lines + [_line(shlex.join(d.command))]
 
 
 def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
