@@ -244,16 +244,24 @@ def _inspect_head(ref: str) -> dict | None:
 def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
     """The image of a plan (or an older build, by its tag) on the head engine; it must be here."""
     tag = tag or plan.tag
-    data = _inspect_head(tag)
-    if data is None:
+    image = image_on_head(tag, plan.moving_tag, state_dir)
+    if image is None:
         raise DistributeError(f"image {tag} is not on this machine; build it first with "
                               f"`python build.py build {plan.variant}`", field=plan.variant)
+    return image
+
+
+def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> HeadImage | None:
+    """The image tagged `tag` on the head engine with every name recorded for it, or None when there is none."""
+    data = _inspect_head(tag)
+    if data is None:
+        return None
     own = NodeImage.from_inspect(data)
     recorded = read_state(state_dir, tag.rpartition(":")[0])["manifests"].get(tag, [])
     # The head's ID is its config digest on the classic store, a manifest digest on containerd:
     # either way a node showing it has the same image, so it goes in both places.
     identity = ImageIdentity(own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
-    return HeadImage(tag, plan.moving_tag, own.id, int(data.get("Size") or 0), identity)
+    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ more name of the image (:func:`.distribute.record_manifest`).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -64,6 +65,8 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
                 aux = ev.get("aux") or {}
                 if aux.get("Digest"):
                     digest = aux["Digest"]
+                elif m := _PUSHED_DIGEST.search(status):  # the containerd image store sends no aux, only this line
+                    digest = m.group(1)
                 if progress and status:
                     progress(Progress(registry, "push", sum(pushed.values()), None, f"{ref}: {status}"))
             refs.append(full)
@@ -74,6 +77,9 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
         record_manifest(state_dir, image.tag, digest)
     return PushResult(tuple(refs), digest, len(pushed), len(present), sum(pushed.values()),
                       time.monotonic() - t0)
+
+
+_PUSHED_DIGEST = re.compile(r": digest: (sha256:[0-9a-f]{64}) size: [0-9]+\Z")
 
 
 def _sdk_reason(exc: BaseException) -> str:
@@ -103,9 +109,12 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
     """Push without the engine: `docker save`, layers compressed with zstd on every core (or not at all).
 
-    The engine's own push gzips on one core, which bounds a cold deploy. Here each layer of the
-    saved image is compressed by `zstd -T0` and streamed to the registry; a layer the registry
-    already holds (by the digest recorded for it at an earlier push) is not sent again.
+    The engine's own push gzips on one core, which bounds a cold deploy. Here each uncompressed
+    layer of the saved image is compressed by `zstd -T0` and streamed to the registry; a layer the
+    registry already holds (by the digest recorded for it at an earlier push) is not sent again.
+    A layer the engine keeps compressed (the containerd image store keeps what BuildKit built as
+    gzip) is sent as it is, under its own digest. The saved manifest.json says which blob is the
+    config and the order of the layers, on both stores.
     """
     import hashlib
     import tarfile
@@ -117,12 +126,13 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                               "--compression gzip or none", field="--compression")
     t0 = time.monotonic()
     repo = image.repository
-    config_hex = image.image_id.partition(":")[2]
     diff_ids = set(image.identity.layers)
     known = read_state(state_dir, repo).setdefault("blobs", {})
-    pushed: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size)
+    layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
+    uploaded: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size), for the state
+    small: dict[str, bytes] = {}  # blobs that are not layers: config, manifests
+    saved_manifest: bytes | None = None
     sent = present = 0
-    config: bytes | None = None
     save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE))
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
@@ -131,26 +141,41 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     try:
         with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
             for member in tar:
+                if member.isfile() and member.name == "manifest.json":
+                    saved_manifest = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    continue
                 hexname = member.name.rpartition("/")[2]
-                if not member.isfile() or not member.name.startswith("blobs/sha256/"):
-                    continue
-                if hexname == config_hex:
-                    config = tar.extractfile(member).read()  # type: ignore[union-attr]
-                    continue
-                diff_id = f"sha256:{hexname}"
-                if diff_id not in diff_ids:
-                    continue
-                again = (known.get(diff_id) or {}).get(compression)
-                if again and _blob_exists(registry, repo, again[0]):
-                    pushed[diff_id] = (again[0], again[1])
-                    present += 1
+                if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
                     continue
                 data = tar.extractfile(member)
-                digest, size = _upload_layer(registry, repo, data, compression, diff_id, hashlib.sha256())
-                pushed[diff_id] = (digest, size)
-                sent += size
+                stored = _stored_compression(data.peek(4)[:4])  # type: ignore[union-attr]
+                digest = f"sha256:{hexname}"
+                if stored is not None:  # a compressed layer: sent as it is
+                    if _blob_exists(registry, repo, digest):
+                        present += 1
+                    else:
+                        _upload_layer(registry, repo, data, "none", digest, None)
+                        sent += member.size
+                    layers[hexname] = Layer(digest, member.size, STORED_TYPES[stored])
+                elif digest in diff_ids:  # an uncompressed layer: its name is its diff id
+                    again = (known.get(digest) or {}).get(compression)
+                    if again and _blob_exists(registry, repo, again[0]):
+                        blob, size = again[0], again[1]
+                        present += 1
+                    else:
+                        blob, size = _upload_layer(registry, repo, data, compression, digest, hashlib.sha256())
+                        sent += size
+                    uploaded[digest] = (blob, size)
+                    layers[hexname] = Layer(blob, size, LAYER_TYPES[compression])
+                elif member.size <= SMALL_BLOB:
+                    small[hexname] = data.read()  # type: ignore[union-attr]
+                    continue
+                else:
+                    continue
                 if progress:
-                    progress(Progress(registry.address, "push", sent, None, f"layer {digest[:19]} ({human_bytes(size)})"))
+                    blob = layers[hexname]
+                    progress(Progress(registry.address, "push", sent, None,
+                                      f"layer {blob.digest[:19]} ({human_bytes(blob.size)})"))
         code = save.wait(timeout=CONTROL_TIMEOUT)
     except (OSError, tarfile.TarError, urllib.error.URLError, subprocess.TimeoutExpired) as exc:
         save.kill()
@@ -158,35 +183,89 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
         raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}", field="--registry") from None
     finally:
         watchdog.cancel()
-    if code != 0 or config is None:
+    if code != 0 or saved_manifest is None:
         raise DistributeError(f"docker save {image.tag} failed: {last_line(save.stderr.read() if save.stderr else b'', 'no message')}",
                               field="docker")
+    config, order = _saved_image(image, saved_manifest, small, layers)
     try:
-        refs, digest = _put_manifest(image, registry, repo, config, [pushed[d] for d in image.identity.layers],
-                                     compression)
+        refs, digest = _put_manifest(image, registry, repo, config, order)
     except (OSError, urllib.error.URLError) as exc:
         raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}",
                               field="--registry") from None
 
     def remember(data: dict) -> None:
         blobs = data.setdefault("blobs", {})
-        for d, (blob, size) in pushed.items():
+        for d, (blob, size) in uploaded.items():
             blobs.setdefault(d, {})[compression] = [blob, size]
 
     _update_state(state_dir, repo, remember)
     if digest:
         record_manifest(state_dir, image.tag, digest)
-    return PushResult(tuple(refs), digest, len(pushed) - present, present, sent, time.monotonic() - t0)
+    return PushResult(tuple(refs), digest, len(order) - present, present, sent, time.monotonic() - t0)
 
 
-def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes, layers: list[tuple[str, int]],
-                  compression: str) -> tuple[list[str], str | None]:
+@dataclass(frozen=True)
+class Layer:
+    """A layer as the registry holds it."""
+
+    digest: str
+    size: int
+    media_type: str
+
+
+SMALL_BLOB = 1 << 20  # a saved image's config and manifests are JSON of a few kB
+STORED_TYPES = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": LAYER_TYPES["zstd"]}
+_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
+
+
+def _stored_compression(head: bytes) -> str | None:
+    """gzip or zstd when a blob starts with that format's magic number; None for a plain tar or JSON."""
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return "zstd"
+    return None
+
+
+def _saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes],
+                 layers: dict[str, Layer]) -> tuple[bytes, list[Layer]]:
+    """The config and the ordered layers of the saved image, as its manifest.json names them; checked against
+    the diff IDs the head's engine reports, so a push never publishes another image under this tag."""
+    def fail(why: str) -> DistributeError:
+        return DistributeError(f"docker save {image.tag}: {why}", field="docker")
+
+    try:
+        entries = json.loads(saved_manifest)
+        entry = next((e for e in entries if image.tag in (e.get("RepoTags") or [])), entries[0])
+        config_name, layer_names = entry["Config"], entry["Layers"]
+    except (ValueError, LookupError, TypeError, AttributeError):
+        raise fail("its manifest.json is not the one of a saved image") from None
+    config = small.get(str(config_name).rpartition("/")[2])
+    if config is None:
+        raise fail(f"the config {config_name} is not in the saved image")
+    try:
+        diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    except (ValueError, LookupError, TypeError):
+        raise fail(f"the config {config_name} names no layers") from None
+    if list(diff_ids) != list(image.identity.layers):
+        raise fail("its layers differ from the ones the engine reports for the image (was the tag moved meanwhile?)")
+    order = []
+    for name in layer_names:
+        layer = layers.get(str(name).rpartition("/")[2])
+        if layer is None:
+            raise fail(f"the layer {name} is not in the saved image")
+        order.append(layer)
+    return config, order
+
+
+def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes,
+                  layers: list[Layer]) -> tuple[list[str], str | None]:
     """Upload the config, then the manifest under the immutable tag and (last) the moving tag."""
     config_digest = _put_blob(registry, repo, config)
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPES[compression], "digest": blob, "size": size} for blob, size in layers],
+        "layers": [{"mediaType": layer.media_type, "digest": layer.digest, "size": layer.size} for layer in layers],
     }, separators=(",", ":")).encode()
     refs, digest = [], None
     for ref in (image.tag, image.moving_tag):

@@ -1,0 +1,116 @@
+"""A head on the containerd image store, the default of new Docker 29 installs, pushing what BuildKit
+built there.
+
+That store keeps a built layer as a gzip blob, and `docker save` names each blob by its own digest,
+not by the layer's diff ID, and the image ID is a manifest digest. An image is built on a real
+containerd-store dockerd, pushed to a real registry with each compression, and pulled by a
+classic-store node and a containerd-store node, each then holding the same image by the identity
+`deploy` checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from sparkforge import distribute, push
+from sparkforge.cluster import Node as ClusterNode
+from sparkforge.cluster import Registry as RegistrySpec
+
+sys.path.insert(0, str(ROOT / "tests" / "infra"))
+
+CONTAINERD = {"features": {"containerd-snapshotter": True}}
+TAG, MOVING = "sparkforge-test/ctd-head:1", "sparkforge-test/ctd-head:latest"
+DOCKERFILE = """FROM {base}
+RUN head -c 3000000 /dev/urandom > /blob && echo one > /one
+RUN echo two > /two
+"""
+
+
+@pytest.fixture(scope="module")
+def engines(base_image: str):
+    """A containerd-store head with a BuildKit-built image, a classic-store node and a containerd-store node."""
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        pytest.skip("extra dockerd engines need root and dockerd on PATH")
+    from nodes import start_nodes
+
+    where = tempfile.mkdtemp(prefix="sfh-", dir="/tmp")  # short: unix socket paths max 107 bytes
+    started = []
+    try:
+        head, ctd = start_nodes(2, f"{where}/c", CONTAINERD, prefix="c")
+        started += [head, ctd]
+        (classic,) = start_nodes(1, f"{where}/k", prefix="k")
+        started.append(classic)
+        save = subprocess.Popen(["docker", "save", base_image], stdout=subprocess.PIPE)
+        load = subprocess.run(["docker", "-H", head.endpoint, "load", "-q"], stdin=save.stdout, capture_output=True,
+                              timeout=600)
+        assert save.wait() == 0 and load.returncode == 0, load.stderr
+        ctx = Path(where) / "ctx"
+        ctx.mkdir()
+        (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base_image))
+        built = subprocess.run(["docker", "-H", head.endpoint, "buildx", "build", "--network", "host", "--load",
+                                "--tag", TAG, "--tag", MOVING, str(ctx)], capture_output=True, text=True, timeout=600)
+        assert built.returncode == 0, built.stderr[-2000:]
+        yield {"head": head, "classic": classic, "ctd": ctd}
+    finally:
+        for node in started:
+            with contextlib.suppress(Exception):  # every node is destroyed, whatever one of them does
+                node.destroy()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture()
+def on_head(engines, monkeypatch):
+    """The head's docker CLI is the containerd-store engine's, as on a Docker 29 machine."""
+    monkeypatch.setenv("DOCKER_HOST", engines["head"].endpoint)
+    return engines["head"]
+
+
+def test_the_head_keeps_built_layers_compressed_and_saves_them_under_their_own_digests(on_head) -> None:
+    image = distribute.image_on_head(TAG, MOVING)
+    assert image is not None
+    saved = subprocess.run(["docker", "save", TAG], capture_output=True, timeout=300).stdout
+    with tarfile.open(fileobj=io.BytesIO(saved)) as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+        names = [name.rpartition("/")[2] for name in manifest[0]["Layers"]]
+        heads = {n: tar.extractfile(f"blobs/sha256/{n}").read(2) for n in names}  # type: ignore[union-attr]
+    # The two built layers: gzip, named by their compressed digest, so not by a diff ID.
+    assert [heads[n] == b"\x1f\x8b" for n in names] == [False, True, True]
+    assert [f"sha256:{n}" in image.identity.layers for n in names] == [True, False, False]
+    assert image.image_id != image.identity.layers[0]
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none", "gzip"])
+def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, engines, on_head, registry,
+                                                             tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    pushed = push.push_to(distribute.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
+                          compression, state_dir=state)
+    assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 3, pushed
+    image = distribute.image_on_head(TAG, MOVING, state)
+    assert pushed.digest in image.identity.manifests
+    for name in ("classic", "ctd"):
+        node = engines[name]
+        for ref in (TAG, MOVING):
+            node.docker("rmi", "-f", f"{registry.address}/{ref}", ref, check=False)
+        node.docker("image", "prune", "-af", check=False)
+    result = distribute.deploy_registry(image, [ClusterNode(n, engines[n].endpoint) for n in ("classic", "ctd")],
+                                        registry.address)
+    assert result.ok, result
+    for name in ("classic", "ctd"):
+        node = engines[name]
+        seen = distribute.NodeImage.from_inspect(json.loads(node.docker("image", "inspect", MOVING).stdout)[0])
+        assert distribute.same_image(image.identity, seen), (name, seen)
+        run = node.docker("run", "--rm", "--network", "none", MOVING, "cat", "/one", "/two")
+        assert run.stdout.split() == [b"one", b"two"], (name, run.stderr)
