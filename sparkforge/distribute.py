@@ -195,14 +195,19 @@ def _update_state(state_dir: Path | None, repository: str, change: Callable[[dic
     tmp.replace(path)  # a crash never leaves half a record
 
 
-def record_manifest(state_dir: Path | None, tag: str, digest: str) -> None:
-    """Remember a manifest digest the image of tag is known by (from a push or a docker save)."""
+def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config: str | None = None,
+                    head_id: str | None = None) -> None:
+    """Remember a manifest digest the image of tag is known by (from a push or a docker save) and, with
+    head_id, its config digest: on a containerd-store head the image ID is a manifest digest, and a
+    classic-store node knows the image only by its config digest."""
     repo = tag.rpartition(":")[0]
 
     def add(data: dict) -> None:
         known = data["manifests"].setdefault(tag, [])
-        if digest not in known:
+        if digest and digest not in known:
             known.append(digest)
+        if config and head_id:
+            data.setdefault("configs", {})[tag] = {"head_id": head_id, "config": config}
 
     _update_state(state_dir, repo, add)
 
@@ -257,10 +262,14 @@ def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> H
     if data is None:
         return None
     own = NodeImage.from_inspect(data)
-    recorded = read_state(state_dir, tag.rpartition(":")[0])["manifests"].get(tag, [])
+    state = read_state(state_dir, tag.rpartition(":")[0])
+    recorded = state["manifests"].get(tag, [])
     # The head's ID is its config digest on the classic store, a manifest digest on containerd:
-    # either way a node showing it has the same image, so it goes in both places.
-    identity = ImageIdentity(own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
+    # either way a node showing it has the same image, so it goes in both places. A config digest
+    # learnt at a push or save of this very image (same head ID) is the better config.
+    learnt = (state.get("configs") or {}).get(tag) or {}
+    config = learnt.get("config") if learnt.get("head_id") == own.id else None
+    identity = ImageIdentity(config or own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
     return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity)
 
 

@@ -199,8 +199,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
             blobs.setdefault(d, {})[compression] = [blob, size]
 
     _update_state(state_dir, repo, remember)
-    if digest:
-        record_manifest(state_dir, image.tag, digest)
+    record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
     return PushResult(tuple(refs), digest, len(order) - present, present, sent, time.monotonic() - t0)
 
 

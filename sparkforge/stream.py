@@ -30,18 +30,21 @@ BUFFER_CHUNKS = 32  # chunks held per node: a short hiccup of one node does not 
 
 
 class _TarIndex:
-    """Follows the headers of a `docker save` tar stream to catch its index.json on the way.
+    """Follows the headers of a `docker save` tar stream to catch its index.json and manifest.json.
 
-    A containerd-store node shows the manifest digest named there as the image ID of what it
-    loaded, so the head records it as one more name of the image.
+    A containerd-store node shows the manifest digest index.json names as the image ID of what it
+    loaded, so the head records it as one more name of the image; a classic-store node shows the
+    config digest manifest.json names, which a containerd-store head does not show of itself.
     """
 
     def __init__(self) -> None:
         self.header = bytearray()
         self.skip = 0  # bytes of the current member (and its padding) still to pass
-        self.keep = 0  # of those, bytes of index.json still to keep
+        self.keep = 0  # of those, bytes of index.json or manifest.json still to keep
         self.index = bytearray()
+        self.kept = b""  # the name of the member being kept
         self.manifest: str | None = None
+        self.config: str | None = None  # from manifest.json: the config digest
         self.ended = False
 
     def feed(self, chunk: bytes) -> None:
@@ -74,17 +77,24 @@ class _TarIndex:
         size = int.from_bytes(raw[1:], "big") if raw[0] & 0x80 else int(raw.strip(b"\0 ") or b"0", 8)
         name = h[:100].split(b"\0", 1)[0]
         self.skip = (size + 511) // 512 * 512
-        if name == b"index.json" and h[156:157] in (b"0", b"\0"):
+        if name in (b"index.json", b"manifest.json") and h[156:157] in (b"0", b"\0") and size < 1 << 20:
             self.index.clear()
+            self.kept = name
             self.keep = size
 
     def _parse(self) -> None:
         try:
-            manifests = json.loads(bytes(self.index)).get("manifests") or []
+            data = json.loads(bytes(self.index))
         except ValueError:
             return
-        if len(manifests) == 1:
-            self.manifest = manifests[0].get("digest")
+        if self.kept == b"index.json" and isinstance(data, dict):
+            manifests = data.get("manifests") or []
+            if len(manifests) == 1 and isinstance(manifests[0], dict):
+                self.manifest = manifests[0].get("digest")
+        elif self.kept == b"manifest.json" and isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
+            name = str(data[0].get("Config") or "")
+            if name.startswith("blobs/sha256/"):
+                self.config = "sha256:" + name.rpartition("/")[2]
 
 
 class _Writer(threading.Thread):
@@ -161,10 +171,12 @@ def deploy_stream(image: HeadImage, nodes: Iterable[Node], progress: ProgressFn 
 
     first = {r.node.name: r for r in run_nodes(nodes, check)}
     todo = [n for n in nodes if first[n.name].outcome == "pending"]
-    streamed, manifest = _stream(image, todo, progress, stall_timeout) if todo else ({}, None)
-    if manifest:
-        record_manifest(state_dir, image.tag, manifest)
-        image = replace(image, identity=replace(image.identity, manifests=image.identity.manifests | {manifest}))
+    streamed, saved = _stream(image, todo, progress, stall_timeout) if todo else ({}, None)
+    if saved is not None and (saved.manifest or saved.config):
+        record_manifest(state_dir, image.tag, saved.manifest, saved.config, image.image_id)
+        image = replace(image, identity=replace(
+            image.identity, config=saved.config or image.identity.config,
+            manifests=image.identity.manifests | ({saved.manifest} if saved.manifest else set())))
 
     def finish(node: Node) -> NodeResult:
         head = first[node.name]
@@ -187,16 +199,18 @@ def deploy_stream(image: HeadImage, nodes: Iterable[Node], progress: ProgressFn 
     return Deployment(image, "stream", f"docker save {image.tag}", results, time.monotonic() - t0)
 
 
-def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: float) -> tuple[dict[str, tuple[int, float, str | None]], str | None]:
+def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
+            stall: float) -> tuple[dict[str, tuple[int, float, str | None]], _TarIndex | None]:
     """Tee one `docker save` into a `docker load` per node, one writer thread each.
 
-    Returns name -> (bytes, start, error), and the manifest digest of the saved tarball.
+    Returns name -> (bytes, start, error), and what the saved tarball says of itself (its manifest
+    and config digests) when the save finished.
     """
     started = time.monotonic()
-    env = cli_env()
-    try:
+    env = cli_env()  # for the nodes' loads, which name their engine with -H
+    try:  # the head's save: the engine the build used, DOCKER_HOST or DOCKER_CONTEXT included
         save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE, env=env))
+                                                stderr=subprocess.PIPE))
     except OSError as exc:
         raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
     # A save that hangs would hold every node: it gets as long as a whole transfer, then is stopped.
@@ -252,5 +266,5 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn, stall: fl
         if rc != 0 and w.error is None:
             w.error = f"docker load failed: {transport_error(w.node, rc, w.stderr.decode(errors='replace')) or last_line(w.stderr, 'no message')}"
         result[w.node.name] = (w.sent, started, w.error)
-    return result, index.manifest if code == 0 else None
+    return result, index if code == 0 else None
 

@@ -84,12 +84,15 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 def test_the_tar_index_is_caught_from_the_stream_in_any_chunking(chunk: int) -> None:
     index = (FIXTURES / "save-index.json").read_bytes()
     blob = bytes(range(256)) * 4000  # not a multiple of 512: padding is skipped right
+    saved = json.dumps([{"Config": "blobs/sha256/" + "c" * 64, "RepoTags": ["x:1"],
+                         "Layers": ["blobs/sha256/" + "a" * 64]}]).encode()
     stream = _tar([("blobs/", b""), ("blobs/sha256/" + "a" * 64, blob), ("index.json", index),
-                   ("manifest.json", b"[]"), ("oci-layout", b"{}")])
+                   ("manifest.json", saved), ("oci-layout", b"{}")])
     sniff = _TarIndex()
     for i in range(0, len(stream), chunk):
         sniff.feed(stream[i:i + chunk])
     assert sniff.manifest == saved_manifest()
+    assert sniff.config == "sha256:" + "c" * 64  # what a classic-store node shows as the image ID
     assert sniff.ended
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sparkforge import distribute, push
+from sparkforge import distribute, push, stream
 from sparkforge.cluster import Node as ClusterNode
 from sparkforge.cluster import Registry as RegistrySpec
 
@@ -114,3 +114,17 @@ def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, en
         assert distribute.same_image(image.identity, seen), (name, seen)
         run = node.docker("run", "--rm", "--network", "none", MOVING, "cat", "/one", "/two")
         assert run.stdout.split() == [b"one", b"two"], (name, run.stderr)
+
+
+def test_stream_from_a_containerd_head_loads_on_both_stores(engines, on_head, tmp_path: Path) -> None:
+    targets = [ClusterNode(n, engines[n].endpoint) for n in ("classic", "ctd")]
+    for name in ("classic", "ctd"):
+        for ref in (TAG, MOVING):
+            engines[name].docker("rmi", "-f", ref, check=False)
+        engines[name].docker("image", "prune", "-af", check=False)
+    result = stream.deploy_stream(distribute.image_on_head(TAG, MOVING, tmp_path), targets, state_dir=tmp_path)
+    assert result.ok, result
+    image = distribute.image_on_head(TAG, MOVING, tmp_path)  # with the manifest digest recorded at save
+    for name in ("classic", "ctd"):
+        seen = distribute.NodeImage.from_inspect(json.loads(engines[name].docker("image", "inspect", MOVING).stdout)[0])
+        assert distribute.same_image(image.identity, seen), (name, seen)
