@@ -232,7 +232,7 @@ def build(
     opts = pipeline.build_options(network=network, ca_cert=ca_cert, no_cache=no_cache, max_jobs=max_jobs,
                                   nvcc_threads=nvcc_threads, log_dir=log_dir)
     if dry:
-        _emit(views.dry_run_lines(pipeline.dry_run(plan, opts)))
+        _emit(views.dry_run_lines(pipeline.dry_run(plan, opts, wheel_cache=not no_wheel_cache)))
         return
     _say(f"building {plan.tag} from {pipeline.context_dir(plan)}")
     done = pipeline.build_variant(plan, State.layout, opts, smoke=smoke, progress=_progress_printer(variant),

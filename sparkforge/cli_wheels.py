@@ -95,7 +95,8 @@ def prune_wheels(
     out.print(f"{verb} {len(gone)} wheels, {_size(sum(e.size for e in gone))}, from {root}", markup=False)
     stale = leftovers(root)
     if stale:
-        size = sum(folder_size(f) for f in stale)
+        sizes = {f: folder_size(f) for f in stale}
         if not dry:
-            remove_leftovers(stale)
-        out.print(f"{verb} {len(stale)} folders that interrupted builds left, {_size(size)}", markup=False)
+            stale = remove_leftovers(stale)
+        out.print(f"{verb} {len(stale)} folders that interrupted builds left, {_size(sum(sizes[f] for f in stale))}",
+                  markup=False)

@@ -198,20 +198,16 @@ def parse_diff(data: bytes) -> list[FilePatch]:
     """Parse a unified diff (diff -u / -U0, git diff); its header counts must match its hunks exactly."""
     lines = _lines(data)
     patches: list[FilePatch] = []
-    git_file = None  # inside a `diff --git` header: the file it names
+    git = _GitHeader()
     i = 0
     while i < len(lines):
         if lines[i].startswith(b"@@"):
             raise ModFailure(f"hunk {lines[i].decode(errors='replace').strip()} comes before any file header")
         if not (lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
-            if lines[i].startswith(b"diff --git "):
-                names = lines[i][11:].rstrip(b"\r\n").decode("utf-8", "replace")
-                git_file = names.rpartition(" b/")[2] if " b/" in names else names
-            elif git_file is not None:
-                _refuse_git_extension(git_file, lines[i])
+            git.line(lines[i], patches)
             i += 1
             continue
-        git_file = None
+        git.close(None)
         old_name, new_name = _name(lines[i], "a/"), _name(lines[i + 1], "b/")
         for name in (old_name, new_name):
             if name != "/dev/null":
@@ -235,9 +231,50 @@ def parse_diff(data: bytes) -> list[FilePatch]:
         if create and (len(hunks) != 1 or hunks[0].old_count):
             raise ModFailure(f"{new_name}: a new file takes one hunk from -0,0")
         patches.append(FilePatch(new_name, create, tuple(hunks)))
+    git.close(patches)
     if not patches:
         raise ModFailure("the patch file holds no file changes")
     return patches
+
+
+class _GitHeader:
+    """The extended header of a `diff --git` section, from that line to its `---`/`+++` pair or its end.
+
+    What git says there without a hunk (a binary change, a rename, a mode) is refused rather than
+    dropped; a new empty file (`new file mode 100644` and no `---`/`+++`) becomes a FilePatch that
+    creates it empty. Anything else ends the section, so a commit message is never read as a header."""
+
+    HEADER = (b"index ", b"old mode ", b"new mode ", b"new file mode ", b"deleted file mode ", b"similarity index ",
+              b"dissimilarity index ", b"rename from ", b"rename to ", b"copy from ", b"copy to ", b"Binary files ",
+              b"GIT binary patch")
+
+    def __init__(self) -> None:
+        self.file: str | None = None
+        self.new = False
+
+    def line(self, line: bytes, patches: list[FilePatch]) -> None:
+        if line.startswith(b"diff --git "):
+            self.close(patches)
+            names = line[11:].rstrip(b"\r\n").decode("utf-8", "surrogateescape")
+            self.file = names.rpartition(" b/")[2] if " b/" in names else names
+        elif self.file is not None and line.startswith(self.HEADER):
+            _refuse_git_extension(self.file, line)
+            self.new = self.new or line.startswith(b"new file mode ")
+        else:
+            self.close(patches)
+            text = line.decode("utf-8", "replace").strip()
+            if text.startswith("Binary files ") and text.endswith(" differ"):  # diff -r
+                raise ModFailure(f"a binary file change ({text}) is not supported; a patch mod changes the text of "
+                                 "files only")
+            if text.startswith("Only in ") and ": " in text:  # diff -r without -N
+                raise ModFailure(f"{text}: a file only one side has; make the diff with `diff -ruN` (or git diff)")
+
+    def close(self, patches: list[FilePatch] | None) -> None:
+        """End the section; with patches, a new file that had no hunk is added to them, empty."""
+        if patches is not None and self.file is not None and self.new:
+            _parts(self.file, "patch header")
+            patches.append(FilePatch(self.file, True, ()))
+        self.file, self.new = None, False
 
 
 # Changes a git diff makes without a hunk, which applying only the hunks would silently drop.
@@ -407,7 +444,7 @@ def plan_patch(name: str, diff: bytes, root: Path) -> tuple[str, dict[Path, byte
     states = []
     for fp, target in zip(patches, targets):
         if fp.create:
-            body = b"".join(fp.hunks[0].new)
+            body = b"".join(fp.hunks[0].new) if fp.hunks else b""  # no hunk: a new empty file
             if not os.path.lexists(target):
                 forward[target] = body
                 states.append(APPLIED)

@@ -156,13 +156,13 @@ class DryRun:
     note: str = ""  # what the command does not show
 
 
-def dry_run(plan: Plan, opts: BuildOptions) -> DryRun:
+def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
     """The command of a build; for a git source, the compiling one (the wheel cache is looked at by the build)."""
     ctx = Context(context_dir(plan), ())
     note = ""
     if plan.vllm.source == "wheel":
         opts = with_wheel(opts, wheels.planned_wheel(plan))
-    elif plan.vllm.source == "git":
+    elif plan.vllm.source == "git" and wheel_cache:
         note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
                 "command of --no-wheel-cache, which compiles inside the image build")
     return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts)), ctx.path, note)

@@ -156,7 +156,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                     else:
                         _upload_layer(registry, repo, data, "none", digest, None)
                         sent += member.size
-                    layers[hexname] = Layer(digest, member.size, STORED_TYPES[stored])
+                    layers[hexname] = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
                 elif digest in diff_ids:  # an uncompressed layer: its name is its diff id
                     again = (known.get(digest) or {}).get(compression)
                     if again and _blob_exists(registry, repo, again[0]):
@@ -200,7 +200,8 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
 
     _update_state(state_dir, repo, remember)
     record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
-    return PushResult(tuple(refs), digest, len(order) - present, present, sent, time.monotonic() - t0)
+    distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
+    return PushResult(tuple(refs), digest, distinct - present, present, sent, time.monotonic() - t0)
 
 
 @dataclass(frozen=True)
@@ -210,9 +211,10 @@ class Layer:
     digest: str
     size: int
     media_type: str
+    as_stored: bool = False  # sent as the engine keeps it (compressed), so not named by its diff ID
 
 
-SMALL_BLOB = 1 << 20  # a saved image's config and manifests are JSON of a few kB
+SMALL_BLOB = 16 << 20  # a saved image's config and manifests: JSON of a few kB, a config with a long history more
 STORED_TYPES = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": LAYER_TYPES["zstd"]}
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
 
@@ -237,22 +239,29 @@ def _saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes
         entries = json.loads(saved_manifest)
         entry = next((e for e in entries if image.tag in (e.get("RepoTags") or [])), entries[0])
         config_name, layer_names = entry["Config"], entry["Layers"]
+        if not isinstance(config_name, str) or not isinstance(layer_names, list):
+            raise TypeError
     except (ValueError, LookupError, TypeError, AttributeError):
         raise fail("its manifest.json is not the one of a saved image") from None
-    config = small.get(str(config_name).rpartition("/")[2])
+    config = small.get(config_name.rpartition("/")[2])
     if config is None:
         raise fail(f"the config {config_name} is not in the saved image")
     try:
         diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+        if not isinstance(diff_ids, list):
+            raise TypeError
     except (ValueError, LookupError, TypeError):
         raise fail(f"the config {config_name} names no layers") from None
-    if list(diff_ids) != list(image.identity.layers):
+    if diff_ids != list(image.identity.layers) or len(layer_names) != len(diff_ids):
         raise fail("its layers differ from the ones the engine reports for the image (was the tag moved meanwhile?)")
     order = []
-    for name in layer_names:
-        layer = layers.get(str(name).rpartition("/")[2])
+    for name, diff_id in zip(layer_names, diff_ids):
+        hexname = str(name).rpartition("/")[2]
+        layer = layers.get(hexname)
         if layer is None:
             raise fail(f"the layer {name} is not in the saved image")
+        if not layer.as_stored and f"sha256:{hexname}" != diff_id:  # an uncompressed layer is its diff ID
+            raise fail(f"the layer {name} stands where the engine reports {diff_id}")
         order.append(layer)
     return config, order
 

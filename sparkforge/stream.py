@@ -45,6 +45,7 @@ class _TarIndex:
         self.kept = b""  # the name of the member being kept
         self.manifest: str | None = None
         self.config: str | None = None  # from manifest.json: the config digest
+        self.pax_size: int | None = None  # the size a PAX header gave the next member
         self.ended = False
 
     def feed(self, chunk: bytes) -> None:
@@ -73,16 +74,30 @@ class _TarIndex:
             self.ended = True
             return
         raw = h[124:136]
-        # Members over 8 GiB (big layers) carry their size in base-256.
+        # Members over 8 GiB (big layers) carry their size in base-256 (GNU), or in a PAX header
+        # before them (what Go's archive/tar, and so Docker, writes): its size= record wins.
         size = int.from_bytes(raw[1:], "big") if raw[0] & 0x80 else int(raw.strip(b"\0 ") or b"0", 8)
+        kind = h[156:157]
+        if kind not in (b"x", b"g") and self.pax_size is not None:
+            size, self.pax_size = self.pax_size, None
         name = h[:100].split(b"\0", 1)[0]
         self.skip = (size + 511) // 512 * 512
-        if name in (b"index.json", b"manifest.json") and h[156:157] in (b"0", b"\0") and size < 1 << 20:
+        if kind in (b"x", b"g") and size < 1 << 20:
+            self.index.clear()
+            self.kept = b"pax"
+            self.keep = size
+        elif name in (b"index.json", b"manifest.json") and kind in (b"0", b"\0") and size < 1 << 20:
             self.index.clear()
             self.kept = name
             self.keep = size
 
     def _parse(self) -> None:
+        if self.kept == b"pax":
+            for record in bytes(self.index).split(b"\n"):  # "LEN key=value"
+                key, _, value = record.partition(b" ")[2].partition(b"=")
+                if key == b"size" and value.isdigit():
+                    self.pax_size = int(value)
+            return
         try:
             data = json.loads(bytes(self.index))
         except ValueError:

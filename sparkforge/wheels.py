@@ -334,11 +334,16 @@ def _intact(entry: Entry) -> bool:
     return entry.path.is_file() and download.sha256_of(entry.path) == entry.sha256
 
 
-def _discard(folder: Path) -> None:
-    """Take an entry out of the cache at once (a rename), then delete it: readers never see half of one."""
+def _discard(folder: Path) -> bool:
+    """Take an entry out of the cache at once (a rename), then delete it: readers never see half of one.
+    False when it was gone already (another machine pruning the shared folder) or could not be deleted whole."""
     trash = folder.parent / f".trash-{folder.name[:12]}-{os.getpid()}-{time.monotonic_ns()}"
-    os.replace(folder, trash)
+    try:
+        os.replace(folder, trash)
+    except FileNotFoundError:
+        return False
     shutil.rmtree(trash, ignore_errors=True)
+    return not trash.exists()
 
 
 LEFTOVER_HOURS = 24  # a compile of the image's own can take hours on a slow machine; a day is past any
@@ -372,12 +377,16 @@ def folder_size(folder: Path) -> int:
     return total
 
 
-def remove_leftovers(found: list[Path]) -> None:
+def remove_leftovers(found: list[Path]) -> list[Path]:
+    """Remove each folder; the ones that are gone now (a folder another user owns may stay)."""
+    gone = []
     for folder in found:
         try:
-            _discard(folder)
+            if _discard(folder):
+                gone.append(folder)
         except OSError as exc:
             raise BuildError(f"cannot remove {folder}: {exc.strerror or exc}", field="wheels prune") from None
+    return gone
 
 
 def prune(root: Path, *, older_than_days: float | None = None, key: str | None = None,

@@ -96,6 +96,28 @@ def test_the_tar_index_is_caught_from_the_stream_in_any_chunking(chunk: int) -> 
     assert sniff.ended
 
 
+def test_a_member_whose_size_only_a_pax_header_gives_is_skipped_right() -> None:
+    """Go's archive/tar (Docker's save) gives a member over 8 GiB its size in a PAX header and 0 in its
+    own; made here with a small member, whose own size field is then zeroed as Go's would be."""
+    blob_name = "blobs/sha256/" + "a" * 64
+    blob = bytes(range(256)) * 3000
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data, pax in (("blobs/", b"", {}), (blob_name, blob, {"size": str(len(blob))}),
+                                ("index.json", (FIXTURES / "save-index.json").read_bytes(), {})):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(data), pax
+            tf.addfile(info, io.BytesIO(data))
+    data = bytearray(buf.getvalue())
+    at = next(i for i in range(0, len(data), 512) if data[i:i + len(blob_name) + 1] == blob_name.encode() + b"\0")
+    assert data[at - 1024 + 156:at - 1024 + 157] == b"x"  # the PAX header and its one block of records
+    data[at + 124:at + 136] = b"00000000000\0"
+    sniff = _TarIndex()
+    for i in range(0, len(data), 4096):
+        sniff.feed(bytes(data[i:i + 4096]))
+    assert sniff.manifest == saved_manifest()
+
+
 def test_a_tar_without_an_index_gives_no_manifest() -> None:
     sniff = _TarIndex()
     sniff.feed(_tar([("manifest.json", b"[]")]))

@@ -107,6 +107,10 @@ GIT_ONLY = {  # what `git diff` says outside its hunks; applying only the hunks 
                "new.py: a rename"),
     "mode": (b"diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n--- a/run.sh\n+++ b/run.sh\n"
              b"@@ -1 +1 @@\n-a\n+b\n", "run.sh: a file mode change"),
+    "diff -r binary": (b"Binary files old/logo.png and new/logo.png differ\n--- old/a\n+++ new/a\n@@ -1 +1 @@\n-a\n+b\n",
+                       "a binary file change (Binary files old/logo.png"),
+    "diff -r only in": (b"Only in new/pkg: extra.py\n--- old/a\n+++ new/a\n@@ -1 +1 @@\n-a\n+b\n",
+                        "Only in new/pkg: extra.py: a file only one side has"),
     "new executable": (b"diff --git a/t.sh b/t.sh\nnew file mode 100755\nindex 0000000..1\n--- /dev/null\n"
                        b"+++ b/t.sh\n@@ -0,0 +1 @@\n+x\n", "t.sh: a new file with mode 100755"),
 }
@@ -125,6 +129,29 @@ def test_a_git_diff_of_text_files_with_a_mail_preamble_applies(tmp_path: Path) -
             b"old mode of thinking\n---\n a.txt | 2 +-\n\ndiff --git a/a.txt b/a.txt\nindex 7898192..6178079 100644\n"
             b"--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+b\n")
     assert plan_patch("m", diff, tmp_path)[0] == APPLIED
+
+
+def test_a_new_empty_file_of_a_git_diff_is_created_not_dropped(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"a\n")
+    diff = (b"diff --git a/pkg/__init__.py b/pkg/__init__.py\nnew file mode 100644\nindex 0000000..e69de29\n"
+            b"diff --git a/a.txt b/a.txt\nindex 7898192..6178079 100644\n--- a/a.txt\n+++ b/a.txt\n"
+            b"@@ -1 +1 @@\n-a\n+b\n")
+    state, writes = plan_patch("m", diff, tmp_path)
+    assert state == APPLIED and writes == {tmp_path / "pkg" / "__init__.py": b"", tmp_path / "a.txt": b"b\n"}
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_bytes(b"")
+    (tmp_path / "a.txt").write_bytes(b"b\n")
+    assert plan_patch("m", diff, tmp_path) == (ALREADY, {})
+
+
+def test_a_commit_message_after_a_git_section_is_not_read_as_its_header(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"a\n")
+    (tmp_path / "c").write_bytes(b"c\n")
+    two_commits = (b"From 1f0e\nSubject: [PATCH 1/2] one\n\n---\ndiff --git a/a b/a\nindex 1..2 100644\n--- a/a\n"
+                   b"+++ b/a\n@@ -1 +1 @@\n-a\n+b\n-- \n2.40.0\n\nFrom 2a1b\nSubject: [PATCH 2/2] two\n\n"
+                   b"old mode of thinking is gone\n---\ndiff --git a/c b/c\nindex 1..2 100644\n--- a/c\n+++ b/c\n"
+                   b"@@ -1 +1 @@\n-c\n+d\n")
+    assert plan_patch("m", two_commits, tmp_path)[0] == APPLIED
 
 
 def test_truncated_hunk_is_an_error_and_nothing_is_written(tmp_path: Path) -> None:
