@@ -11,7 +11,7 @@ STAMP := $(VENV)/.requirements.lock
 BUILD := $(PY) build.py --images $(IMAGES)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv image render show list check-mods test lint base-local registry registry-stop bench-rebuild bench-distribute
+.PHONY: help venv image render show list check-mods test test-unit golden lint base-local registry registry-stop bench-rebuild bench-distribute
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ check-mods: $(STAMP) ## prove every mod of every variant applies to its real sou
 
 test: $(STAMP) ## run the whole test suite; tests whose needs this machine lacks skip with the reason
 	$(PY) -m pytest -q tests $(ARGS)
+
+golden: $(STAMP) ## rewrite tests/golden from what the template renders now, printing the diff
+	$(PY) -m tests.support.golden
 
 lint: $(STAMP) ## ruff, and hadolint on every rendered variant
 	$(VENV)/bin/ruff check sparkforge tests bench build.py

@@ -27,12 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "infra"))
-sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
 
-from clusterkit import make_ca  # noqa: E402
-from netns import NetnsCluster, free_subnet, missing  # noqa: E402
+from tests.cluster.clusterkit import make_ca  # noqa: E402
+from tests.infra.netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
 from sparkforge import distribute, push, stream  # noqa: E402
 from sparkforge.cluster import Registry, registry_command, resolve_cluster  # noqa: E402

@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
 
-sys.path.insert(0, str(ROOT / "tests"))
-
-from gitsource import VARIANT as GIT_VARIANT  # noqa: E402
-from gitsource import TORCH_BASE, GitSource, ensure_torch_base  # noqa: E402
+from tests.support.gitsource import VARIANT as GIT_VARIANT  # noqa: E402
+from tests.support.gitsource import TORCH_BASE, GitSource, ensure_torch_base  # noqa: E402
 
 from sparkforge.builder import BuildOptions, build_image, buildx_command  # noqa: E402
 from sparkforge.pipeline import WheelNote, build_variant, load_plan  # noqa: E402
@@ -151,8 +149,7 @@ def bench_wheel_cache(git: GitSource, work: Path) -> bool:
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         print("bench-rebuild: wheel cache: skipped (an engine of its own needs root and dockerd)")
         return True
-    sys.path.insert(0, str(ROOT / "tests" / "infra"))
-    from nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import start_nodes, stop_nodes
 
     variant = f"{GIT_VARIANT}-pinned"
     (git.images / f"{variant}.yaml").write_text(

@@ -118,6 +118,13 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
     return cmd
 
 
+def require_engine(host: str | None) -> None:
+    """Raise BuildError, in one line, unless the engine at host (None: the CLI's own) answers in time."""
+    problem = dockercli.engine_problem(host)
+    if problem:
+        raise BuildError(problem, field="docker")
+
+
 def check_engine() -> None:
     """Fail early, with what to do, when there is no Docker engine with buildx."""
     problem = dockercli.engine_problem()
@@ -213,9 +220,7 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
     """Run a buildx command, its log to log_path and each step to progress; a failure is one BuildError."""
     if opts.ca_cert and not opts.ca_cert.is_file():
         raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
-    problem = dockercli.engine_problem(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
-    if problem:
-        raise BuildError(problem, field="docker")
+    require_engine(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
     reader = _BuildLog(progress)
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     with open(log_path, "w", encoding="utf-8") as log:

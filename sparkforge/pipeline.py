@@ -30,6 +30,7 @@ from .builder import (
     image_ids,
     keep_candidate,
     promote,
+    require_engine,
 )
 from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, MatrixCell, Row, check_variant, matrix
 from .errors import BuildError, ConfigError
@@ -262,7 +263,9 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
     an image that fails its smoke test keeps only a candidate tag.
 
     With a wheel cache, a git source installs the wheel of its inputs from the cache, compiled
-    first (and stored) only when the cache lacks it (prepare_wheel)."""
+    first (and stored) only when the cache lacks it (prepare_wheel). Nothing is written (context, log,
+    wheel) before the engine has answered."""
+    require_engine(opts.docker_host)
     try:
         wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
         ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)

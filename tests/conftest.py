@@ -1,34 +1,44 @@
-"""Shared fixtures: the project root and a runner for the real command line; and a check, around the
-whole run, that the tests left the machine's apt, system Python and Docker settings as they were."""
+"""The tiers, the fixtures every tier shares, and a check around the whole run that the tests left the
+machine's apt, system Python and Docker settings as they were.
+
+A test declares what it needs with a marker (registered in pyproject.toml, `--strict-markers`):
+`network` (the package index), `docker` (an engine with buildx), `root`, `cluster` (network
+namespaces, sshd, extra dockerd), `gpu`. A test without one is in the pure unit tier. Where the
+machine lacks what a marker needs, its tests skip and say why.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import socket
 import subprocess
-import sys
+import tempfile
+import urllib.parse
+from functools import cache
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-import hoststate  # noqa: E402 - the tests folder is not a package
+from tests.support import hoststate
+from tests.support.cli import run_cli
+from tests.support.docker import BuiltImage, build_args, docker_missing, image_id
+from tests.support.paths import BASE, ROOT, VARIANTS
 
 _before: dict[str, str] = {}
 
 
 def pytest_sessionstart(session):
-    _before.update(hoststate.snapshot())
+    if not hasattr(session.config, "workerinput"):  # the controller of an xdist run, or a plain run
+        _before.update(hoststate.snapshot())
     # Builds run by the tests keep their compiled wheels in a wheel cache of their own, never the user's.
-    import os
-    import tempfile
-
-    os.environ["SPARKFORGE_WHEEL_CACHE"] = tempfile.mkdtemp(prefix="sparkforge-test-wheels-")
+    os.environ.setdefault("SPARKFORGE_WHEEL_CACHE", tempfile.mkdtemp(prefix="sparkforge-test-wheels-"))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import os
-    import shutil
-
+    if hasattr(session.config, "workerinput"):
+        return
     shutil.rmtree(os.environ.get("SPARKFORGE_WHEEL_CACHE", "/nonexistent"), ignore_errors=True)
     if not _before:
         return
@@ -41,15 +51,126 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+# ------------------------------------------------------------------ tiers
+
+@cache
+def _network_missing() -> str | None:
+    url = os.environ.get("SPARKFORGE_INDEX_URL", "https://pypi.org/simple")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "", parts.port or 443), timeout=5).close()
+    except OSError as exc:
+        return f"the package index {parts.hostname} cannot be reached: {exc}"
+    return None
+
+
+def _root_missing() -> str | None:
+    return None if os.geteuid() == 0 else "needs root (extra daemons, network namespaces, users)"
+
+
+@cache
+def _cluster_missing() -> str | None:
+    from tests.infra.netns import missing
+
+    return missing() or docker_missing()
+
+
+def _gpu_missing() -> str | None:
+    return None if shutil.which("nvidia-smi") else "no NVIDIA GPU on this host (nvidia-smi not found)"
+
+
+# A test's tier, for the summary: the first of its markers in this order, else unit.
+TIERS = ("gpu", "cluster", "docker", "root", "network")
+NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _root_missing,
+         "cluster": _cluster_missing, "gpu": _gpu_missing}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = next((t for t in TIERS if item.get_closest_marker(t)), "unit")
+        item.user_properties.append(("tier", tier))  # reports carry it to the summary, also from xdist workers
+        for name, missing in NEEDS.items():
+            if item.get_closest_marker(name) is None:
+                continue
+            reason = missing()
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"{name}: {reason}"))
+                break
+
+
+# ------------------------------------------------------------------ fixtures every tier shares
+
 @pytest.fixture
 def cli():
     """Run `python build.py ARGS...` as a user would, and return the completed process."""
 
     def run(*args: str, cwd: Path = ROOT, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = run_cli(*args, cwd=cwd, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"build.py {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
 
     return run
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    """The local Debian base; made by scripts/base-local.sh (debootstrap, root) when it is missing."""
+    if image_id(BASE):
+        return BASE
+    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
+        pytest.skip(f"{BASE} is missing, and making it needs root and debootstrap: run `sudo make base-local` once")
+    subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True, timeout=1800)
+    return BASE
+
+
+@pytest.fixture(scope="session")
+def torch_base(base_image: str, tmp_path_factory) -> str:
+    """The local base with a real CPU torch and numpy (tests/support/gitsource.py), made once."""
+    from tests.support.gitsource import Unavailable, ensure_torch_base
+
+    try:
+        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def git_setup(torch_base: str, tmp_path_factory):
+    """The git-source setup (tests/support/gitsource.py), shared by the git-source and wheel tests, so
+    that the wheel tests find the compile of the same source in BuildKit's cache."""
+    from tests.support.gitsource import GitSource
+
+    setup = GitSource(tmp_path_factory.mktemp("gitsrc"))
+    yield setup
+    setup.stop()
+
+
+@pytest.fixture(scope="session")
+def test_image(base_image: str) -> BuiltImage:
+    """The test variant (real vLLM 0.17.0 wheel, real install-phase mods), built once per session."""
+    proc = run_cli(*build_args("testvllm"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    show = run_cli("--images", str(VARIANTS), "show", "testvllm", "--base", base_image, "--json")
+    plan = json.loads(show.stdout)
+    ident = image_id(plan["tag"])
+    assert ident, f"{plan['tag']} missing after build"
+    return BuiltImage("testvllm", plan["tag"], plan["moving_tag"], ident)
+
+
+# ------------------------------------------------------------------ time per tier, at the end of a run
+
+_tier_time: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    entry = _tier_time.setdefault(dict(report.user_properties).get("tier", "unit"), [0, 0.0])
+    entry[0] += report.when == "call"
+    entry[1] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _tier_time:
+        return
+    parts = [f"{tier} {n} tests {seconds:.0f}s" for tier, (n, seconds) in sorted(_tier_time.items())]
+    terminalreporter.write_line("time per tier (sum of test times): " + ", ".join(parts))

@@ -1,25 +1,12 @@
-"""Helpers of the namespace-cluster tests: the docker tier's fixtures under another name, a test CA, and
-the docker CLI on a host's own engine."""
+"""Helpers of the namespace-cluster tests: a test CA, and the docker CLI on a host's own engine."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-
-# The built test image and the CLI runner are the docker tier's; load them under another name.
-_spec = importlib.util.spec_from_file_location("sparkforge_docker_fixtures", ROOT / "tests" / "docker" / "conftest.py")
-docker_fixtures = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = docker_fixtures  # its dataclasses look their module up there
-_spec.loader.exec_module(docker_fixtures)  # type: ignore[union-attr]
-BASE, VARIANTS, CA, sparkforge = (docker_fixtures.BASE, docker_fixtures.VARIANTS, docker_fixtures.CA,
-                                  docker_fixtures.sparkforge)
 
 REGISTRY_PORT = 5443
 OLD = "sparkforge-test/old:1"

@@ -7,37 +7,20 @@ Skipped, with the reason, where there is no root, `ip netns`, sshd, dockerd or D
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "tests" / "infra"))
-from clusterkit import REGISTRY_PORT, ROOT, docker_fixtures, make_ca  # noqa: E402
-from netns import NetnsCluster, free_subnet, missing  # noqa: E402
-
-base_image = docker_fixtures.base_image
-test_image = docker_fixtures.test_image
-torch_base = docker_fixtures.torch_base
-git_setup = docker_fixtures.git_setup
-# Test modules elsewhere do `from conftest import …`; when this conftest is the one imported under
-# that name (tests/docker and tests/cluster in one run), they find the same names here.
-BASE, CA, VARIANTS, build_args, image_id, sparkforge = (
-    docker_fixtures.BASE, docker_fixtures.CA, docker_fixtures.VARIANTS, docker_fixtures.build_args,
-    docker_fixtures.image_id, docker_fixtures.sparkforge)
-
-
-def pytest_collection_modifyitems(config, items):
-    reason = missing() or docker_fixtures._docker_ok()
-    if reason is None:
-        return
-    for item in items:
-        if str(item.fspath).endswith("tests/cluster/test_cluster.py"):
-            item.add_marker(pytest.mark.skip(reason=f"namespace cluster: {reason}"))
+from tests.cluster.clusterkit import REGISTRY_PORT, make_ca
+from tests.infra.netns import NetnsCluster, free_subnet
+from tests.support.cli import run_cli
+from tests.support.docker import BASE, VARIANTS, BuiltImage, build_args, image_id
+from tests.support.paths import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +72,12 @@ def registry(cluster, cluster_file, tmp_path_factory):
 @pytest.fixture(scope="module")
 def frozen(base_image, tmp_path_factory):
     """The test variant built from a copy of mods/ taken now: edits to mods/ during the run change nothing here."""
-    import json
-    import shutil
-
     mods = tmp_path_factory.mktemp("frozen") / "mods"
     shutil.copytree(ROOT / "mods", mods)
-    proc = sparkforge(*build_args("testvllm", mods=mods))
+    proc = run_cli(*build_args("testvllm", mods=mods))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    show = sparkforge("--images", str(VARIANTS), "--mods", str(mods), "show", "testvllm", "--base", BASE, "--json")
+    show = run_cli("--images", str(VARIANTS), "--mods", str(mods), "show", "testvllm", "--base", BASE, "--json")
     plan = json.loads(show.stdout)
     ident = image_id(plan["tag"])
     assert ident, f"{plan['tag']} missing after build"
-    return mods, docker_fixtures.BuiltImage("testvllm", plan["tag"], plan["moving_tag"], ident)
+    return mods, BuiltImage("testvllm", plan["tag"], plan["moving_tag"], ident)

@@ -17,12 +17,17 @@ import time
 
 import pytest
 
-from clusterkit import BASE, ROOT, VARIANTS, make_stale, node_docker, node_id, sparkforge
-from procs import processes, read_bytes
+from tests.cluster.clusterkit import make_stale, node_docker, node_id
+from tests.support.cli import run_cli as sparkforge
+from tests.support.docker import BASE, VARIANTS
+from tests.support.paths import ROOT
+from tests.infra.procs import processes, read_bytes
 from sparkforge import distribute, stream
 from sparkforge.cluster import resolve_cluster
 from sparkforge.pipeline import LockPolicy, load_plan
 from sparkforge.plan import Layout
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +337,7 @@ def test_deploy_previous_moves_every_node_back_and_status_shows_it(cluster, clus
                                                                    test_image, frozen, tmp_path) -> None:
     import shutil
 
-    from clusterkit import CA
+    from tests.support.paths import CA
 
     first = cli("deploy", "testvllm", "--cluster", str(cluster_file))
     assert first.returncode == 0, first.stdout + first.stderr

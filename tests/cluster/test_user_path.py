@@ -14,16 +14,16 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from clusterkit import ROOT, node_docker
+from tests.cluster.clusterkit import node_docker
+from tests.support.paths import ROOT
+from tests.support.gitsource import VARIANT, GitSource
 
-sys.path.insert(0, str(ROOT / "tests"))
-from gitsource import VARIANT, GitSource  # noqa: E402
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
 USER = os.environ.get("SPARKFORGE_TEST_USER", "sparkforge-user")
 

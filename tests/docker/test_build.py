@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BASE, ROOT, VARIANTS, build_args, image_id, sparkforge
+from tests.support.cli import run_cli as sparkforge
+from tests.support.docker import BASE, VARIANTS, build_args, image_id
+from tests.support.paths import ROOT
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 
 def test_build_smoke_and_tags(test_image) -> None:
@@ -52,6 +56,29 @@ def test_static_tier_passes_and_gpu_tiers_say_why_they_skip(test_image) -> None:
     assert "failed" not in proc.stdout
     if shutil.which("nvidia-smi") is None:
         assert proc.stdout.count("no NVIDIA GPU on this host") == 2
+
+
+def test_static_tier_fails_on_an_image_that_breaks_what_it_checks(test_image, tmp_path) -> None:
+    # The local base has none of the protected packages, so on the image itself that check passes with
+    # nothing to compare: an image derived from it claims that the base had another pip and loses the
+    # torchrun server script, and both checks must fail.
+    broken = f"sparkforge-test/broken-static:{test_image.image_id.split(':')[-1][:12]}"
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {test_image.tag}\n"
+        "RUN python3 -c \"import json; p = '/opt/sparkforge/protect/protected.json'; d = json.load(open(p)); "
+        "d['pip'] = '0.0.1'; json.dump(d, open(p, 'w'))\" && rm /opt/sparkforge/serve_torchrun.py\n")
+    built = subprocess.run(["docker", "buildx", "build", "--load", "--network", "host", "-t", broken, str(tmp_path)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    try:
+        proc = sparkforge("--images", str(VARIANTS), "test", "testvllm", "--base", BASE, "--image", broken,
+                          "--tier", "static")
+    finally:
+        subprocess.run(["docker", "rmi", "-f", broken], capture_output=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if "failed" in line]
+    assert any("base packages not replaced by pip" in line and "pip 0.0.1 ->" in line for line in failed), proc.stdout
+    assert any("torchrun server script" in line for line in failed), proc.stdout
 
 
 def test_second_build_of_the_same_plan_is_fully_cached(test_image) -> None:

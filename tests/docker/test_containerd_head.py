@@ -16,19 +16,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from sparkforge import distribute, push, stream
 from sparkforge.cluster import Node as ClusterNode
 from sparkforge.cluster import Registry as RegistrySpec
 
-sys.path.insert(0, str(ROOT / "tests" / "infra"))
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
 CONTAINERD = {"features": {"containerd-snapshotter": True}}
 TAG, MOVING = "sparkforge-test/ctd-head:1", "sparkforge-test/ctd-head:latest"
@@ -43,7 +41,7 @@ def engines(base_image: str):
     """A containerd-store head with a BuildKit-built image, a classic-store node and a containerd-store node."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         pytest.skip("extra dockerd engines need root and dockerd on PATH")
-    from nodes import start_nodes
+    from tests.infra.nodes import start_nodes
 
     where = tempfile.mkdtemp(prefix="sfh-", dir="/tmp")  # short: unix socket paths max 107 bytes
     started = []

@@ -13,19 +13,20 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import tarfile
 import threading
 
 import pytest
 
-from conftest import BASE, ROOT, VARIANTS, sparkforge
+from tests.support.cli import run_cli as sparkforge
+from tests.support.docker import BASE, VARIANTS
+from tests.support.paths import ROOT
 from sparkforge import distribute, stream
 from sparkforge.cluster import Node as ClusterNode
 from sparkforge.plan import Layout, plan_variant
+from tests.infra.procs import processes, read_bytes
 
-sys.path.insert(0, str(ROOT / "tests" / "infra"))
-from procs import processes, read_bytes  # noqa: E402
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
 OLD = "sparkforge-test/old:1"
 

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, sparkforge
+from tests.support.cli import run_cli as sparkforge
+from tests.support.gitsource import NUMPY, VARIANT, GitSource, ran_steps
 
-sys.path.insert(0, str(ROOT / "tests"))
-from gitsource import NUMPY, VARIANT, GitSource, ran_steps  # noqa: E402
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 
 def _run(*args: str, **kw) -> subprocess.CompletedProcess:

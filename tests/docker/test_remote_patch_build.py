@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
-import fileserver
-import upstream
-from conftest import BASE, ROOT, VARIANTS
+from tests.support import fileserver
+from tests.support import upstream
+from tests.support.docker import BASE, VARIANTS
+from tests.support.paths import ROOT
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 MOD = "colpali-template"
 CHILD = """\

@@ -6,17 +6,19 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import BASE, CA, ROOT, VARIANTS, build_args, image_id, sparkforge
+from tests.support.cli import run_cli as sparkforge
+from tests.support.docker import BASE, CA, VARIANTS, build_args, image_id
 
 from sparkforge.pipeline import LockPolicy, load_plan
 from sparkforge.plan import Layout
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 MANIFEST_ACCEPT = ", ".join([
     "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -114,8 +116,7 @@ def containerd_node():
     """One extra real dockerd with the containerd image store (tests/infra/nodes.py)."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         pytest.skip("an extra dockerd needs root and dockerd on PATH")
-    sys.path.insert(0, str(ROOT / "tests" / "infra"))
-    from nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfr-", dir="/tmp")  # short: unix socket paths max 107 bytes
     started = start_nodes(1, base, daemon_config={"features": {"containerd-snapshotter": True}}, prefix="ctd")

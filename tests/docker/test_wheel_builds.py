@@ -15,17 +15,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.support import fileserver
+from tests.support.gitsource import TORCH_BASE, VARIANT, GitSource, ran_steps
 
-sys.path.insert(0, str(ROOT / "tests"))
-import fileserver  # noqa: E402
-from gitsource import TORCH_BASE, VARIANT, GitSource, ran_steps  # noqa: E402
+pytestmark = [pytest.mark.docker, pytest.mark.network]
 
 PINNED = "testgit-wc"  # testgit with every commit pinned, so that the cache can key it
 ARCH = "testgit-wc-arch"  # the same with another arch list
@@ -107,8 +105,7 @@ def engine(torch_base: str):
     """A second, real dockerd with an empty BuildKit cache: another machine that shares the wheel cache."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         pytest.skip("a second dockerd needs root and dockerd on PATH")
-    sys.path.insert(0, str(ROOT / "tests" / "infra"))
-    from nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfw-", dir="/tmp")
     (node,) = start_nodes(1, base)

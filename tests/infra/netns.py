@@ -27,13 +27,10 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nodes import Node, NodeError, _alive  # noqa: E402
+from tests.infra.nodes import Node, NodeError, _alive
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 2222

@@ -3,21 +3,14 @@
 Skipped where extra daemons cannot run (not root, or no dockerd on PATH).
 """
 
-import os
 import shutil
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
+from tests.infra.nodes import start_nodes, stop_nodes
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nodes import start_nodes, stop_nodes  # noqa: E402
+pytestmark = [pytest.mark.docker, pytest.mark.root]
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("docker") is None,
-    reason="needs root and dockerd on PATH",
-)
 
 
 def test_two_nodes_start_answer_and_stop_clean():

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-import gitserver  # noqa: E402
+from tests.support import gitserver
 
 from sparkforge import gitfetch  # noqa: E402
 from sparkforge.resolve import Unreachable, git_commit  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hoststate
+from tests.support import hoststate
 
 
 def test_tree_digest_sees_content_names_and_links(tmp_path: Path) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,10 +15,11 @@ from sparkforge.config import load_variant
 from sparkforge.pipeline import load_plan
 from sparkforge.plan import Layout, plan_variant
 from sparkforge.render import context_files, render_dockerfile
+from tests.support import golden
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT / "tests" / "golden"
-SHIPPED = sorted(p.stem for p in (ROOT / "images").glob("*.yaml"))
+GOLDEN = golden.GOLDEN
+SHIPPED = golden.shipped()
 LAYOUT = Layout.default()
 
 
@@ -123,20 +121,13 @@ def test_render_command_twice_gives_identical_trees(tmp_path: Path, cli) -> None
 
 @pytest.mark.parametrize("variant", SHIPPED)
 def test_golden_dockerfile(variant: str) -> None:
-    # The plan hash covers the tooling (imagetool, gitfetch) too; the golden file is about the template,
-    # so the hash is masked here (tags and hashes have tests of their own).
-    text = re.sub(r'(io\.sparkforge\.plan-hash=)"[0-9a-f]{64}"', r'\1"<plan hash>"',
-                  render_dockerfile(plan_variant(LAYOUT, variant), LAYOUT))
-    golden = GOLDEN / f"{variant}.Dockerfile"
-    old = golden.read_text() if golden.exists() else ""
-    delta = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), f"{golden.name} (golden)",
-                                         f"{golden.name} (rendered now)"))
-    if os.environ.get("UPDATE_GOLDEN") == "1" and delta:
-        golden.write_text(text)
-        print(f"UPDATE_GOLDEN: rewrote {golden}:\n{delta}")  # shown with pytest -s, and in the test's output
-        return
-    assert golden.exists(), f"no golden file; run UPDATE_GOLDEN=1 pytest {__file__}"
-    assert not delta, f"{variant}: the rendered Dockerfile differs from {golden}:\n{delta}"
+    assert (GOLDEN / f"{variant}.Dockerfile").exists(), f"no golden file for {variant}: run `make golden`"
+    change = golden.delta(variant)
+    assert not change, f"{variant}: the rendered Dockerfile differs from its golden file (if meant: `make golden`):\n{change}"
+
+
+def test_every_golden_file_is_a_shipped_variant() -> None:
+    assert sorted(p.stem for p in GOLDEN.glob("*.Dockerfile")) == SHIPPED
 
 
 @pytest.mark.parametrize("variant", SHIPPED)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import fileserver
-import upstream
+from tests.support import fileserver
+from tests.support import upstream
 from sparkforge import sources
 from sparkforge.config import pr_diff_url
 

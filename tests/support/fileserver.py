@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gitserver import serve_https
+from tests.support.gitserver import serve_https
 
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 

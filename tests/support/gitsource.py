@@ -1,6 +1,6 @@
 """The git-source setup shared by tests/docker/test_git_source.py and bench/rebuild.py.
 
-A git server on loopback (tests/gitserver.py, a test CA) holds the real vLLM 0.17.0 source (from
+A git server on loopback (tests/support/gitserver.py, a test CA) holds the real vLLM 0.17.0 source (from
 the release sdist) under an annotated tag, and a small Python project as a git component. The base
 holds a real CPU torch and numpy; `build.env` sets VLLM_TARGET_DEVICE=empty, so the real
 `pip wheel` of the vLLM tree runs without CUDA. One source-phase mod (tests/mods) edits setup.py
@@ -17,12 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gitserver
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from sparkforge import sources  # noqa: E402
+from sparkforge import sources
+from tests.support import gitserver
+from tests.support.paths import ROOT
 
 TORCH_BASE = "sparkforge-test/base-torch:bookworm"
 NUMPY = "1.24.4"  # older than what the newest scipy needs, so an unconstrained install would upgrade it

@@ -1,0 +1,1 @@
+"""Test infrastructure: extra dockerd nodes, the network-namespace cluster, process finders."""

@@ -1,0 +1,7 @@
+"""Helpers every tier shares, imported as `tests.support.X`.
+
+paths: where things are. cli: one runner of the real command line and one check of a one-line error.
+docker: the engine check, build arguments, image IDs, a local registry. gitserver, gitsource,
+fileserver: real HTTPS servers (git smart HTTP, files). upstream: real vLLM sources for mods.
+hoststate: what the run must leave as it found it.
+"""

@@ -1,0 +1,90 @@
+"""The Docker side of the tests: is an engine there, the arguments of a test build, image IDs, and a
+real registry (Debian's docker-registry, run by scripts/registry.sh) on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.paths import BASE, CA, ROOT, VARIANTS
+
+
+def docker_missing() -> str | None:
+    """Why no Docker engine with buildx can be used here, or None."""
+    try:
+        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no docker CLI or engine: {exc}"
+    if proc.returncode != 0:
+        return "the Docker engine does not answer (start it, or point DOCKER_HOST at one)"
+    return None
+
+
+def build_args(variant: str, *extra: str, images: Path = VARIANTS, mods: Path | None = None) -> list[str]:
+    """`build VARIANT` on the local base, with the CA bundle as a BuildKit secret."""
+    args = ["--images", str(images)]
+    if mods is not None:
+        args += ["--mods", str(mods)]
+    return args + ["build", variant, "--base", BASE, "--ca-cert", CA, *extra]
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    variant: str
+    tag: str
+    moving_tag: str
+    image_id: str
+
+
+def image_id(ref: str) -> str | None:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
+                          text=True, timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Registry:
+    """Debian's docker-registry on 127.0.0.1:port, run by scripts/registry.sh (a real process)."""
+
+    port: int
+    state: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _script(self, action: str) -> subprocess.CompletedProcess:
+        env = dict(os.environ, SPARKFORGE_STATE=str(self.state))
+        return subprocess.run(["bash", str(ROOT / "scripts" / "registry.sh"), action, str(self.port)],
+                              capture_output=True, text=True, env=env, timeout=60)
+
+    def start(self) -> None:
+        proc = self._script("start")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def stop(self) -> None:
+        proc = self._script("stop")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def has_tag(self, repository: str, tag: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.address}/v2/{repository}/tags/list", timeout=5) as resp:
+                return tag in (json.load(resp).get("tags") or [])
+        except OSError:
+            return False
+
+
+__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "docker_missing", "free_port",
+           "image_id"]

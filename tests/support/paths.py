@@ -1,0 +1,12 @@
+"""Where the project and its test inputs are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+MODS = ROOT / "mods"
+VARIANTS = ROOT / "tests" / "variants"
+BASE = "sparkforge/base-local:bookworm"
+CA = "/etc/ssl/certs/ca-certificates.crt"
