@@ -5,6 +5,8 @@ VENV ?= .venv
 VARIANT ?= ng17e
 IMAGES ?= images
 ARGS ?=
+JOBS ?= 3
+UNIT := not network and not docker and not root and not cluster and not gpu
 CLUSTER ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.lock
@@ -37,8 +39,11 @@ list: $(STAMP) ## list the variants
 check-mods: $(STAMP) ## prove every mod of every variant applies to its real source
 	$(BUILD) check-mods --all $(ARGS)
 
-test: $(STAMP) ## run the whole test suite; tests whose needs this machine lacks skip with the reason
-	$(PY) -m pytest -q tests $(ARGS)
+test: $(STAMP) ## run the whole test suite; tests whose needs this machine lacks skip with the reason (JOBS=3 workers)
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup tests $(ARGS)
+
+test-unit: $(STAMP) ## the pure tier only: no network, no Docker, no root (seconds, not minutes)
+	$(PY) -m pytest -q -n $(JOBS) tests -m "$(UNIT)" $(ARGS)
 
 golden: $(STAMP) ## rewrite tests/golden from what the template renders now, printing the diff
 	$(PY) -m tests.support.golden

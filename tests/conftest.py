@@ -81,6 +81,7 @@ def _gpu_missing() -> str | None:
 
 # A test's tier, for the summary: the first of its markers in this order, else unit.
 TIERS = ("gpu", "cluster", "docker", "root", "network")
+ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _root_missing,
          "cluster": _cluster_missing, "gpu": _gpu_missing}
 
@@ -89,6 +90,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = next((t for t in TIERS if item.get_closest_marker(t)), "unit")
         item.user_properties.append(("tier", tier))  # reports carry it to the summary, also from xdist workers
+        if tier in ENGINE_TIERS:
+            # One xdist worker runs every test that uses the engine, in order, so the images, daemons and
+            # namespaces they share are made once; the other workers take the rest (`make test`).
+            item.add_marker(pytest.mark.xdist_group("engine"))
         for name, missing in NEEDS.items():
             if item.get_closest_marker(name) is None:
                 continue

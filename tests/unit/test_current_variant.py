@@ -15,6 +15,9 @@ from sparkforge.config import load_mod
 from sparkforge.outdated import outdated
 from sparkforge.plan import Layout, Mod, digest_tree, plan_variant
 
+# Real vLLM sources: release sdists from the package index (cached after the first run).
+pytestmark = pytest.mark.network
+
 LAYOUT = Layout.default()
 VARIANT = "ng030"
 # Left out of ng030 because vLLM 0.30.0 has upstream's own fix; each mod's description says where.

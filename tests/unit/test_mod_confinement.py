@@ -286,6 +286,7 @@ def test_a_patcher_that_raises_exits_or_hangs_fails_with_its_reason(name: str, t
     assert (root / "vllm" / "__init__.py").read_text() == "untouched\n"
 
 
+@pytest.mark.network  # a real vLLM release from the package index
 def test_a_hanging_patcher_in_check_mods_fails_in_time_and_leaves_no_scratch(tmp_path: Path) -> None:
     spec = spec_for("patcher", patcher="patcher.py")
     images, mods = make_project(tmp_path, spec, {"patcher.py": BAD_PATCHERS["loops"][0]})
@@ -301,6 +302,7 @@ def test_a_hanging_patcher_in_check_mods_fails_in_time_and_leaves_no_scratch(tmp
     assert list(work.iterdir()) == []
 
 
+@pytest.mark.network  # a real vLLM release from the package index
 def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> None:
     tree = sources.release_tree("vllm", "0.17.0")
     root = tmp_path / "root"

@@ -25,6 +25,9 @@ from sparkforge.checkmods import apply_in_scratch, applies_ranges, matrix
 from sparkforge.config import load_mod
 from sparkforge.plan import Layout, Mod, digest_tree, plan_variant
 
+# Real vLLM sources: release sdists from the package index (cached after the first run).
+pytestmark = pytest.mark.network
+
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = Layout.default()
 VLLM_MODS = ["uf17-eager-allreduce", "fix-qwen35-tp4-marlin"]

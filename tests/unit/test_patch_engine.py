@@ -289,6 +289,7 @@ def _unclear_deletion(diff: bytes, new: bytes) -> bool:
     return False
 
 
+@pytest.mark.network  # a real vLLM release from the package index
 def test_engine_agrees_with_git_apply_on_edits_of_real_vllm_files(vllm_files: list[bytes]) -> None:
     tally = Tally()
     @settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -22,6 +22,9 @@ from tests.support import upstream
 from sparkforge import sources
 from sparkforge.config import pr_diff_url
 
+# Real vLLM sources: release sdists from the package index (cached after the first run).
+pytestmark = pytest.mark.network
+
 ROOT = Path(__file__).resolve().parents[2]
 MOD = "colpali-template"
 

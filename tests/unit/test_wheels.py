@@ -300,6 +300,7 @@ def test_wheels_prune_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
 
 
+@pytest.mark.network  # a real vLLM release from the package index
 def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path: Path, monkeypatch) -> None:
     """A wheel holding the real vLLM 0.17.0 package (from the release sdist): the ng17 install mods apply to it."""
     from sparkforge import sources
