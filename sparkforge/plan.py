@@ -165,6 +165,8 @@ class Plan:
     tooling_digest: str
     # Compute capabilities ("12.1") every CUDA extension in the image must hold code for.
     gpus: tuple[str, ...] = ()
+    # Extensions no listed GPU needs (vLLM loads them only on others), with the recipe's reason.
+    kernels_not_needed: tuple[tuple[str, str], ...] = ()
     tool_version: str = __version__
     # From a lock file (sparkforge/lock.py): every installed package's version, as pip
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
@@ -361,6 +363,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         mods=tuple(mods),
         tooling_digest=digest_files(layout.template, layout.imagetool, layout.gitfetch, layout.kernels),
         gpus=tuple(data.gpus) if data.gpus else gpus_of(build.torch_cuda_arch_list),
+        kernels_not_needed=tuple(sorted((k, v) for k, v in (data.kernels_not_needed or {}).items() if v is not None)),
     )
     return rehash(plan)
 

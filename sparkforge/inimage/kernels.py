@@ -248,9 +248,16 @@ def distribution_files(name: str) -> list[Path]:
     return sorted(found)
 
 
-def scan(paths: list[Path], gpus: list[str]) -> dict:
+def exempt(path: str, not_needed: list[str]) -> bool:
+    """Whether an extension is one the recipe says no listed GPU needs: `_vllm_fa3_C` names
+    `.../_vllm_fa3_C.abi3.so` (its file name up to the first dot)."""
+    return Path(path).name.split(".", 1)[0] in not_needed
+
+
+def scan(paths: list[Path], gpus: list[str], not_needed: list[str] = ()) -> dict:
     """The kernel record of these files, for these GPUs: per extension its cubins and PTX; files
-    without device code are only counted; a file that cannot be read is listed with the reason."""
+    without device code are only counted; a file that cannot be read is listed with the reason.
+    `not_needed` names extensions that vLLM loads only on other GPUs (the recipe's kernels_not_needed)."""
     extensions, without = [], 0
     for path in dict.fromkeys(paths):
         try:
@@ -265,7 +272,8 @@ def scan(paths: list[Path], gpus: list[str]) -> dict:
                            "cubins": [t.name for t in targets if t.kind == "cubin"],
                            "ptx": [t.name for t in targets if t.kind == "ptx"],
                            "error": None})
-    return {"format": FORMAT, "gpus": list(gpus), "extensions": extensions, "without_device_code": without}
+    return {"format": FORMAT, "gpus": list(gpus), "not_needed": sorted(not_needed), "extensions": extensions,
+            "without_device_code": without}
 
 
 def verdicts(ext: dict, gpus: list[str]) -> dict[str, str | None]:
@@ -294,8 +302,12 @@ def check(record: dict, gpus: list[str] | None = None) -> list[tuple[str, str, s
             continue
         runs = verdicts(ext, gpus)
         missing = [g for g, target in runs.items() if target is None]
-        if missing:
-            have = ", ".join(ext["cubins"] + ext["ptx"])
+        have = ", ".join(ext["cubins"] + ext["ptx"])
+        if missing and exempt(path, record.get("not_needed") or []):
+            checks.append((f"kernels {path}", "skipped",
+                           f"no kernel for GPU {', '.join(missing)} (it holds {have}); not needed: "
+                           "listed in the recipe's kernels_not_needed"))
+        elif missing:
             checks.append((f"kernels {path}", "failed",
                            f"no kernel for GPU {', '.join(missing)} (it holds {have})"))
         else:
@@ -332,7 +344,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kernels scan: --gpu: {exc}", file=sys.stderr)
         return 2
-    record = scan(paths, args.gpu)
+    record = scan(paths, args.gpu, args.not_needed)
     write_json(Path(args.out), record)
     bad = [e for e in record["extensions"] if e["error"]]
     print(f"kernels: {len(record['extensions']) - len(bad)} extensions with device code, "
@@ -366,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("roots", nargs="*", metavar="ROOT")
     p.add_argument("--dist", action="append", default=[], help="an installed Python distribution's libraries")
     p.add_argument("--gpu", action="append", default=[], help="a compute capability the image is for (12.1)")
+    p.add_argument("--not-needed", action="append", default=[], metavar="NAME",
+                   help="an extension no listed GPU needs (its file name up to the first dot)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_scan)
     p = sub.add_parser("check", help="check every recorded extension against the GPUs; one JSON line per check")
