@@ -134,7 +134,7 @@ def kernels_table(kernels: dict) -> Table:
 
     gpus = list(kernels.get("gpus") or [])
     table = _table("extension", "SASS", "PTX", *(f"GPU {g}" for g in gpus),
-                   title=f"CUDA extensions ({kernels.get('without_device_code', 0)} other libraries hold no device code)")
+                   title=f"CUDA extensions (shared libraries without device code: {kernels.get('without_device_code', 0)})")
     for ext in kernels.get("extensions", []):
         path = ext["path"]
         short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
