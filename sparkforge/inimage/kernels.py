@@ -41,8 +41,8 @@ FLAG_FAMILY = 0x200000          # sm_120f / compute_120f
 FLAG_COMPRESSED = 0x2000 | 0x8000
 
 PLAIN, ARCH_SPECIFIC, FAMILY, UNKNOWN = "", "a", "f", "?"
-GPU_RE = re.compile(r"\A(\d+)\.(\d+)\Z")
-TARGET_RE = re.compile(r"\A(sm|compute)_(\d+)([af?]?)\Z")
+GPU_RE = re.compile(r"\A([0-9]+)\.([0-9]+)\Z")
+TARGET_RE = re.compile(r"\A(sm|compute)_([0-9]+)([af?]?)\Z")
 
 
 class FatbinError(ValueError):

@@ -242,3 +242,19 @@ def test_scan_refuses_bad_input_in_one_line(tmp_path):
     assert not out.exists()
     no_record = _run("check", "--home", str(tmp_path))
     assert no_record.returncode == 1 and json.loads(no_record.stdout)["state"] == "failed"
+
+
+def test_the_table_shows_archs_and_a_verdict_per_gpu():
+    from rich.console import Console
+
+    from sparkforge.views import kernels_table
+
+    paths = [FIXTURES / "sm120a.so", FIXTURES / "mixed_compressed.so", FIXTURES / "sm90.so"]
+    record = kernels.scan(paths, ["12.1", "9.0"], ["sm90"])
+    console = Console(width=200, record=True)
+    console.print(kernels_table(record))
+    rows = {line.split()[0].rsplit("/", 1)[-1]: line.split() for line in console.export_text().splitlines()
+            if ".so" in line}
+    assert rows["sm120a.so"][1:] == ["120a", "-", "NONE", "NONE"]
+    assert rows["mixed_compressed.so"][1:] == ["90", "120a", "120f", "121a", "80", "sm_121a", "sm_90"]
+    assert rows["sm90.so"][1:] == ["90", "-", "not", "needed", "sm_90"]
