@@ -345,7 +345,11 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         print(f"kernels scan: --gpu: {exc}", file=sys.stderr)
         return 2
     record = scan(paths, args.gpu, args.not_needed)
-    write_json(Path(args.out), record)
+    try:
+        write_json(Path(args.out), record)
+    except OSError as exc:
+        print(f"kernels scan: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     bad = [e for e in record["extensions"] if e["error"]]
     print(f"kernels: {len(record['extensions']) - len(bad)} extensions with device code, "
           f"{record['without_device_code']} libraries without, {len(bad)} unreadable -> {args.out}")

@@ -240,6 +240,9 @@ def test_scan_refuses_bad_input_in_one_line(tmp_path):
     for proc in (missing, bad_gpu):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+    (tmp_path / "file").write_text("")
+    unwritable = _run("scan", str(FIXTURES / "sm90.so"), "--out", str(tmp_path / "file" / "k.json"))
+    assert unwritable.returncode == 1 and unwritable.stderr.count("\n") == 1 and "cannot write" in unwritable.stderr
     no_record = _run("check", "--home", str(tmp_path))
     assert no_record.returncode == 1 and json.loads(no_record.stdout)["state"] == "failed"
 
