@@ -17,7 +17,7 @@ from rich.console import Console
 # typer's bundled click: its usage errors become one line like every other bad input.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from . import __version__, pipeline, views
+from . import __version__, archlist, pipeline, views
 from .config import list_variants
 from .errors import ConfigError, SparkforgeError
 from .pipeline import LoadedPlan, LockPolicy, load_plan
@@ -130,6 +130,8 @@ def show(
         sys.stdout.write(loaded.plan.to_json())
         return
     _emit(views.plan_lines(loaded))
+    for warning in archlist.plan_warnings(loaded.plan):
+        err.print(f"warning: {loaded.plan.recipe_files[0]}: {warning}", markup=False)
 
 
 @app.command()
@@ -250,8 +252,15 @@ def test_cmd(
     model: str = typer.Option(DEFAULT_SERVE_MODEL, "--model", help="Small model for the serve tier."),
 ) -> None:
     """Run smoke tiers inside a built image. GPU tiers skip, with the reason, where there is no GPU."""
-    results = pipeline.test_variant(_plan(variant, base), tier, image=image, model=model)
+    plan = _plan(variant, base)
+    results = pipeline.test_variant(plan, tier, image=image, model=model)
     out.print(views.smoke_table(results))
+    if "static" in tier:
+        from .inspect import read_record
+
+        kernels = read_record(image or plan.tag)[0].get("kernels")
+        if kernels:
+            out.print(views.kernels_table(kernels))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
@@ -267,6 +276,8 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
         sys.stdout.write(json.dumps({"record": record, "labels": labels}, indent=2, sort_keys=True) + "\n")
         return
     _emit(views.record_lines(image, record, labels))
+    if record.get("kernels"):
+        out.print(views.kernels_table(record["kernels"]))
 
 
 # ---------------------------------------------------------------- distribute: push, deploy, status (cli_cluster.py)

@@ -34,6 +34,10 @@ TAG_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
 ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.,:;/=+@%-]*\Z")
+# A compute capability, as `nvidia-smi --query-gpu=compute_cap` prints it: 12.1 for a GB10.
+GPU_RE = re.compile(r"\A[0-9]+\.[0-9]+\Z")
+# A CUDA extension by its file name up to the first dot: _vllm_fa3_C for _vllm_fa3_C.abi3.so.
+EXTENSION_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_-]{0,99}\Z")
 ARCH_LIST_RE = re.compile(r"\A[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*\Z")
 ABS_PATH_RE = re.compile(r"\A(/[A-Za-z0-9._-]+)+\Z")
 REL_PATH_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*\Z")
@@ -139,6 +143,8 @@ Package = _matching(PKG_RE, "pip package name")
 EnvName = _matching(ENV_NAME_RE, "environment variable name")
 EnvValue = _matching(ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")
 ArchList = _matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")
+Gpu = _matching(GPU_RE, "compute capability such as '12.1'")
+Extension = _matching(EXTENSION_RE, "extension name such as _vllm_fa3_C (its file name up to the first dot)")
 AbsPath = _path(ABS_PATH_RE, "absolute path")
 RelPath = _path(REL_PATH_RE, "relative path")
 ModPath = Annotated[str, AfterValidator(check_path)]
@@ -233,8 +239,21 @@ class RecipeFile(Strict):
     components: dict[Name, Union[ComponentSpec, None]] | None = None
     protect: list[Package] | None = None
     build: BuildSpec | None = None
+    # The GPUs (compute capabilities) the image is for; every CUDA extension must hold code they run.
+    gpus: list[Gpu] | None = None
+    # Extensions that vLLM loads only on other GPUs than those, each with the reason.
+    kernels_not_needed: dict[Extension, Union[Text, None]] | None = None
     env: dict[EnvName, Union[EnvValue, None]] | None = None
     mods: Union[list[Name], ModChanges, None] = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_once(cls, v: Any) -> Any:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("a GPU is listed twice")
+        if v is not None and not v:
+            raise ValueError("list at least one GPU, or leave gpus out to take them from build.torch_cuda_arch_list")
+        return v
 
     @field_validator("mods")
     @classmethod

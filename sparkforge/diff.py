@@ -28,7 +28,7 @@ Entries = tuple[tuple[str, "str | None"], ...]
 
 # The fields of a plan's identity that the named sections above show; `other` shows the rest.
 _SHOWN = {"image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods",
-          "tooling_digest", "tool_version", "source_date_epoch", "pins"}
+          "tooling_digest", "tool_version", "source_date_epoch", "pins", "gpus", "kernels_not_needed"}
 # What names the variant rather than what is in it: every two variants differ there.
 _NAMING = {"variant", "chain"}
 
@@ -140,6 +140,18 @@ def _build(arch: str | None, max_jobs: Any, nvcc: Any, env: Any, epoch: int | No
     return tuple(out)
 
 
+def _kernels(gpus: Any, not_needed: Any) -> Entries:
+    """The kernel check's inputs: the GPUs, and the extensions not needed (names, then each reason;
+    a build record keeps the names only, so its reasons are not known)."""
+    out: list[tuple[str, str | None]] = [("gpus", None if gpus is None else " ".join(gpus))]
+    if not_needed is not None:
+        out.append(("kernels_not_needed", " ".join(name for name, _ in not_needed) or "none"))
+        out += [(f"kernels_not_needed {name}", reason) for name, reason in not_needed]
+    else:
+        out.append(("kernels_not_needed", None))
+    return tuple(out)
+
+
 def _other(plan: Plan) -> Entries:
     identity = plan.identity()
     return tuple((key, json.dumps(identity[key], sort_keys=True)) for key in sorted(identity)
@@ -176,7 +188,8 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
                                  if x) if v.wheel else "none")),
         components=tuple(comps),
         protect=_names(plan.protect),
-        build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch),
+        build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch)
+        + _kernels(plan.gpus, plan.kernels_not_needed),
         env=tuple(plan.env),
         mods=tuple((m.name, m.digest) for m in plan.mods),
         tooling=(("template and tools", plan.tooling_digest), ("sparkforge", plan.tool_version)),
@@ -215,7 +228,7 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
               ("wheel", None)),
         components=tuple(comps),
         protect=_names(lock.protect),
-        build=_build(None, None, None, None, lock.source_date_epoch),
+        build=_build(None, None, None, None, lock.source_date_epoch) + _kernels(None, None),
         env=None,
         mods=lock.mods,
         tooling=None,
@@ -259,7 +272,9 @@ def from_record(image: str, record: dict[str, Any]) -> Snapshot:
         components=tuple(comps),
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),
-                     record.get("source_date_epoch")),
+                     record.get("source_date_epoch"))
+        + _kernels((record.get("kernels") or {}).get("gpus"),
+                   [(n, None) for n in record["kernels"].get("not_needed", [])] if record.get("kernels") else None),
         env=tuple((k, val) for k, val in record.get("env", [])),
         mods=tuple((m["name"], m["digest"]) for m in record["mods"]),
         tooling=(("template and tools", None), ("sparkforge", record.get("tool_version"))),

@@ -831,6 +831,7 @@ def write_record(home: Path) -> dict:
         "python": sys.version.split()[0],
         "tool_version": plan["tool_version"],
         "unpinned": plan["unpinned"],
+        "kernels": json.loads((home / "record" / "kernels.json").read_text()) if (home / "record" / "kernels.json").exists() else None,
     }
     (home / "build-record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

@@ -280,7 +280,9 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
         static = run_static(result.image_id)
         on_smoke(static)
         if not static.ok:
-            raise BuildError(f"static smoke tier failed; image left as {keep_candidate(result)}; "
+            first = next(c for c in static.checks if c.state == "failed")
+            raise BuildError(f"static smoke tier failed ({first.name}: {first.detail}); image left as "
+                             f"{keep_candidate(result)}; "
                              f"{kept_message(plan, now[plan.moving_tag])}", field=plan.variant)
     return BuildOutcome(result, static, already, tuple(promote(result, now)), note)
 

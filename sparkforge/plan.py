@@ -47,6 +47,8 @@ class Layout:
     template: Path
     imagetool: Path
     gitfetch: Path
+    # The fat-binary reader that records and checks the image's CUDA kernels.
+    kernels: Path = Path(__file__).resolve().parent / "inimage" / "kernels.py"
 
     @classmethod
     def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
@@ -161,6 +163,10 @@ class Plan:
     env: tuple[tuple[str, str], ...]
     mods: tuple[Mod, ...]
     tooling_digest: str
+    # Compute capabilities ("12.1") every CUDA extension in the image must hold code for.
+    gpus: tuple[str, ...] = ()
+    # Extensions no listed GPU needs (vLLM loads them only on others), with the recipe's reason.
+    kernels_not_needed: tuple[tuple[str, str], ...] = ()
     tool_version: str = __version__
     # From a lock file (sparkforge/lock.py): every installed package's version, as pip
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
@@ -355,9 +361,17 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         build=build,
         env=tuple(sorted(env.items())),
         mods=tuple(mods),
-        tooling_digest=digest_files(layout.template, layout.imagetool, layout.gitfetch),
+        tooling_digest=digest_files(layout.template, layout.imagetool, layout.gitfetch, layout.kernels),
+        gpus=tuple(data.gpus) if data.gpus else gpus_of(build.torch_cuda_arch_list),
+        kernels_not_needed=tuple(sorted((k, v) for k, v in (data.kernels_not_needed or {}).items() if v is not None)),
     )
     return rehash(plan)
+
+
+def gpus_of(arch_list: str) -> tuple[str, ...]:
+    """The compute capabilities a TORCH_CUDA_ARCH_LIST names: '12.0a;12.1a' -> ('12.0', '12.1')."""
+    caps = (re.sub(r"[af]?(\+PTX)?\Z", "", arch) for arch in arch_list.split(";"))
+    return tuple(dict.fromkeys(caps))
 
 
 def rehash(plan: Plan) -> Plan:

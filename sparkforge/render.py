@@ -75,6 +75,9 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         cutlass_dest=cutlass.dest if cutlass else None,
         source_mods=plan.mods_in("source"),
         install_mods=plan.mods_in("install"),
+        # What the kernel scan reads: the installed distributions' libraries, and the git components' trees.
+        scan_dists=["vllm"] + [c.package.split("[")[0] for c in plan.components if c.kind == "pip"],
+        scan_roots=[c.dest for c in plan.components if c.kind == "git"],
         mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),
     )
     # Collapse runs of blank lines left by template conditionals.
@@ -95,6 +98,7 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
         "plan.json": plan.to_json().encode(),
         "sparkforge/imagetool.py": layout.imagetool.read_bytes(),
         "sparkforge/gitfetch.py": layout.gitfetch.read_bytes(),
+        "sparkforge/inimage/kernels.py": layout.kernels.read_bytes(),
         MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
     }
     if plan.pins:

@@ -23,6 +23,7 @@ from .errors import BuildError
 
 TIERS = ("static", "gpu", "serve")
 DEFAULT_SERVE_MODEL = "Qwen/Qwen3-0.6B"
+KERNELS_TOOL = "/opt/sparkforge/kernels.py"
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,12 @@ def _gpu_tier_reason(image: str) -> str | None:
     return gpu_missing_reason() or image_cuda_reason(image)
 
 
-def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: float = 600,
+                  tool: str = "/opt/sparkforge/imagetool.py") -> subprocess.CompletedProcess:
     cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
     if gpu:
         cmd += ["--gpus", "all"]
-    cmd += [image, "/opt/sparkforge/imagetool.py", *args]
+    cmd += [image, tool, *args]
     return dockercli.run(cmd, what=f"docker run {' '.join(args[:3])}", timeout=timeout, check=False)
 
 
@@ -97,7 +99,13 @@ def _parse(proc: subprocess.CompletedProcess) -> tuple[Check, ...]:
 
 
 def run_static(image: str) -> TierResult:
-    return TierResult("static", _parse(_run_in_image(image, ["smoke", "--tier", "static"])))
+    """The static tier: imagetool's checks, then every CUDA extension against the plan's GPUs."""
+    checks = _parse(_run_in_image(image, ["smoke", "--tier", "static"]))
+    kernels = _run_in_image(image, ["check", "--home", "/opt/sparkforge"], tool=KERNELS_TOOL)
+    if kernels.returncode != 0 and "can't open file" in kernels.stderr and KERNELS_TOOL in kernels.stderr:
+        skipped = Check("kernels", "skipped", f"the image has no {KERNELS_TOOL} (built before the kernel check)")
+        return TierResult("static", (*checks, skipped))
+    return TierResult("static", (*checks, *_parse(kernels)))
 
 
 def run_gpu(image: str) -> TierResult:

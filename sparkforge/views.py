@@ -73,6 +73,8 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
                        f"NVCC_THREADS={b.nvcc_threads}"))
     lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
+    lines.append(_line(f"  gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"))
+    lines += [_line(f"  not needed  {name}: {reason}") for name, reason in plan.kernels_not_needed]
     lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
     lines += [_line(f"  env         {k}={val}") for k, val in plan.env]
     lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}"
@@ -122,6 +124,28 @@ def smoke_table(results: Iterable[Any]) -> Table:
         for c in res.checks:
             name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
             table.add_row(res.tier, Text(name), _styled(c.state, CHECK_STYLE[c.state]), Text(c.detail))
+    return table
+
+
+def kernels_table(kernels: dict) -> Table:
+    """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
+    what it runs there (a cubin, or PTX it must JIT-compile) or NONE."""
+    from .inimage.kernels import exempt, verdicts
+
+    gpus = list(kernels.get("gpus") or [])
+    table = _table("extension", "SASS", "PTX", *(f"GPU {g}" for g in gpus),
+                   title=f"CUDA extensions (shared libraries without device code: {kernels.get('without_device_code', 0)})")
+    for ext in kernels.get("extensions", []):
+        path = ext["path"]
+        short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
+        runs = verdicts(ext, gpus)
+        missing = ("not needed", "yellow") if exempt(path, kernels.get("not_needed") or []) else ("NONE", "bold red")
+        cells = [_styled(t, "green") if t else _styled(*missing) for t in runs.values()]
+        sass = " ".join(n.removeprefix("sm_") for n in ext["cubins"]) or "-"
+        ptx = " ".join(n.removeprefix("compute_") for n in ext["ptx"]) or "-"
+        if ext.get("error"):
+            sass, ptx = "unreadable", ext["error"]
+        table.add_row(Text(short), Text(sass), Text(ptx), *cells)
     return table
 
 

@@ -91,6 +91,10 @@ COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
 RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
 COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
 RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/02-serve-torchrun.json
+# The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
+# the static smoke tier checks against the plan's GPUs before any tag moves.
+COPY sparkforge/inimage/kernels.py /opt/sparkforge/kernels.py
+RUN python3 /opt/sparkforge/kernels.py scan --gpu 12.1 --dist vllm --dist flashinfer-python /opt/cutlass --out /opt/sparkforge/record/kernels.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json

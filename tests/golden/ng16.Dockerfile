@@ -101,6 +101,10 @@ RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
 RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
 RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+# The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
+# the static smoke tier checks against the plan's GPUs before any tag moves.
+COPY sparkforge/inimage/kernels.py /opt/sparkforge/kernels.py
+RUN python3 /opt/sparkforge/kernels.py scan --gpu 12.0 --gpu 12.1 --dist vllm /opt/cutlass /opt/src/transformers --out /opt/sparkforge/record/kernels.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json

@@ -54,6 +54,9 @@ ONE_FIELD = {
     "component pip_install": ("components: {cutlass: {pip_install: true}}", "components",
                               "+ cutlass.pip_install yes"),
     "mod removed": ("mods: {remove: [serve-torchrun]}", "mods", "- serve-torchrun sha256:"),
+    "gpus": ("gpus: ['12.1']", "build", "~ gpus: 12.0 12.1 -> 12.1"),
+    "kernels not needed": ("kernels_not_needed: {_vllm_fa3_C: Hopper only}", "build",
+                           "~ kernels_not_needed: none -> _vllm_fa3_C"),
 }
 
 
@@ -117,8 +120,8 @@ SKIP = {"variant", "chain", "recipe_files", "description", "plan_hash", "spec", 
 NOT_OF_PYPI = {"repo", "ref", "commit"}
 # Tuples of the plan, by what they hold.
 ITEMS = {"components", "mods"}
-PAIRS = {"env", "pins"}
-NAMES = {"os_packages", "protect"}
+PAIRS = {"env", "pins", "kernels_not_needed"}
+NAMES = {"os_packages", "protect", "gpus"}
 NOT_OF_KIND = {"pip": {"repo", "ref", "commit", "dest", "pip_install"}, "git": {"package", "version"}}
 
 

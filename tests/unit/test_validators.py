@@ -27,6 +27,8 @@ TYPES = {
     "EnvName": (config.EnvName, config.ENV_NAME_RE),
     "EnvValue": (config.EnvValue, config.ENV_VALUE_RE),
     "ArchList": (config.ArchList, config.ARCH_LIST_RE),
+    "Gpu": (config.Gpu, config.GPU_RE),
+    "Extension": (config.Extension, config.EXTENSION_RE),
     "AbsPath": (config.AbsPath, config.ABS_PATH_RE),
     "RelPath": (config.RelPath, config.REL_PATH_RE),
     "ModPath": (config.ModPath, config.REL_PATH_RE),

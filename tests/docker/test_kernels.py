@@ -1,0 +1,72 @@
+"""The kernel check on a real build: the vLLM 0.17.0 release wheel's fat binaries are read in the
+image, recorded, and checked against the recipe's GPUs before any tag moves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import run_cli as sparkforge
+from tests.support.docker import BASE, VARIANTS, build_args, image_id
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+
+def _by_name(record: dict) -> dict[str, dict]:
+    return {Path(e["path"]).name: e for e in record["kernels"]["extensions"]}
+
+
+def test_the_record_holds_each_extensions_archs(test_image) -> None:
+    proc = sparkforge("inspect", test_image.tag, "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)["record"]
+    assert record["kernels"]["gpus"] == ["12.1"]
+    exts = _by_name(record)
+    # As the wheel holds them (kernels.py on the downloaded wheel, cuobjdump 13.5 agrees bar the f).
+    assert exts["_C.abi3.so"]["cubins"] == ["sm_52", "sm_70", "sm_75", "sm_80", "sm_89", "sm_90", "sm_90a",
+                                            "sm_100", "sm_100a", "sm_120", "sm_120a"]
+    assert exts["_C.abi3.so"]["ptx"] == ["compute_52", "compute_80", "compute_89", "compute_90"]
+    assert exts["_vllm_fa3_C.abi3.so"]["cubins"] == ["sm_90a"]
+    assert exts["_flashmla_C.abi3.so"]["cubins"] == ["sm_90a", "sm_100f"]
+    assert exts["_vllm_fa2_C.abi3.so"]["ptx"] == ["compute_80"]
+    assert "cumem_allocator.abi3.so" not in exts and record["kernels"]["without_device_code"] >= 1
+    assert all(e["path"].startswith("/") and e["error"] is None for e in exts.values())
+    text = sparkforge("inspect", test_image.tag).stdout
+    assert "GPU 12.1" in text and "not needed" in text and "sm_120" in text
+
+
+def test_the_static_tier_checks_every_extension(test_image) -> None:
+    proc = sparkforge("--images", str(VARIANTS), "test", "testvllm", "--base", BASE, "--tier", "static")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("static") and "kernels" in line]
+    assert any("_C.abi3.so" in r and " ok " in r and "12.1: sm_120" in r for r in rows), rows
+    assert any("_vllm_fa3_C.abi3.so" in r and "skipped" in r for r in rows), rows
+
+
+def test_a_gpu_the_wheel_does_not_cover_fails_before_any_tag_moves(test_image, tmp_path: Path) -> None:
+    """Without the recipe's word that FlashAttention 3 is not needed, its sm_90a alone fails GPU 12.1."""
+    images = tmp_path / "images"
+    shutil.copytree(VARIANTS, images)
+    (images / "testvllm-fa3.yaml").write_text(
+        "extends: testvllm\n"
+        "description: testvllm with FlashAttention 3 required on 12.1 (test variant)\n"
+        "kernels_not_needed: {_vllm_fa3_C: null}\n")
+    plan = json.loads(sparkforge("--images", str(images), "show", "testvllm-fa3", "--base", BASE, "--json").stdout)
+    # The moving tag points at a good image before the build; it must still point there after.
+    subprocess.run(["docker", "tag", test_image.tag, plan["moving_tag"]], check=True)
+    try:
+        proc = sparkforge(*build_args("testvllm-fa3", images=images))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "static smoke tier failed (kernels /" in last and "_vllm_fa3_C.abi3.so" in last, last
+        assert "no kernel for GPU 12.1 (it holds sm_90a)" in last, last
+        assert f"{plan['moving_tag']} still points to {test_image.image_id[:19]}" in last, last
+        assert "Traceback" not in proc.stderr
+        assert image_id(plan["moving_tag"]) == test_image.image_id
+        assert image_id(plan["tag"]) is None
+    finally:
+        subprocess.run(["docker", "rmi", plan["moving_tag"], plan["tag"] + "-candidate"], capture_output=True)
