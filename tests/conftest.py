@@ -86,14 +86,24 @@ NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _
          "cluster": _cluster_missing, "gpu": _gpu_missing}
 
 
+# Tests that use the engine run in two xdist groups, each on one worker and in order, so that what a
+# group's modules share (images, daemons, namespaces) is made once per worker: the tests that move
+# images between hosts, and the tests that build. Both may build the test image; BuildKit serves the
+# second from its cache. The other workers take the rest (`make test`).
+HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
+
+
+def _engine_group(item) -> str:
+    path = item.path.relative_to(ROOT).as_posix()
+    return "engine-hosts" if path.startswith(HOSTS_GROUP) else "engine-builds"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = next((t for t in TIERS if item.get_closest_marker(t)), "unit")
         item.user_properties.append(("tier", tier))  # reports carry it to the summary, also from xdist workers
         if tier in ENGINE_TIERS:
-            # One xdist worker runs every test that uses the engine, in order, so the images, daemons and
-            # namespaces they share are made once; the other workers take the rest (`make test`).
-            item.add_marker(pytest.mark.xdist_group("engine"))
+            item.add_marker(pytest.mark.xdist_group(_engine_group(item)))
         for name, missing in NEEDS.items():
             if item.get_closest_marker(name) is None:
                 continue
