@@ -120,5 +120,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       io.sparkforge.chain="ng16" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="streaming-tool-calls@e903cf0841c3,mtp-nvfp4-exclusion@15c2aa2e7cb3,uf17-eager-allreduce@3c6bd3b8967f" \
+      io.sparkforge.mods="streaming-tool-calls@91d651e9ee76,mtp-nvfp4-exclusion@15c2aa2e7cb3,uf17-eager-allreduce@3c6bd3b8967f" \
       io.sparkforge.tool-version="0.1.0"
