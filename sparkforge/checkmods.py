@@ -216,3 +216,106 @@ def applies_ranges(cells: list[MatrixCell], mod: str) -> list[tuple[str, str]]:
     if start:
         runs.append((start, last or start))
     return runs
+
+
+# ------------------------------------------------------------------ env names the release reads
+
+READ = "read"  # a Row state of the env check: some .py file of the vllm package reads the name
+
+# The namespace of vLLM's own settings: a name in it that vLLM does not read is a mistake. A name
+# outside it may be meant for another program in the image (NCCL, CUDA, PyTorch), which this
+# check cannot see into, so such a name is reported unverified instead of failed.
+VLLM_PREFIX = "VLLM_"
+
+
+def env_origins(plan: Plan) -> dict[str, str]:
+    """Each runtime env name of a variant, with where it comes from: a mod's toggle or the recipe."""
+    toggles = {m.spec.env.name: f"toggle of mod {m.name}" for m in plan.mods if m.spec.env}
+    return {name: toggles.get(name, "recipe env") for name, _ in plan.env}
+
+
+def names_read(tree: Path, names: Iterable[str], package: str = "vllm") -> set[str]:
+    """The names that a .py file of tree/package holds as a whole string literal.
+
+    A literal, found by Python's tokenizer: `os.environ.get("NAME")`, `os.getenv("NAME")` and the
+    `"NAME": lambda: ...` entries of vllm/envs.py count; a comment, a docstring's prose or a longer
+    name that contains NAME does not, nor a name built at run time (f-strings, concatenation).
+    """
+    wanted = set(names)
+    found: set[str] = set()
+    for path in sorted((tree / package).rglob("*.py")):
+        if found >= wanted:
+            break
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        candidates = {n for n in wanted - found if n.encode() in data}
+        if candidates:
+            found |= candidates & _string_literals(data)
+    return found
+
+
+def _string_literals(data: bytes) -> set[str]:
+    """The plain str literals of a Python file; a file that does not tokenize holds none."""
+    import ast
+    import io
+    import tokenize
+
+    out: set[str] = set()
+    try:
+        for tok in tokenize.tokenize(io.BytesIO(data).readline):
+            if tok.type != tokenize.STRING:
+                continue
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):
+                continue  # an f-string: its name is built at run time
+            if isinstance(value, str):
+                out.add(value)
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
+        return set()
+    return out
+
+
+def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+              ca_cert: Path | None = None) -> list[Row]:
+    """A row per runtime env name of a variant: is it read by the pinned vLLM source, after the
+    variant's vLLM mods (a mod that adds a setting makes its name read)?
+
+    Read: some .py file of the vllm package holds it as a string literal (names_read). A VLLM_ name
+    that none holds fails, naming the name, the variant and the release; another name is unverified.
+    Where the source cannot be fetched, every name is unverified, as the mods are.
+    """
+    origins = env_origins(plan)
+    if not origins:
+        return []
+    ref = vllm_source(plan, ca_cert)
+    try:
+        tree = ref.fetch()
+    except sources.SourceUnavailable as exc:
+        return [Row(plan.variant, f"env {n}", UNVERIFIED, str(exc), ref.label) for n in origins]
+    mods = sorted((m for m in plan.mods if m.spec.component == "vllm"), key=lambda m: m.spec.phase != "source")
+    scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-env-", dir=workdir))
+    try:
+        if mods:
+            apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout, ca_cert=ca_cert)
+            tree = scratch / "root"
+        read = names_read(tree, origins)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    release = f"vllm {plan.vllm.version}"
+    after = " with its mods" if mods else ""
+    rows = []
+    for name, origin in origins.items():
+        if name in read:
+            rows.append(Row(plan.variant, f"env {name}", READ, f"{origin}; read by {release}{after}", ref.label))
+        elif name.startswith(VLLM_PREFIX):
+            rows.append(Row(plan.variant, f"env {name}", FAILED,
+                            f"{plan.variant} sets {name} ({origin}), which no .py file of {release}{after} reads",
+                            ref.label))
+        else:
+            rows.append(Row(plan.variant, f"env {name}", UNVERIFIED,
+                            f"{name} ({origin}) is read by no .py file of {release}{after}; a name outside "
+                            f"{VLLM_PREFIX}* may be meant for another program, which is not checked", ref.label))
+    return rows

@@ -32,7 +32,7 @@ from .builder import (
     promote,
     require_engine,
 )
-from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, MatrixCell, Row, check_variant, matrix
+from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, MatrixCell, Row, check_env, check_variant, matrix
 from .errors import BuildError, ConfigError
 from .lock import (
     BuiltFrom,
@@ -417,6 +417,7 @@ def check_mods(plans: list[Plan], workdir: Path | None = None, *,
     for plan in plans:
         say(f"checking {plan.variant} ({len(plan.mods)} mods)")
         rows += check_variant(plan, workdir, ca_cert=ca_cert)
+        rows += check_env(plan, workdir, ca_cert=ca_cert)
     if matrix_range is None:
         return ModsReport(tuple(rows))
     mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}

@@ -12,11 +12,11 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, applies_ranges
+from .checkmods import ALREADY, APPLIED, FAILED, READ, UNVERIFIED, applies_ranges
 from .pipeline import LoadedPlan
 from .plan import Plan
 
-STATE_STYLE = {APPLIED: "green", ALREADY: "cyan", FAILED: "bold red", UNVERIFIED: "yellow"}
+STATE_STYLE = {APPLIED: "green", ALREADY: "cyan", FAILED: "bold red", UNVERIFIED: "yellow", READ: "green"}
 CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
 
 

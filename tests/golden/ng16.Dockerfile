@@ -99,8 +99,12 @@ RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt /opt/src/transformers
 RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+COPY mods/streaming-tool-calls /opt/sparkforge/mods/streaming-tool-calls
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/streaming-tool-calls --record /opt/sparkforge/record/mods/01-streaming-tool-calls.json
+COPY mods/mtp-nvfp4-exclusion /opt/sparkforge/mods/mtp-nvfp4-exclusion
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/mtp-nvfp4-exclusion --record /opt/sparkforge/record/mods/02-mtp-nvfp4-exclusion.json
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/03-uf17-eager-allreduce.json
 # The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
 # the static smoke tier checks against the plan's GPUs before any tag moves.
 COPY sparkforge/inimage/kernels.py /opt/sparkforge/kernels.py
@@ -120,5 +124,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng16" \
       io.sparkforge.chain="ng16" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f" \
+      io.sparkforge.mods="streaming-tool-calls@91d651e9ee76,mtp-nvfp4-exclusion@15c2aa2e7cb3,uf17-eager-allreduce@3c6bd3b8967f" \
       io.sparkforge.tool-version="0.1.0"

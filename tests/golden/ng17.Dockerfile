@@ -36,6 +36,8 @@ RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharin
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/vllm-project/vllm.git --ref v0.17.0 --commit b31e9326a7d9394aab8c767f8ebe225c65594b60 --dest /workspace/vllm
+COPY mods/marlin-sm12x-fp8 /opt/sparkforge/mods/marlin-sm12x-fp8
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/marlin-sm12x-fp8 --root /workspace/vllm --record /opt/sparkforge/record/mods/01-marlin-sm12x-fp8.json
 
 # ---------------------------------------------------------------- compile (depends on no install-phase mod)
 FROM vllm-source AS vllm-build
@@ -67,6 +69,7 @@ RUN --mount=type=cache,id=sparkforge-ccache,target=/root/.ccache \
 FROM scratch AS wheel-export
 COPY --from=vllm-build /wheels/ /wheels/
 COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /record/vllm-commit
+COPY --from=vllm-build /opt/sparkforge/record/mods/ /record/mods/
 
 # ---------------------------------------------------------------- runtime: installs, then mods, then metadata
 FROM base AS runtime
@@ -74,6 +77,8 @@ SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 # Set from the lock: hash-based .pyc files from pip, and the build record's time.
 ARG SOURCE_DATE_EPOCH
 COPY --from=vllm-build /workspace/vllm/.sparkforge-commit /opt/sparkforge/record/vllm-commit
+COPY --from=vllm-build /opt/sparkforge/record/mods/ /opt/sparkforge/record/mods/
+COPY --from=vllm-build /opt/sparkforge/mods/ /opt/sparkforge/mods/
 COPY --from=component-cutlass /opt/cutlass /opt/cutlass
 # The vLLM wheel: compiled above.
 RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
@@ -83,12 +88,14 @@ RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl; \
     python3 /opt/sparkforge/imagetool.py note-wheel /wheels/vllm-*.whl --origin compiled --out /opt/sparkforge/record/vllm-wheel.json
 RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+COPY mods/mtp-nvfp4-exclusion /opt/sparkforge/mods/mtp-nvfp4-exclusion
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/mtp-nvfp4-exclusion --record /opt/sparkforge/record/mods/02-mtp-nvfp4-exclusion.json
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/03-uf17-eager-allreduce.json
 COPY mods/fix-qwen35-tp4-marlin /opt/sparkforge/mods/fix-qwen35-tp4-marlin
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/02-fix-qwen35-tp4-marlin.json
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/04-fix-qwen35-tp4-marlin.json
 COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/03-serve-torchrun.json
+RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/05-serve-torchrun.json
 # The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
 # the static smoke tier checks against the plan's GPUs before any tag moves.
 COPY sparkforge/inimage/kernels.py /opt/sparkforge/kernels.py
@@ -108,5 +115,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       io.sparkforge.chain="ng17" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f,fix-qwen35-tp4-marlin@6fa6f1a9b64b,serve-torchrun@d2aff1a389cb" \
+      io.sparkforge.mods="marlin-sm12x-fp8@8bd16ef033b8,mtp-nvfp4-exclusion@15c2aa2e7cb3,uf17-eager-allreduce@3c6bd3b8967f,fix-qwen35-tp4-marlin@6fa6f1a9b64b,serve-torchrun@d2aff1a389cb" \
       io.sparkforge.tool-version="0.1.0"

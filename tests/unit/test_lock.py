@@ -70,8 +70,8 @@ def test_a_lock_names_the_field_the_recipe_changed(images: Path) -> None:
     diffs = compare(plan_variant(layout(images), "ng17e"), lock)
     assert [(d.field, d.recipe, d.lock) for d in diffs] == [
         ("components.flashinfer.version", "0.6.7", "0.6.6"),
-        ("mods", "[uf17-eager-allreduce, fix-qwen35-tp4-marlin]",
-         "[uf17-eager-allreduce, fix-qwen35-tp4-marlin, serve-torchrun]"),
+        ("mods", "[marlin-sm12x-fp8, mtp-nvfp4-exclusion, uf17-eager-allreduce, fix-qwen35-tp4-marlin]",
+         "[marlin-sm12x-fp8, mtp-nvfp4-exclusion, uf17-eager-allreduce, fix-qwen35-tp4-marlin, serve-torchrun]"),
     ]
 
 
@@ -189,7 +189,8 @@ def test_diff_between_locks_and_cli(images: Path, cli) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "+ flashinfer-python 0.6.6" in proc.stdout
     assert "~ vllm: 0.17.0 -> 0.17.1rc1.dev158" in proc.stdout
-    assert "mods        same: uf17-eager-allreduce, fix-qwen35-tp4-marlin, serve-torchrun" in proc.stdout
+    assert ("mods        same: marlin-sm12x-fp8, mtp-nvfp4-exclusion, uf17-eager-allreduce, fix-qwen35-tp4-marlin, "
+            "serve-torchrun") in proc.stdout
 
 
 # ------------------------------------------------------------------ registry digest, with the token flow
