@@ -45,8 +45,20 @@ class Layout:
     images_dir: Path
     mods_dir: Path
     template: Path
-    imagetool: Path
+    inimage: Path  # the image-side package folder, copied into every image
     gitfetch: Path
+
+    def inimage_files(self) -> list[tuple[str, Path]]:
+        """Every file of the image-side package, by its path relative to the folder, in sorted order
+        (compiled bytecode left out: it is not source, and the image makes its own)."""
+        found = []
+        for parent, dirs, names in os.walk(self.inimage):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in names:
+                if not name.endswith((".pyc", ".pyo")):
+                    path = Path(parent) / name
+                    found.append((path.relative_to(self.inimage).as_posix(), path))
+        return sorted(found)
 
     @classmethod
     def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
@@ -55,7 +67,7 @@ class Layout:
             images_dir=images_dir or root / "images",
             mods_dir=mods_dir or root / "mods",
             template=root / "Dockerfile.j2",
-            imagetool=Path(__file__).resolve().parent / "imagetool.py",
+            inimage=Path(__file__).resolve().parent / "inimage",
             gitfetch=Path(__file__).resolve().parent / "gitfetch.py",
         )
 
@@ -246,10 +258,12 @@ def digest_tree(folder: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def digest_files(*paths: Path) -> str:
+def digest_tooling(layout: Layout) -> str:
+    """sha256 over the template, gitfetch and every file of the image-side package (its names too)."""
     h = hashlib.sha256()
-    for path in paths:
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+    for name, path in [("Dockerfile.j2", layout.template), ("gitfetch.py", layout.gitfetch)] + [
+            (f"inimage/{rel}", path) for rel, path in layout.inimage_files()]:
+        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return "sha256:" + h.hexdigest()
 
 
@@ -355,7 +369,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         build=build,
         env=tuple(sorted(env.items())),
         mods=tuple(mods),
-        tooling_digest=digest_files(layout.template, layout.imagetool, layout.gitfetch),
+        tooling_digest=digest_tooling(layout),
     )
     return rehash(plan)
 

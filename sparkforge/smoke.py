@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import dockercli
 from .errors import BuildError
+from .inimage.contract import ContractError, SmokeCheck
 
 TIERS = ("static", "gpu", "serve")
 DEFAULT_SERVE_MODEL = "Qwen/Qwen3-0.6B"
@@ -79,7 +80,7 @@ def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: fl
     cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
     if gpu:
         cmd += ["--gpus", "all"]
-    cmd += [image, "/opt/sparkforge/imagetool.py", *args]
+    cmd += [image, "-I", "/opt/sparkforge/inimage", *args]
     return dockercli.run(cmd, what=f"docker run {' '.join(args[:3])}", timeout=timeout, check=False)
 
 
@@ -87,10 +88,10 @@ def _parse(proc: subprocess.CompletedProcess) -> tuple[Check, ...]:
     checks = []
     for line in proc.stdout.splitlines():
         try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        checks.append(Check(item["check"], item["state"], item.get("detail", "")))
+            item = SmokeCheck.from_json(line, "smoke check")
+        except ContractError:
+            continue  # not a check line (a warning the image's Python printed)
+        checks.append(Check(item.check, item.state.value, item.detail))
     if not checks:
         checks.append(Check("run the checks in the image", "failed", dockercli.last_line(proc.stderr, "no output")))
     return tuple(checks)

@@ -123,7 +123,7 @@ def test_render_command_twice_gives_identical_trees(tmp_path: Path, cli) -> None
 
 @pytest.mark.parametrize("variant", SHIPPED)
 def test_golden_dockerfile(variant: str) -> None:
-    # The plan hash covers the tooling (imagetool, gitfetch) too; the golden file is about the template,
+    # The plan hash covers the tooling (the image-side package, gitfetch) too; the golden file is about the template,
     # so the hash is masked here (tags and hashes have tests of their own).
     text = re.sub(r'(io\.sparkforge\.plan-hash=)"[0-9a-f]{64}"', r'\1"<plan hash>"',
                   render_dockerfile(plan_variant(LAYOUT, variant), LAYOUT))
