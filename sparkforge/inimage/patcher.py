@@ -48,7 +48,7 @@ def plan_patcher(patcher: Path, root: Path,
             first, rest = _first_line(proc, deadline)
             targets = _answer(patcher, first, proc, errors)["targets"]
             paths, sources = _read_targets(root, targets)
-            out, _ = proc.communicate(json.dumps(sources).encode(), timeout=max(0.001, deadline - time.monotonic()))
+            out = _exchange(proc, json.dumps(sources).encode(), deadline)
             answer = _answer(patcher, rest + out, proc, errors)
         except subprocess.TimeoutExpired:
             raise ModFailure(f"patcher {patcher.name} did not finish within {timeout:g} s; stopped") from None
@@ -75,6 +75,55 @@ def _first_line(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
             data += chunk
     first, _, rest = data.partition(b"\n")
     return first, rest
+
+
+def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float) -> bytes:
+    """Send payload to the child and read its output until the child exits, not until every holder of
+    the pipe closes it (a process the patcher started may hold it); then the group goes, and the rest is read."""
+    out = b""
+    view = memoryview(payload)
+    os.set_blocking(proc.stdin.fileno(), False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(proc.stdin, selectors.EVENT_WRITE)
+        while proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            if not selector.get_map():  # stdout closed early: wait for the child to end
+                time.sleep(min(left, 0.05))
+                continue
+            for key, _ in selector.select(min(left, 0.2)):
+                if key.fileobj is proc.stdin:
+                    try:
+                        view = view[os.write(proc.stdin.fileno(), view[:1 << 16]):]
+                    except BrokenPipeError:
+                        view = view[:0]
+                    if not view:
+                        selector.unregister(proc.stdin)
+                        proc.stdin.close()
+                else:
+                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                    out += chunk
+                    if not chunk:
+                        selector.unregister(proc.stdout)
+    _kill_group(proc)
+    return out + _drain(proc.stdout, time.monotonic() + 5)
+
+
+def _drain(stream, deadline: float) -> bytes:
+    """What is left in a pipe whose writers are gone, waiting no longer than deadline."""
+    data = b""
+    if stream.closed:
+        return data
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and selector.select(left):
+            chunk = os.read(stream.fileno(), 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    return data
 
 
 def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
@@ -108,15 +157,25 @@ def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict
     return paths, sources
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Kill the patcher's process group, whether it still runs or not: what it started dies with it."""
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the patcher's process group, whether its leader still runs or not: what it started dies with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a run: the group killed, the child reaped, its pipes closed."""
+    _kill_group(proc)
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
     try:
-        proc.communicate(timeout=5)
-    except (subprocess.TimeoutExpired, ValueError, OSError):
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         pass
 
 

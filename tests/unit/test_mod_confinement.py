@@ -312,3 +312,75 @@ def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> 
     spec = load_mod(ROOT / "mods", folder.name)[0].model_dump(mode="json")
     assert inimage.apply_mod(spec, folder, root).state == "applied"
     assert inimage.apply_mod(spec, folder, root).state == "already"
+
+
+# ------------------------------------------------------------------ the patcher's child: bounded, not sandboxed
+
+
+def _patcher_tree(tmp: Path, code: str) -> tuple[Path, Path]:
+    root = tmp / "root"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("untouched\n")
+    return image_mod(tmp, {}, {"patcher.py": code}), root
+
+
+def _folder_state(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_patcher_runs_in_a_scratch_folder_with_only_path_and_locale(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKFORGE_SECRET_OF_THE_CALLER", "x")
+    code = ("import os\nTARGETS = ['vllm/__init__.py']\n"
+            "def is_applied(s):\n    return s['vllm/__init__.py'].startswith('cwd ')\n"
+            "def transform(s):\n    open('relative.txt', 'w').write('stray')\n"
+            "    return {'vllm/__init__.py': f\"cwd {os.getcwd()}\\nenv {sorted(os.environ)}\\n\"}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    before = _folder_state(folder)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    assert result.state == "applied", result
+    cwd, env = (root / "vllm" / "__init__.py").read_text().splitlines()
+    assert env == "env ['LANG', 'LC_ALL', 'PATH']"
+    scratch = Path(cwd.removeprefix("cwd "))
+    assert scratch not in (folder, root) and folder not in scratch.parents and not scratch.exists()
+    assert _folder_state(folder) == before  # the relative write went to the scratch folder, now gone
+
+
+def test_a_process_the_patcher_starts_does_not_outlive_it(tmp_path: Path) -> None:
+    code = ("import subprocess\nTARGETS = ['vllm/__init__.py']\n"
+            "def is_applied(s):\n    return s['vllm/__init__.py'].startswith('pid ')\n"
+            "def transform(s):\n    p = subprocess.Popen(['sleep', '300'])\n"
+            "    return {'vllm/__init__.py': f'pid {p.pid}\\n'}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    assert inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root).state == "applied"
+    pid = int((root / "vllm" / "__init__.py").read_text().split()[1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            break
+        if state in ("Z", "X"):  # killed; its new parent has not reaped it yet
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"sleep {pid}, started by the patcher, still runs after the mod was applied")
+
+
+def test_is_applied_must_return_a_real_bool(tmp_path: Path) -> None:
+    code = ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return 'no'\n"
+            "def transform(s):\n    return {'vllm/__init__.py': 'changed\\n'}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    assert result.state == "failed"
+    assert result.line().startswith(f"mod {MOD}: FAILED: patcher patcher.py: is_applied() returned str 'no'")
+    assert (root / "vllm" / "__init__.py").read_text() == "untouched\n"
+
+
+def test_a_patcher_named_through_a_relative_mods_folder_works(tmp_path: Path, monkeypatch) -> None:
+    code = ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return s['vllm/__init__.py'] == 'ok\\n'\n"
+            "def transform(s):\n    return {'vllm/__init__.py': 'ok\\n'}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    monkeypatch.chdir(folder.parent)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), Path(folder.name), root)
+    assert result.state == "applied", result
+    assert (root / "vllm" / "__init__.py").read_text() == "ok\n"
