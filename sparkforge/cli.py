@@ -264,7 +264,7 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
 
     record, labels = read_record(image)
     if as_json:
-        sys.stdout.write(json.dumps({"record": record, "labels": labels}, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps({"record": record.to_dict(), "labels": labels}, indent=2, sort_keys=True) + "\n")
         return
     _emit(views.record_lines(image, record, labels))
 

@@ -31,6 +31,7 @@ from .config import (
     load_variant,
 )
 from .errors import ConfigError
+from .inimage.contract import SCHEMA
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
@@ -212,6 +213,7 @@ class Plan:
             mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
         if data["vllm"]["wheel"]:
             data["vllm"]["wheel"].pop("local")
+        data["schema"] = SCHEMA  # plan.json crosses into the image (sparkforge.inimage.contract)
         data["tag"] = self.tag
         data["moving_tag"] = self.moving_tag
         data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]

@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from .errors import ConfigError, SparkforgeError
+from .inimage.contract import SCHEMA
 from .plan import Layout, Plan
 from .remote import materialize
 from .sources import cache_dir
@@ -104,7 +105,8 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
         spec, folder = materialize(mod, ca_cert)
         for rel, body in mod_files(mod.name, folder).items():
             files[f"mods/{mod.name}/{rel}"] = body
-        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec | {"schema": SCHEMA}, indent=2, sort_keys=True)
+                                              + "\n").encode()
     return dict(sorted(files.items()))
 
 

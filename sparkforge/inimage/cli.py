@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Callable
 
 from .apply import apply_mod, check_folder, component_root, verify_mod
-from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin
+from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin, read_versioned
 from .patcher import PATCHER_TIMEOUT, child_main
 from .paths import ModFailure, read_file
 from .record import check_protected, note_wheel, protect, write_record
@@ -21,8 +20,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     folder = Path(args.mod)
     try:
         check_folder(folder)
-        spec = json.loads(read_file(folder / "mod.json"))
-    except (ModFailure, OSError, ValueError) as exc:
+        spec = read_versioned(read_file(folder / "mod.json"), f"{folder.name}/mod.json")
+    except (ModFailure, OSError, ValueError) as exc:  # ContractError is a ValueError
         print(f"mod {folder.name}: FAILED: {exc}", file=sys.stderr)
         return 1
     try:
@@ -48,7 +47,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     failed = 0
     for folder in args.mods:
-        spec = json.loads((Path(folder) / "mod.json").read_text())
+        spec = read_versioned((Path(folder) / "mod.json").read_bytes(), f"{folder}/mod.json")
         root = Path(args.root) if args.root else component_root(spec["component"])
         for label, state, detail in verify_mod(spec, root, in_image=True):
             print(f"{spec['name']}\t{state.value}\t{label}" + (f"\t{detail}" if detail else ""))

@@ -57,6 +57,20 @@ class ModKind(str, Enum):
     FILES = "files"
 
 
+def read_versioned(text: str | bytes, where: str) -> dict:
+    """A document the host writes for the image as a plain mapping (plan.json, a mod's mod.json),
+    refused in one line when it is not JSON, not a mapping, or of a version this side cannot read."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ContractError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ContractError(f"{where}: not a JSON object")
+    if data.get("schema", 0) not in READABLE:
+        raise ContractError(f"{where}: schema {data.get('schema')!r} is not one this sparkforge reads ({SCHEMA})")
+    return data
+
+
 class _Document:
     """to_json/from_json for a frozen dataclass; ENUMS names the fields held as an Enum, NESTED
     the fields holding a list of another document."""

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin
+from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, read_versioned
 from .paths import last_line
 
 
@@ -73,7 +73,7 @@ def mod_results(home: Path) -> list[ModResult]:
 
 def write_record(home: Path) -> BuildRecord:
     """Gather the build record: the plan, every mod's result, and what is really installed."""
-    plan = json.loads((home / "plan.json").read_text())
+    plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
     results = {r.name: r.result for r in mod_results(home)}
     commit_file = home / "record" / "vllm-commit"
     wheel_file = home / "record" / "vllm-wheel.json"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .apply import component_root, verify_mod
-from .contract import BuildRecord, CheckState, ModState
+from .contract import BuildRecord, CheckState, ModState, read_versioned
 from .paths import ModFailure, last_line
 from .record import check_protected, installed, mod_results
 
@@ -32,7 +32,7 @@ def smoke_static(home: Path) -> Checks:
 
     try:
         record = BuildRecord.from_json((home / "build-record.json").read_bytes(), str(home / "build-record.json"))
-        plan = json.loads((home / "plan.json").read_text())
+        plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
     except (OSError, ValueError) as exc:  # ContractError is a ValueError
         return [("build record present", CheckState.FAILED, str(exc))]
     add("build record present", record.plan_hash == plan["plan_hash"], str(home / "build-record.json"))
@@ -89,7 +89,7 @@ def smoke_static(home: Path) -> Checks:
 
 def smoke_gpu(home: Path) -> Checks:
     """The gpu smoke tier: CUDA works and the device's capability is covered by the arch list."""
-    plan = json.loads((home / "plan.json").read_text())
+    plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
     code = ("import json, torch; ok = torch.cuda.is_available(); "
             "print(json.dumps({'ok': ok, 'cap': list(torch.cuda.get_device_capability(0)) if ok else None, "
             "'name': torch.cuda.get_device_name(0) if ok else None}))")
