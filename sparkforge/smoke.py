@@ -80,7 +80,7 @@ def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: fl
     cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
     if gpu:
         cmd += ["--gpus", "all"]
-    cmd += [image, "-I", "/opt/sparkforge/inimage", *args]
+    cmd += [image, "-I", "-B", "/opt/sparkforge/inimage", *args]
     return dockercli.run(cmd, what=f"docker run {' '.join(args[:3])}", timeout=timeout, check=False)
 
 

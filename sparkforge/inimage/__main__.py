@@ -1,4 +1,4 @@
-"""Run the image's tool: `python3 -I /opt/sparkforge/inimage COMMAND ...` in an image, or
+"""Run the image's tool: `python3 -I -B /opt/sparkforge/inimage COMMAND ...` in an image, or
 `python -m sparkforge.inimage COMMAND ...` on the host."""
 
 import importlib

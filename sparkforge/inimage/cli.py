@@ -1,5 +1,5 @@
 """The image's command line, as Dockerfile.j2 and the smoke tests call it:
-`python3 -I /opt/sparkforge/inimage COMMAND ...`. Each command is one entry of COMMANDS."""
+`python3 -I -B /opt/sparkforge/inimage COMMAND ...`. Each command is one entry of COMMANDS."""
 
 from __future__ import annotations
 

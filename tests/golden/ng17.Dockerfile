@@ -15,7 +15,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY sparkforge/inimage/ /opt/sparkforge/inimage/
 # Record the base's own builds of these packages; every later pip install is constrained to them.
-RUN python3 -I /opt/sparkforge/inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy
+RUN python3 -I -B /opt/sparkforge/inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy
 
 # ---------------------------------------------------------------- component cutlass (v4.4.0)
 FROM base AS component-cutlass
@@ -81,19 +81,19 @@ RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl; \
-    python3 -I /opt/sparkforge/inimage note-wheel /wheels/vllm-*.whl --origin compiled --out /opt/sparkforge/record/vllm-wheel.json
-RUN python3 -I /opt/sparkforge/inimage check-protected /opt/sparkforge/protect
+    python3 -I -B /opt/sparkforge/inimage note-wheel /wheels/vllm-*.whl --origin compiled --out /opt/sparkforge/record/vllm-wheel.json
+RUN python3 -I -B /opt/sparkforge/inimage check-protected /opt/sparkforge/protect
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
-RUN python3 -I /opt/sparkforge/inimage apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json
 COPY mods/fix-qwen35-tp4-marlin /opt/sparkforge/mods/fix-qwen35-tp4-marlin
-RUN python3 -I /opt/sparkforge/inimage apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/02-fix-qwen35-tp4-marlin.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/02-fix-qwen35-tp4-marlin.json
 COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
-RUN python3 -I /opt/sparkforge/inimage apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/03-serve-torchrun.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/03-serve-torchrun.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
 # The build record: the plan, each mod's result, and what was really installed.
-RUN python3 -I /opt/sparkforge/inimage record /opt/sparkforge
+RUN python3 -I -B /opt/sparkforge/inimage record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       org.opencontainers.image.version="0.17.0" \
