@@ -45,6 +45,9 @@ def plan_patch(diff: bytes, root: Path, *, timeout: float = GIT_TIMEOUT) -> tupl
             if run(["apply", "-R", "--check", *flags, "../mod.patch"]).returncode == 0:
                 return ModState.ALREADY, {}
             raise ModFailure(_reason(forward.stderr, patches, tmp))
+        found = {p.relative_to(work).as_posix() for p in work.rglob("*") if not p.is_dir()}
+        if found - set(targets):  # git read a section the headers above do not show: apply none of it
+            raise ModFailure(f"git apply changed files the diff's headers do not name: {sorted(found - set(targets))}")
         writes = {}
         for rel, target in targets.items():
             copy = work / rel

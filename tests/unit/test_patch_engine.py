@@ -446,4 +446,4 @@ def test_engine_agrees_with_git_apply_on_edits_of_real_vllm_files(vllm_files: li
 
     check()
     print(f"\ndifferential cases: {tally}")
-    assert tally.applied > tally.cases // 2 and tally.already > tally.cases // 3 and tally.mutated
+    assert tally.applied > tally.cases // 2 and tally.already > tally.cases // 5 and tally.mutated
