@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import download, imagetool, sources, wheels
+from . import download, inimage, sources, wheels
 from .errors import DownloadError
 from .plan import Mod, Plan
 from .remote import materialize
@@ -83,7 +83,7 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
 
 
 def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
-                     patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+                     patcher_timeout: float = inimage.PATCHER_TIMEOUT,
                      ca_cert: Path | None = None) -> list[tuple[Mod, str, str]]:
     """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
 
@@ -103,24 +103,24 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
         except DownloadError as exc:
             results.append((mod, UNVERIFIED, exc.detail))
             continue
-        first = imagetool.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
-        if first.state == imagetool.FAILED:
+        first = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
+        if first.state == inimage.ModState.FAILED:
             results.append((mod, FAILED, first.detail))
             continue
-        bad = [c for c in imagetool.verify_mod(spec, scratch, in_image=False) if c[1] == "failed"]
+        bad = [c for c in inimage.verify_mod(spec, scratch, in_image=False) if c[1] == inimage.CheckState.FAILED]
         if bad:
             results.append((mod, FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
             continue
-        second = imagetool.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
-        if second.state != imagetool.ALREADY:
-            results.append((mod, FAILED, f"second application was {second.state}, not detected as already applied"))
+        second = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
+        if second.state != inimage.ModState.ALREADY:
+            results.append((mod, FAILED, f"second application was {second.state.value}, not detected as already applied"))
             continue
-        state = APPLIED if first.state == imagetool.APPLIED else ALREADY
+        state = APPLIED if first.state == inimage.ModState.APPLIED else ALREADY
         results.append((mod, state, "" if state == APPLIED else "already present in the pristine source"))
     return results
 
 
-def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
                   ca_cert: Path | None = None) -> list[Row]:
     """Rows for each mod of a variant, in the variant's order."""
     rows: dict[str, Row] = {}

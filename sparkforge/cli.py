@@ -258,7 +258,7 @@ def test_cmd(
     if "static" in tier:
         from .inspect import read_record
 
-        kernels = read_record(image or plan.tag)[0].get("kernels")
+        kernels = read_record(image or plan.tag)[0].kernels
         if kernels:
             out.print(views.kernels_table(kernels))
     if not all(r.ok for r in results):
@@ -273,11 +273,11 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
 
     record, labels = read_record(image)
     if as_json:
-        sys.stdout.write(json.dumps({"record": record, "labels": labels}, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps({"record": record.to_dict(), "labels": labels}, indent=2, sort_keys=True) + "\n")
         return
     _emit(views.record_lines(image, record, labels))
-    if record.get("kernels"):
-        out.print(views.kernels_table(record["kernels"]))
+    if record.kernels:
+        out.print(views.kernels_table(record.kernels))
 
 
 # ---------------------------------------------------------------- distribute: push, deploy, status (cli_cluster.py)

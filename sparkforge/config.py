@@ -15,7 +15,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from . import imagetool
+from . import inimage
 from .errors import ConfigError
 
 # Patterns for every value that is rendered into the Dockerfile. Each is anchored with \A and \Z
@@ -500,8 +500,8 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
             raise ConfigError(f"{REMOTE_PATCH_FILE} is the name the fetched patch takes in the build; rename "
                               f"this mod's own file", path=folder / REMOTE_PATCH_FILE, field="patch")
     try:  # a patch or patcher naming a path outside its tree is bad input, refused before any build
-        imagetool.check_static(static, folder)
-    except imagetool.ModFailure as exc:
+        inimage.check_static(static, folder)
+    except inimage.ModFailure as exc:
         raise ConfigError(str(exc), path=meta, field=spec.kind) from None
     return spec, folder
 

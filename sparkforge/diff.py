@@ -17,6 +17,7 @@ from typing import Any
 
 from .config import list_variants
 from .errors import ConfigError
+from .inimage.contract import BuildRecord
 from .lock import LOCK_SUFFIX, Lock, Pinned, read_lock
 from .plan import Layout, Plan
 
@@ -237,16 +238,16 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
     )
 
 
-def from_record(image: str, record: dict[str, Any]) -> Snapshot:
+def from_record(image: str, record: BuildRecord) -> Snapshot:
     """The build record inside an image. It does not list the OS packages or protect."""
-    b = record["base"]
+    b = record.base
     base = f"{b['repository']}:{b['tag']}"
     base += f"@{b['digest']['value']}" if b["digest"].get("value") else " (digest unknown)"
-    v = record["vllm"]
+    v = record.vllm
     commit = v["commit"].get("value") or v.get("built_commit")
-    installed = record.get("installed", {})
+    installed = record.installed
     comps: list[tuple[str, str | None]] = []
-    for c in record["components"]:
+    for c in record.components:
         if c["kind"] == "pip":
             version = c["version"].get("value") or installed.get(c["package"].split("[")[0])
             comps.append((c["name"], _component_text("pip", c["package"], version, None, None, None, None)))
@@ -256,15 +257,15 @@ def from_record(image: str, record: dict[str, Any]) -> Snapshot:
                                                      c["dest"])))
             if c.get("pip_install"):
                 comps.append((f"{c['name']}.pip_install", "yes"))
-    bs = record.get("build") or {}
-    packages = record.get("packages")
+    bs = record.build or {}
+    packages = record.packages
     not_in_record = "an image's build record does not list it"
     unknown = [("os_packages", not_in_record), ("protect", not_in_record)]
     if packages is None:
         unknown.append(("packages", "the image's build record predates package lists; rebuild it"))
     return Snapshot(
         label=f"image {image}",
-        image=(("image", record["tag"].rpartition(":")[0]),),
+        image=(("image", record.tag.rpartition(":")[0]),),
         base=(("base", base),),
         os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
@@ -272,12 +273,12 @@ def from_record(image: str, record: dict[str, Any]) -> Snapshot:
         components=tuple(comps),
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),
-                     record.get("source_date_epoch"))
-        + _kernels((record.get("kernels") or {}).get("gpus"),
-                   [(n, None) for n in record["kernels"].get("not_needed", [])] if record.get("kernels") else None),
-        env=tuple((k, val) for k, val in record.get("env", [])),
-        mods=tuple((m["name"], m["digest"]) for m in record["mods"]),
-        tooling=(("template and tools", None), ("sparkforge", record.get("tool_version"))),
+                     record.source_date_epoch)
+        + _kernels((record.kernels or {}).get("gpus"),
+                   [(n, None) for n in record.kernels.get("not_needed", [])] if record.kernels else None),
+        env=tuple((k, val) for k, val in record.env),
+        mods=tuple((m.name, m.digest) for m in record.mods),
+        tooling=(("template and tools", None), ("sparkforge", record.tool_version)),
         packages=tuple(sorted(packages.items())) if packages is not None else None,
         unknown=tuple(unknown),
     )

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 
 from . import dockercli
 from .errors import BuildError
+from .inimage.contract import BuildRecord, ContractError
 
 RECORD_PATH = "/opt/sparkforge/build-record.json"
 
 
-def read_record(image: str) -> tuple[dict, dict]:
+def read_record(image: str) -> tuple[BuildRecord, dict]:
     """(build record, labels) of an image in the local engine; the image is created, never started."""
     import docker
     from docker.errors import DockerException, ImageNotFound
@@ -32,10 +32,14 @@ def read_record(image: str) -> tuple[dict, dict]:
         stream, _ = container.get_archive(RECORD_PATH)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tf:
             member = tf.extractfile(tf.getmembers()[0])
-            record = json.loads(member.read()) if member else {}
+            data = member.read() if member else b""
     except DockerException:
         raise BuildError(f"{image} has no {RECORD_PATH}: it was not built by sparkforge", field="IMAGE") from None
     finally:
         container.remove(force=True)
+    try:
+        record = BuildRecord.from_json(data, f"{image}: {RECORD_PATH}")
+    except ContractError as exc:
+        raise BuildError(str(exc), field="IMAGE") from None
     labels = dict(img.labels or {})
     return record, labels

@@ -339,11 +339,11 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
             image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
                                 progress=progress).image_id
         record, _ = read_record(image)
-        if "packages" not in record:
+        if record.packages is None:
             raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
                               "build it again", field="--image")
-        packages = record["packages"]
-        built_from = BuiltFrom(image_id_of(image), record["plan_hash"])
+        packages = record.packages
+        built_from = BuiltFrom(image_id_of(image), record.plan_hash)
     lock = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from)
     write_lock(path, lock)
     return path, lock

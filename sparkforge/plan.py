@@ -31,6 +31,7 @@ from .config import (
     load_variant,
 )
 from .errors import ConfigError
+from .inimage.contract import SCHEMA
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
@@ -45,10 +46,20 @@ class Layout:
     images_dir: Path
     mods_dir: Path
     template: Path
-    imagetool: Path
+    inimage: Path  # the image-side package folder, copied into every image
     gitfetch: Path
-    # The fat-binary reader that records and checks the image's CUDA kernels.
-    kernels: Path = Path(__file__).resolve().parent / "inimage" / "kernels.py"
+
+    def inimage_files(self) -> list[tuple[str, Path]]:
+        """Every file of the image-side package, by its path relative to the folder, in sorted order
+        (compiled bytecode left out: it is not source, and the image makes its own)."""
+        found = []
+        for parent, dirs, names in os.walk(self.inimage):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in names:
+                if not name.endswith((".pyc", ".pyo")):
+                    path = Path(parent) / name
+                    found.append((path.relative_to(self.inimage).as_posix(), path))
+        return sorted(found)
 
     @classmethod
     def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
@@ -57,7 +68,7 @@ class Layout:
             images_dir=images_dir or root / "images",
             mods_dir=mods_dir or root / "mods",
             template=root / "Dockerfile.j2",
-            imagetool=Path(__file__).resolve().parent / "imagetool.py",
+            inimage=Path(__file__).resolve().parent / "inimage",
             gitfetch=Path(__file__).resolve().parent / "gitfetch.py",
         )
 
@@ -206,6 +217,7 @@ class Plan:
             mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
         if data["vllm"]["wheel"]:
             data["vllm"]["wheel"].pop("local")
+        data["schema"] = SCHEMA  # plan.json crosses into the image (sparkforge.inimage.contract)
         data["tag"] = self.tag
         data["moving_tag"] = self.moving_tag
         data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]
@@ -252,10 +264,12 @@ def digest_tree(folder: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def digest_files(*paths: Path) -> str:
+def digest_tooling(layout: Layout) -> str:
+    """sha256 over the template, gitfetch and every file of the image-side package (its names too)."""
     h = hashlib.sha256()
-    for path in paths:
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+    for name, path in [("Dockerfile.j2", layout.template), ("gitfetch.py", layout.gitfetch)] + [
+            (f"inimage/{rel}", path) for rel, path in layout.inimage_files()]:
+        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return "sha256:" + h.hexdigest()
 
 
@@ -361,7 +375,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         build=build,
         env=tuple(sorted(env.items())),
         mods=tuple(mods),
-        tooling_digest=digest_files(layout.template, layout.imagetool, layout.gitfetch, layout.kernels),
+        tooling_digest=digest_tooling(layout),
         gpus=tuple(data.gpus) if data.gpus else gpus_of(build.torch_cuda_arch_list),
         kernels_not_needed=tuple(sorted((k, v) for k, v in (data.kernels_not_needed or {}).items() if v is not None)),
     )

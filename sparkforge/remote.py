@@ -5,7 +5,7 @@ Such a mod is a folder like any other, but its mod.yaml says `patch: {url: ..., 
 usable by the applier: the patch is downloaded once into the cache (download.fetch), checked
 against its hash, checked to be a unified diff whose paths stay inside the component tree, and
 put with the mod's own files into a cached folder. From there on the build context, check-mods
-and the image's imagetool read it exactly as a local patch.
+and the image's applier read it exactly as a local patch.
 
 The plan never needs the network: the mod's content digest covers mod.yaml, and so the sha256.
 """
@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import download, imagetool
+from . import download, inimage
 from .config import (
     NAME_RE,
     PATCH_URL_RE,
@@ -61,8 +61,8 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[dict, Path]:
         shutil.copytree(mod.folder, tree, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copyfile(fetched, tree / REMOTE_PATCH_FILE)
         try:
-            imagetool.check_static(spec, tree)
-        except imagetool.ModFailure as exc:
+            inimage.check_static(spec, tree)
+        except inimage.ModFailure as exc:
             raise ConfigError(f"{remote.source_url}: {exc}", path=meta, field=_field(remote)) from None
         try:
             os.replace(tree, target)
@@ -96,19 +96,19 @@ def fetch_patch(name: str, remote: RemotePatch, meta: Path, ca_cert: Path | None
         raise DownloadError(f"cannot fetch the patch of mod {name}: {exc}", path=meta, field=_field(remote)) from None
     try:
         check_diff(path.read_bytes())
-    except imagetool.ModFailure as exc:
+    except inimage.ModFailure as exc:
         download.forget(remote.sha256, REMOTE_PATCH_FILE)
         raise ConfigError(f"{url}: {exc}", path=meta, field=_field(remote)) from None
     return path
 
 
-def check_diff(data: bytes) -> list[imagetool.FilePatch]:
+def check_diff(data: bytes) -> list[inimage.FilePatch]:
     """The file changes of a unified diff; ModFailure when it is none, or names a path outside its tree."""
     try:
-        return imagetool.parse_diff(data)  # which also refuses a header naming a path outside the tree
-    except imagetool.ModFailure as exc:
+        return inimage.parse_diff(data)  # which also refuses a header naming a path outside the tree
+    except inimage.ModFailure as exc:
         if str(exc) == "the patch file holds no file changes":
-            raise imagetool.ModFailure("is not a unified diff (no '--- a/FILE' / '+++ b/FILE' header with a "
+            raise inimage.ModFailure("is not a unified diff (no '--- a/FILE' / '+++ b/FILE' header with a "
                                        "hunk): is this the raw diff, e.g. a pull request's .diff URL?") from None
         raise
 
@@ -171,7 +171,7 @@ def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str
     try:
         data = path.read_bytes()
         patches = check_diff(data)
-    except imagetool.ModFailure as exc:
+    except inimage.ModFailure as exc:
         raise ConfigError(f"{source}: {exc}", field="--pr" if pr else "--from-url") from None
     files = tuple(fp.path for fp in patches)
     origin = f"pull request {pr} ({source})" if pr else source

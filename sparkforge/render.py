@@ -1,4 +1,4 @@
-"""Render stage: a Plan becomes a build context (Dockerfile, plan.json, mods, imagetool).
+"""Render stage: a Plan becomes a build context (Dockerfile, plan.json, mods, the image-side package).
 
 Rendering is deterministic: the same Plan always gives byte-identical files. It never touches
 Docker. The context is written to a temporary sibling and swapped in whole, so a failed render
@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from .errors import ConfigError, SparkforgeError
+from .inimage.contract import SCHEMA
 from .plan import Layout, Plan
 from .remote import materialize
 from .sources import cache_dir
@@ -96,18 +97,19 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
     files: dict[str, bytes] = {
         DOCKERFILE: render_dockerfile(plan, layout, wheel).encode(),
         "plan.json": plan.to_json().encode(),
-        "sparkforge/imagetool.py": layout.imagetool.read_bytes(),
         "sparkforge/gitfetch.py": layout.gitfetch.read_bytes(),
-        "sparkforge/inimage/kernels.py": layout.kernels.read_bytes(),
         MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
     }
+    for rel, path in layout.inimage_files():
+        files[f"sparkforge/inimage/{rel}"] = path.read_bytes()
     if plan.pins:
         files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
     for mod in plan.mods:
         spec, folder = materialize(mod, ca_cert)
         for rel, body in mod_files(mod.name, folder).items():
             files[f"mods/{mod.name}/{rel}"] = body
-        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec | {"schema": SCHEMA}, indent=2, sort_keys=True)
+                                              + "\n").encode()
     return dict(sorted(files.items()))
 
 

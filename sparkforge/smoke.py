@@ -20,10 +20,10 @@ from pathlib import Path
 
 from . import dockercli
 from .errors import BuildError
+from .inimage.contract import ContractError, SmokeCheck
 
 TIERS = ("static", "gpu", "serve")
 DEFAULT_SERVE_MODEL = "Qwen/Qwen3-0.6B"
-KERNELS_TOOL = "/opt/sparkforge/kernels.py"
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,11 @@ def _gpu_tier_reason(image: str) -> str | None:
     return gpu_missing_reason() or image_cuda_reason(image)
 
 
-def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: float = 600,
-                  tool: str = "/opt/sparkforge/imagetool.py") -> subprocess.CompletedProcess:
+def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
     if gpu:
         cmd += ["--gpus", "all"]
-    cmd += [image, tool, *args]
+    cmd += [image, "-I", "-B", "/opt/sparkforge/inimage", *args]
     return dockercli.run(cmd, what=f"docker run {' '.join(args[:3])}", timeout=timeout, check=False)
 
 
@@ -89,23 +88,18 @@ def _parse(proc: subprocess.CompletedProcess) -> tuple[Check, ...]:
     checks = []
     for line in proc.stdout.splitlines():
         try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        checks.append(Check(item["check"], item["state"], item.get("detail", "")))
+            item = SmokeCheck.from_json(line, "smoke check")
+        except ContractError:
+            continue  # not a check line (a warning the image's Python printed)
+        checks.append(Check(item.check, item.state.value, item.detail))
     if not checks:
         checks.append(Check("run the checks in the image", "failed", dockercli.last_line(proc.stderr, "no output")))
     return tuple(checks)
 
 
 def run_static(image: str) -> TierResult:
-    """The static tier: imagetool's checks, then every CUDA extension against the plan's GPUs."""
-    checks = _parse(_run_in_image(image, ["smoke", "--tier", "static"]))
-    kernels = _run_in_image(image, ["check", "--home", "/opt/sparkforge"], tool=KERNELS_TOOL)
-    if kernels.returncode != 0 and "can't open file" in kernels.stderr and KERNELS_TOOL in kernels.stderr:
-        skipped = Check("kernels", "skipped", f"the image has no {KERNELS_TOOL} (built before the kernel check)")
-        return TierResult("static", (*checks, skipped))
-    return TierResult("static", (*checks, *_parse(kernels)))
+    """The static tier: the image's own checks, every CUDA extension against the plan's GPUs among them."""
+    return TierResult("static", _parse(_run_in_image(image, ["smoke", "--tier", "static"])))
 
 
 def run_gpu(image: str) -> TierResult:

@@ -34,7 +34,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from . import gitfetch
-from .imagetool import version_file_commit
+from .inimage import version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .checkmods import ALREADY, APPLIED, FAILED, READ, UNVERIFIED, applies_ranges
+from .inimage.contract import BuildRecord, WheelOrigin
 from .pipeline import LoadedPlan
 from .plan import Plan
 
@@ -154,34 +155,35 @@ def _patch_origin(patch: dict) -> str:
     return f"{patch.get('url') or patch.get('pr')} sha256 {patch['sha256'][:12]}"
 
 
-def record_lines(image: str, record: dict, labels: dict) -> list[Text]:
+def record_lines(image: str, record: BuildRecord, labels: dict) -> list[Text]:
     """`inspect`: the build record of an image, one fact a line."""
-    base, v, installed = record["base"], record["vllm"], record["installed"]
+    base, v, installed = record.base, record.vllm, record.installed
     lines = [
-        _line((image, "bold"), f"  variant {record['variant']} ({' <- '.join(record['chain'])})"),
-        _line(f"  tag          {record['tag']}"),
-        _line(f"  built        {record['built_at']} by sparkforge {record['tool_version']}"),
+        _line((image, "bold"), f"  variant {record.variant} ({' <- '.join(record.chain)})"),
+        _line(f"  tag          {record.tag}"),
+        _line(f"  built        {record.built_at} by sparkforge {record.tool_version}"),
         _line(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}"),
         _line(f"  vllm         {v['version']} ({v['source']}) commit "
               f"{v['commit']['value'] or v.get('built_commit') or '-'}; installed {installed.get('vllm')}"),
     ]
-    wheel = v.get("installed_wheel")
+    wheel = record.wheel
     if wheel:
-        where = {"cache": f"from the wheel cache, key {(wheel.get('cache_key') or '')[:12]}, compiled for "
-                          f"{wheel.get('compiled_for')}", "recipe": "the recipe's prebuilt wheel",
-                 "compiled": "compiled in the image build"}.get(wheel["origin"], wheel["origin"])
-        lines.append(_line(f"  vllm wheel   {wheel['filename']} sha256 {wheel['sha256']}; {where}"))
-    for c in record["components"]:
+        where = {WheelOrigin.CACHE: f"from the wheel cache, key {(wheel.cache_key or '')[:12]}, compiled for "
+                                    f"{wheel.compiled_for}", WheelOrigin.RECIPE: "the recipe's prebuilt wheel",
+                 WheelOrigin.COMPILED: "compiled in the image build"}[wheel.origin]
+        lines.append(_line(f"  vllm wheel   {wheel.filename} sha256 {wheel.sha256}; {where}"))
+    for c in record.components:
         pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
         name = (c.get("package") or c["name"]).split("[")[0]
         lines.append(_line(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
                            f"installed {installed.get(name, installed.get(c['name']))}"))
-    lines.append(_line(f"  arch list    {record['build']['torch_cuda_arch_list']}"))
-    lines += [_line(f"  mod          {m['name']} ({m['phase']}) {m['digest'][:19]} -> {m['result']}"
-                    + (f"; patch {_patch_origin(m['patch'])}" if m.get("patch") else ""))
-              for m in record["mods"]]
-    lines += [_line(f"  protected    {name} {version}") for name, version in sorted(record["protected"].items())]
-    lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u['field']}: {u['reason']}") for u in record["unpinned"]]
+    lines.append(_line(f"  arch list    {record.build['torch_cuda_arch_list']}"))
+    lines += [_line(f"  mod          {m.name} ({m.phase.value}) {m.digest[:19]} -> "
+                    f"{m.result.value if m.result else 'not recorded'}"
+                    + (f"; patch {_patch_origin(m.patch)}" if m.patch else ""))
+              for m in record.mods]
+    lines += [_line(f"  protected    {name} {version}") for name, version in sorted(record.protected.items())]
+    lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u['field']}: {u['reason']}") for u in record.unpinned]
     lines += [_line(f"  label        {key}={labels[key]}") for key in sorted(labels)]
     return lines
 

@@ -356,20 +356,22 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    home = Path(args.home)
+def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """The checks of the kernels record under home against gpus (default: the record's own)."""
     try:
         record = json.loads((home / "record" / "kernels.json").read_text())
-        gpus = list(args.gpu) or list(record.get("gpus") or [])
+        gpus = list(gpus or []) or list(record.get("gpus") or [])
         for gpu in gpus:
             parse_gpu(gpu)
     except FileNotFoundError as exc:
-        print(json.dumps({"check": "kernels record present", "state": "failed", "detail": str(exc)}))
-        return 1
+        return [("kernels record present", "failed", str(exc))]
     except (OSError, ValueError) as exc:
-        print(json.dumps({"check": "kernels record readable", "state": "failed", "detail": str(exc)}))
-        return 1
-    checks = check(record, gpus)
+        return [("kernels record readable", "failed", str(exc))]
+    return check(record, gpus)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    checks = check_home(Path(args.home), args.gpu)
     for name, state, detail in checks:
         print(json.dumps({"check": name, "state": state, "detail": detail}))
     return 1 if any(state == "failed" for _, state, _ in checks) else 0

@@ -13,9 +13,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ccache \
  && rm -rf /var/lib/apt/lists/*
-COPY sparkforge/imagetool.py /opt/sparkforge/imagetool.py
+COPY sparkforge/inimage/ /opt/sparkforge/inimage/
 # Record the base's own builds of these packages; every later pip install is constrained to them.
-RUN python3 /opt/sparkforge/imagetool.py protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy
+RUN python3 -I -B /opt/sparkforge/inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy
 
 # ---------------------------------------------------------------- component cutlass (v4.4.0)
 FROM base AS component-cutlass
@@ -37,7 +37,7 @@ RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharin
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 /opt/sparkforge/gitfetch.py --cache /var/cache/sparkforge/git --repo https://github.com/vllm-project/vllm.git --ref 600a039f5 --commit 600a039f572ac28128750f0463af428c5a260f1a --dest /workspace/vllm
 COPY mods/marlin-sm12x-fp8 /opt/sparkforge/mods/marlin-sm12x-fp8
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/marlin-sm12x-fp8 --root /workspace/vllm --record /opt/sparkforge/record/mods/01-marlin-sm12x-fp8.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/marlin-sm12x-fp8 --root /workspace/vllm --record /opt/sparkforge/record/mods/01-marlin-sm12x-fp8.json
 
 # ---------------------------------------------------------------- compile (depends on no install-phase mod)
 FROM vllm-source AS vllm-build
@@ -86,29 +86,28 @@ RUN --mount=type=bind,from=vllm-build,source=/wheels,target=/wheels \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt --no-deps /wheels/vllm-*.whl; \
-    python3 /opt/sparkforge/imagetool.py note-wheel /wheels/vllm-*.whl --origin compiled --out /opt/sparkforge/record/vllm-wheel.json
+    python3 -I -B /opt/sparkforge/inimage note-wheel /wheels/vllm-*.whl --origin compiled --out /opt/sparkforge/record/vllm-wheel.json
 RUN --mount=type=cache,id=sparkforge-pip,target=/root/.cache/pip \
     --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca SSL_CERT_FILE=/run/secrets/ca; fi; \
     python3 -m pip install -c /opt/sparkforge/protect/constraints.txt flashinfer-python==0.6.6 'ray[default]'
-RUN python3 /opt/sparkforge/imagetool.py check-protected /opt/sparkforge/protect
+RUN python3 -I -B /opt/sparkforge/inimage check-protected /opt/sparkforge/protect
 COPY mods/mtp-nvfp4-exclusion /opt/sparkforge/mods/mtp-nvfp4-exclusion
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/mtp-nvfp4-exclusion --record /opt/sparkforge/record/mods/02-mtp-nvfp4-exclusion.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/mtp-nvfp4-exclusion --record /opt/sparkforge/record/mods/02-mtp-nvfp4-exclusion.json
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/03-uf17-eager-allreduce.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/03-uf17-eager-allreduce.json
 COPY mods/fix-qwen35-tp4-marlin /opt/sparkforge/mods/fix-qwen35-tp4-marlin
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/04-fix-qwen35-tp4-marlin.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/fix-qwen35-tp4-marlin --record /opt/sparkforge/record/mods/04-fix-qwen35-tp4-marlin.json
 COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
-RUN python3 /opt/sparkforge/imagetool.py apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/05-serve-torchrun.json
+RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/05-serve-torchrun.json
 # The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
 # the static smoke tier checks against the plan's GPUs before any tag moves.
-COPY sparkforge/inimage/kernels.py /opt/sparkforge/kernels.py
-RUN python3 /opt/sparkforge/kernels.py scan --gpu 12.0 --gpu 12.1 --dist vllm --dist flashinfer-python --dist ray /opt/cutlass --out /opt/sparkforge/record/kernels.json
+RUN python3 -I -B /opt/sparkforge/inimage kernels scan --gpu 12.0 --gpu 12.1 --dist vllm --dist flashinfer-python --dist ray /opt/cutlass --out /opt/sparkforge/record/kernels.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
 COPY plan.json /opt/sparkforge/plan.json
 # The build record: the plan, each mod's result, and what was really installed.
-RUN python3 /opt/sparkforge/imagetool.py record /opt/sparkforge
+RUN python3 -I -B /opt/sparkforge/inimage record /opt/sparkforge
 ENV VLLM_UF_EAGER_ALLREDUCE=0
 LABEL org.opencontainers.image.title="sparkforge vLLM ng17e" \
       org.opencontainers.image.version="0.17.1rc1.dev158" \

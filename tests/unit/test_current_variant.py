@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from sparkforge import imagetool, sources
+from sparkforge import inimage, sources
 from sparkforge.config import load_mod
 from sparkforge.outdated import outdated
 from sparkforge.plan import Layout, Mod, digest_tree, plan_variant
@@ -86,8 +86,8 @@ def test_the_mods_left_out_are_not_needed_in_the_release(name: str, vllm_0300: P
     m = mod(name)
     assert not SpecifierSet(m.spec.targets.versions).contains("0.30.0")
     root = sources.scratch_copy(vllm_0300, tmp_path / "root")
-    result = imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
-    assert result.state == imagetool.FAILED
+    result = inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
+    assert result.state == inimage.ModState.FAILED
     assert NOT_NEEDED[name] in result.detail, result.detail
 
 

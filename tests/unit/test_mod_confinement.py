@@ -2,7 +2,7 @@
 patcher runs in a child process with a time limit.
 
 Each case is refused with one line naming the mod and the path, by `check-mods` (exit 1), by
-`render` where the mod folder itself is at fault, and by imagetool.py run as the image build
+`render` where the mod folder itself is at fault, and by the image-side package run as the image build
 runs it; a check after each shows that nothing outside the scratch root was created or changed.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import imagetool, sources
+from sparkforge import inimage
+from sparkforge import sources
 from sparkforge.checkmods import check_variant
 from sparkforge.plan import Layout, plan_variant
 
@@ -165,15 +166,14 @@ def test_link_in_a_mod_folder_is_refused_by_check_mods_and_render(tmp_path: Path
     assert not ctx.exists()
 
 
-# ------------------------------------------------------------------ as the image build runs imagetool.py
+# ------------------------------------------------------------------ as the image build runs the package
 
 
-def run_imagetool(folder: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
-    """Run imagetool.py from a folder of its own, as the image holds it in /opt/sparkforge."""
-    tool = folder.parents[1] / "sparkforge" / "imagetool.py"
-    tool.parent.mkdir(exist_ok=True)
-    shutil.copy(ROOT / "sparkforge" / "imagetool.py", tool)
-    return subprocess.run([sys.executable, str(tool), "apply", str(folder), "--root", str(root), *extra],
+def run_inimage(folder: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Run the image-side package from a folder of its own, as the image holds it in /opt/sparkforge."""
+    tool = folder.parents[1] / "sparkforge" / "inimage"
+    shutil.copytree(ROOT / "sparkforge" / "inimage", tool, ignore=shutil.ignore_patterns("__pycache__"))
+    return subprocess.run([sys.executable, "-I", str(tool), "apply", str(folder), "--root", str(root), *extra],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -213,7 +213,7 @@ def test_in_image_applier_refuses_paths_out_of_the_root(case: str, tmp_path: Pat
                             {"patcher.py": PATCHER.format(target=str(sentinel))}, "patcher TARGETS entry"),
     }[case]
     before = (root / "vllm" / "__init__.py").read_bytes()
-    proc = run_imagetool(image_mod(tmp_path, spec, files), root)
+    proc = run_inimage(image_mod(tmp_path, spec, files), root)
     assert proc.returncode == 1
     assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"mod {MOD}: FAILED: ") and needle in proc.stderr
@@ -227,7 +227,7 @@ def test_links_in_the_tree_are_not_followed_out_of_it(tmp_path: Path, outside: P
     os.symlink(outside, root / "vllm" / "escape")  # a folder link out of the tree
     os.symlink(outside / "sentinel.txt", root / "vllm" / "sentinel.txt")  # a file link out of the tree
     for target in ("vllm/escape/sentinel.txt", "vllm/sentinel.txt"):
-        result = imagetool.apply_mod(spec_for("patch", patch="p.diff"),
+        result = inimage.apply_mod(spec_for("patch", patch="p.diff"),
                                      image_mod(tmp_path / target.replace("/", "-"), {},
                                                {"p.diff": patch_to(target)}), root)
         assert result.state == "failed" and "leads out of the tree through a link" in result.detail, result
@@ -242,9 +242,9 @@ def test_links_that_stay_in_the_tree_are_followed(tmp_path: Path) -> None:
     folder = image_mod(tmp_path, {}, {"tool": "#!/bin/sh\n"})
     spec = spec_for("files", component="image", files=[{"src": "tool", "dest": "/bin/tool", "mode": "0755"}],
                     verify=[{"file": "/bin/tool", "contains": "#!/bin/sh"}])
-    assert imagetool.apply_mod(spec, folder, root).state == "applied"
+    assert inimage.apply_mod(spec, folder, root).state == "applied"
     assert (root / "usr" / "bin" / "tool").read_text() == "#!/bin/sh\n" and (root / "bin").is_symlink()
-    assert [c[1] for c in imagetool.verify_mod(spec, root, in_image=False)] == ["ok"]
+    assert [c[1] for c in inimage.verify_mod(spec, root, in_image=False)] == ["ok"]
 
 
 # ------------------------------------------------------------------ patchers in a child process
@@ -276,7 +276,7 @@ def test_a_patcher_that_raises_exits_or_hangs_fails_with_its_reason(name: str, t
     (root / "vllm" / "__init__.py").write_text("untouched\n")
     folder = image_mod(tmp_path, {}, {"patcher.py": code})
     started = time.monotonic()
-    result = imagetool.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root, patcher_timeout=2)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root, patcher_timeout=2)
     assert time.monotonic() - started < 15
     if not reason:  # a patcher that only prints still works: its output never mixes with the answer
         assert result.state == "applied" and (root / "vllm" / "__init__.py").read_text() == "ok\n"
@@ -312,5 +312,77 @@ def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> 
     folder = ROOT / "mods" / "fix-qwen35-tp4-marlin"
     from sparkforge.config import load_mod
     spec = load_mod(ROOT / "mods", folder.name)[0].model_dump(mode="json")
-    assert imagetool.apply_mod(spec, folder, root).state == "applied"
-    assert imagetool.apply_mod(spec, folder, root).state == "already"
+    assert inimage.apply_mod(spec, folder, root).state == "applied"
+    assert inimage.apply_mod(spec, folder, root).state == "already"
+
+
+# ------------------------------------------------------------------ the patcher's child: bounded, not sandboxed
+
+
+def _patcher_tree(tmp: Path, code: str) -> tuple[Path, Path]:
+    root = tmp / "root"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("untouched\n")
+    return image_mod(tmp, {}, {"patcher.py": code}), root
+
+
+def _folder_state(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_patcher_runs_in_a_scratch_folder_with_only_path_and_locale(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKFORGE_SECRET_OF_THE_CALLER", "x")
+    code = ("import os\nTARGETS = ['vllm/__init__.py']\n"
+            "def is_applied(s):\n    return s['vllm/__init__.py'].startswith('cwd ')\n"
+            "def transform(s):\n    open('relative.txt', 'w').write('stray')\n"
+            "    return {'vllm/__init__.py': f\"cwd {os.getcwd()}\\nenv {sorted(os.environ)}\\n\"}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    before = _folder_state(folder)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    assert result.state == "applied", result
+    cwd, env = (root / "vllm" / "__init__.py").read_text().splitlines()
+    assert env == "env ['LANG', 'LC_ALL', 'PATH']"
+    scratch = Path(cwd.removeprefix("cwd "))
+    assert scratch not in (folder, root) and folder not in scratch.parents and not scratch.exists()
+    assert _folder_state(folder) == before  # the relative write went to the scratch folder, now gone
+
+
+def test_a_process_the_patcher_starts_does_not_outlive_it(tmp_path: Path) -> None:
+    code = ("import subprocess\nTARGETS = ['vllm/__init__.py']\n"
+            "def is_applied(s):\n    return s['vllm/__init__.py'].startswith('pid ')\n"
+            "def transform(s):\n    p = subprocess.Popen(['sleep', '300'])\n"
+            "    return {'vllm/__init__.py': f'pid {p.pid}\\n'}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    assert inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root).state == "applied"
+    pid = int((root / "vllm" / "__init__.py").read_text().split()[1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            break
+        if state in ("Z", "X"):  # killed; its new parent has not reaped it yet
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"sleep {pid}, started by the patcher, still runs after the mod was applied")
+
+
+def test_is_applied_must_return_a_real_bool(tmp_path: Path) -> None:
+    code = ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return 'no'\n"
+            "def transform(s):\n    return {'vllm/__init__.py': 'changed\\n'}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    assert result.state == "failed"
+    assert result.line().startswith(f"mod {MOD}: FAILED: patcher patcher.py: is_applied() returned str 'no'")
+    assert (root / "vllm" / "__init__.py").read_text() == "untouched\n"
+
+
+def test_a_patcher_named_through_a_relative_mods_folder_works(tmp_path: Path, monkeypatch) -> None:
+    code = ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return s['vllm/__init__.py'] == 'ok\\n'\n"
+            "def transform(s):\n    return {'vllm/__init__.py': 'ok\\n'}\n")
+    folder, root = _patcher_tree(tmp_path, code)
+    monkeypatch.chdir(folder.parent)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), Path(folder.name), root)
+    assert result.state == "applied", result
+    assert (root / "vllm" / "__init__.py").read_text() == "ok\n"

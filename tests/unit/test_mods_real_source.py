@@ -20,7 +20,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from sparkforge import imagetool, sources
+from sparkforge import inimage, sources
 from sparkforge.checkmods import apply_in_scratch, applies_ranges, matrix
 from sparkforge.config import load_mod
 from sparkforge.plan import Layout, Mod, digest_tree, plan_variant
@@ -54,13 +54,13 @@ def scratch(vllm_0170: Path, tmp_path: Path) -> Path:
 def test_mod_applies_then_is_already_applied(name: str, scratch: Path) -> None:
     m = mod(name)
     spec = m.spec.model_dump(mode="json")
-    first = imagetool.apply_mod(spec, Path(m.folder), scratch)
-    assert first.state == imagetool.APPLIED, first.detail
-    checks = imagetool.verify_mod(spec, scratch, in_image=False)
+    first = inimage.apply_mod(spec, Path(m.folder), scratch)
+    assert first.state == inimage.ModState.APPLIED, first.detail
+    checks = inimage.verify_mod(spec, scratch, in_image=False)
     assert [c for c in checks if c[1] == "failed"] == []
     assert any(c[1] == "ok" for c in checks)
-    second = imagetool.apply_mod(spec, Path(m.folder), scratch)
-    assert second.state == imagetool.ALREADY
+    second = inimage.apply_mod(spec, Path(m.folder), scratch)
+    assert second.state == inimage.ModState.ALREADY
     assert second.line() == f"mod {name}: already applied, skipped"
 
 
@@ -77,8 +77,8 @@ def test_edited_target_fails_with_name_and_reason_and_stays_untouched(name: str,
     edited = text.replace(anchor, anchor.upper())
     target.write_text(edited)
     others = {p: p.read_bytes() for p in (scratch / "vllm").rglob("*.py")}
-    result = imagetool.apply_mod(spec, Path(m.folder), scratch)
-    assert result.state == imagetool.FAILED
+    result = inimage.apply_mod(spec, Path(m.folder), scratch)
+    assert result.state == inimage.ModState.FAILED
     assert result.line().startswith(f"mod {name}: FAILED: ")
     assert "vllm/" in result.detail  # names the file
     assert {p: p.read_bytes() for p in (scratch / "vllm").rglob("*.py")} == others
@@ -95,15 +95,15 @@ def test_the_cached_tree_is_never_changed_by_scratch_edits(vllm_0170: Path, tmp_
 
 
 def test_the_in_image_applier_is_the_same_code(vllm_0170: Path, tmp_path: Path) -> None:
-    """Run imagetool.py as the image build does, on a rendered context, against the real source."""
+    """Run the image-side package as the image build does, on a rendered context, against the real source."""
     ctx = tmp_path / "ctx"
     subprocess.run([sys.executable, str(ROOT / "build.py"), "render", "ng17", "-o", str(ctx)], check=True,
                    capture_output=True)
     root = sources.scratch_copy(vllm_0170, tmp_path / "site-packages")
-    tool = ctx / "sparkforge" / "imagetool.py"
+    tool = ctx / "sparkforge" / "inimage"
     for name in VLLM_MODS:
         assert json.loads((ctx / "mods" / name / "mod.json").read_text())["name"] == name
-        cmd = [sys.executable, str(tool), "apply", str(ctx / "mods" / name), "--root", str(root),
+        cmd = [sys.executable, "-I", str(tool), "apply", str(ctx / "mods" / name), "--root", str(root),
                "--record", str(tmp_path / f"{name}.json")]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
@@ -116,7 +116,7 @@ def test_the_in_image_applier_is_the_same_code(vllm_0170: Path, tmp_path: Path) 
     pristine = (vllm_0170 / "vllm" / "config" / "compilation.py").read_text()
     compilation.write_text(pristine.replace("def set_splitting_ops_for_attn_fusion(self):", "def renamed(self):"))
     broken = compilation.read_bytes()
-    proc = subprocess.run([sys.executable, str(tool), "apply", str(ctx / "mods" / "uf17-eager-allreduce"),
+    proc = subprocess.run([sys.executable, "-I", str(tool), "apply", str(ctx / "mods" / "uf17-eager-allreduce"),
                            "--root", str(root)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "mod uf17-eager-allreduce: FAILED: vllm/config/compilation.py: hunk @@" in proc.stderr
@@ -216,8 +216,8 @@ def test_marlin_sm12x_edits_the_kernels_and_the_selector(vllm_0170: Path, tmp_pa
     m = mod("marlin-sm12x-fp8")
     assert m.spec.phase == "source"
     root = sources.scratch_copy(vllm_0170, tmp_path / "root")
-    result = imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
-    assert result.state == imagetool.APPLIED, result.detail
+    result = inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
+    assert result.state == inimage.ModState.APPLIED, result.detail
     for kernel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu"):
         text = (root / kernel).read_text()
         assert "major_capability * 10 + minor_capability == 120" not in text
@@ -232,7 +232,7 @@ def test_marlin_sm12x_edits_only_the_kernel_upstream_left_in_0221(tmp_path: Path
     tree = sources.release_tree("vllm", "0.22.1")
     root = sources.scratch_copy(tree, tmp_path / "root")
     m = mod("marlin-sm12x-fp8")
-    assert imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == imagetool.APPLIED
+    assert inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == inimage.ModState.APPLIED
     changed = [rel for rel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu",
                                "vllm/model_executor/layers/quantization/utils/marlin_utils.py")
                if (root / rel).read_bytes() != (tree / rel).read_bytes()]
@@ -243,7 +243,7 @@ def test_mtp_exclusion_decides_as_the_seed_describes(vllm_0170: Path, tmp_path: 
     """Run the patched is_layer_excluded itself (its module needs torch, so the method is lifted out)."""
     m = mod("mtp-nvfp4-exclusion")
     root = sources.scratch_copy(vllm_0170, tmp_path / "root")
-    assert imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == imagetool.APPLIED
+    assert inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == inimage.ModState.APPLIED
     text = (root / "vllm/model_executor/layers/quantization/modelopt.py").read_text()
     func = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "is_layer_excluded")
     namespace = {"fnmatch": fnmatch.fnmatch, "is_layer_skipped": lambda prefix, excluded, mapping: prefix in excluded}

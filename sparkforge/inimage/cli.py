@@ -1,0 +1,163 @@
+"""The image's command line, as Dockerfile.j2 and the smoke tests call it:
+`python3 -I -B /opt/sparkforge/inimage COMMAND ...`. Each command is one entry of COMMANDS."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from . import kernels
+from .apply import apply_mod, check_folder, component_root, verify_mod
+from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin, read_versioned
+from .patcher import PATCHER_TIMEOUT, child_main
+from .paths import ModFailure, read_file
+from .record import check_protected, note_wheel, protect, write_record
+from .smoke import smoke_gpu, smoke_static
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    folder = Path(args.mod)
+    try:
+        check_folder(folder)
+        spec = read_versioned(read_file(folder / "mod.json"), f"{folder.name}/mod.json")
+    except (ModFailure, OSError, ValueError) as exc:  # ContractError is a ValueError
+        print(f"mod {folder.name}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    try:
+        root = Path(args.root) if args.root else component_root(spec["component"])
+    except ModFailure as exc:
+        print(f"mod {spec['name']}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    result = apply_mod(spec, folder, root, patcher_timeout=args.patcher_timeout)
+    print(result.line(), file=sys.stderr if result.state == ModState.FAILED else sys.stdout)
+    if result.state == ModState.FAILED:
+        return 1
+    bad = [c for c in verify_mod(spec, root, in_image=False) if c[1] == CheckState.FAILED]
+    if bad:
+        print(f"mod {spec['name']}: FAILED: verify: {bad[0][0]}: {bad[0][2]}", file=sys.stderr)
+        return 1
+    if args.record:
+        record = Path(args.record)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(ModResult(spec["name"], result.state, spec["phase"], str(root)).to_json())
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    failed = 0
+    for folder in args.mods:
+        spec = read_versioned((Path(folder) / "mod.json").read_bytes(), f"{folder}/mod.json")
+        root = Path(args.root) if args.root else component_root(spec["component"])
+        for label, state, detail in verify_mod(spec, root, in_image=True):
+            print(f"{spec['name']}\t{state.value}\t{label}" + (f"\t{detail}" if detail else ""))
+            failed += state == CheckState.FAILED
+    return 1 if failed else 0
+
+
+def _cmd_protect(args: argparse.Namespace) -> int:
+    found = protect(args.names, Path(args.out))
+    for name in args.names:
+        print(f"protect {name}: {found.get(name, 'not installed in the base')}")
+    return 0
+
+
+def _cmd_check_protected(args: argparse.Namespace) -> int:
+    changed = check_protected(Path(args.dir))
+    for line in changed:
+        print(f"protected package replaced: {line}", file=sys.stderr)
+    return 1 if changed else 0
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    try:
+        record = write_record(Path(args.home))
+    except ContractError as exc:
+        print(f"build record: {exc}", file=sys.stderr)
+        return 1
+    print(f"build record: {record.variant} {record.tag}")
+    return 0
+
+
+def _cmd_note_wheel(args: argparse.Namespace) -> int:
+    note = note_wheel(Path(args.wheel), WheelOrigin(args.origin), args.key, args.compiled_for)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(note.to_json())
+    print(f"vllm wheel: {note.origin.value}, {note.filename}, sha256 {note.sha256}")
+    return 0
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    checks = smoke_static(Path(args.home)) if args.tier == "static" else smoke_gpu(Path(args.home))
+    for name, state, detail in checks:
+        print(SmokeCheck(name, state, detail).to_json(), end="")
+    return 1 if any(state == CheckState.FAILED for _, state, _ in checks) else 0
+
+
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    return kernels.main(args.rest)
+
+
+def _cmd_patcher_child(args: argparse.Namespace) -> int:
+    return child_main(args.patcher)
+
+
+def _args_apply(p: argparse.ArgumentParser) -> None:
+    p.add_argument("mod")
+    p.add_argument("--root", help="the component root (default: found from the installed package)")
+    p.add_argument("--record", help="write the result to this JSON file")
+    p.add_argument("--patcher-timeout", type=float, default=PATCHER_TIMEOUT, metavar="SECONDS",
+                   help=f"time limit of each run of a patcher (default {PATCHER_TIMEOUT:g})")
+
+
+def _args_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("mods", nargs="+")
+    p.add_argument("--root")
+
+
+def _args_protect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True)
+    p.add_argument("names", nargs="*")
+
+
+def _args_note_wheel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("wheel")
+    p.add_argument("--origin", required=True, choices=[o.value for o in WheelOrigin])
+    p.add_argument("--key", help="the wheel cache key (origin cache and compiled)")
+    p.add_argument("--compiled-for", help="origin cache: the build that compiled it (VARIANT-HASH at TIME)")
+    p.add_argument("--out", required=True)
+
+
+def _args_smoke(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", choices=["static", "gpu"], default="static")
+    p.add_argument("--home", default="/opt/sparkforge")
+
+
+# name -> (help, add its arguments, run it); a new command is one more entry.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "apply": ("apply one mod (a folder holding mod.json and its assets)", _args_apply, _cmd_apply),
+    "patcher-child": ("(internal) run a patcher for apply, in a child process",
+                      lambda p: p.add_argument("patcher"), _cmd_patcher_child),
+    "verify": ("run the verify checks of mods", _args_verify, _cmd_verify),
+    "protect": ("record the base's versions of packages pip must not replace", _args_protect, _cmd_protect),
+    "check-protected": ("fail if a protected package was replaced", lambda p: p.add_argument("dir"),
+                        _cmd_check_protected),
+    "record": ("write the build record into HOME/build-record.json", lambda p: p.add_argument("home"), _cmd_record),
+    "note-wheel": ("record the vLLM wheel installed and where it came from", _args_note_wheel, _cmd_note_wheel),
+    "smoke": ("run a smoke tier inside the image; one JSON line per check", _args_smoke, _cmd_smoke),
+    "kernels": ("record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
+                lambda p: p.add_argument("rest", nargs=argparse.REMAINDER), _cmd_kernels),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inimage", description="Apply and verify mods, and record the image.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name, (text, add_args, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        add_args(p)
+        p.set_defaults(func=run)
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,263 @@
+"""Patcher mods: a stdlib-only module (TARGETS, is_applied, transform) run in a child Python.
+
+The child is bounded, not sandboxed (a patcher is trusted code): it runs isolated (`-I`), in a
+fresh scratch folder as its working folder (a relative path it writes lands there, never in the
+mod folder), with an environment of PATH and the locale only, in its own process group, which is
+killed when the run ends, on success too, so nothing it started outlives it. A patcher that
+raises, exits, hangs past its time limit or answers what is not the contract fails, naming the mod.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .contract import ModState
+from .paths import ModFailure, inside, last_line, read_file
+
+PATCHER_TIMEOUT = 60.0  # seconds for each run of a patcher, unless the caller says otherwise
+_RESULT_MARK = "sparkforge-patcher-result "
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def child_env() -> dict[str, str]:
+    """All a patcher's Python is given of the caller's environment."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+
+def plan_patcher(patcher: Path, root: Path,
+                 timeout: float = PATCHER_TIMEOUT) -> tuple[ModState, dict[Path, bytes]]:
+    """Run a patcher in a fresh, isolated interpreter: it names its targets, gets their texts, and
+    decides and transforms; its answer, or ModFailure (nothing written)."""
+    deadline = time.monotonic() + timeout
+    # The package folder run as a script (its __main__ loads it by path; -I adds no other folder).
+    cmd = [sys.executable, "-I", "-B", str(PACKAGE_DIR), "patcher-child", str(patcher.resolve())]
+    with tempfile.TemporaryDirectory(prefix="sparkforge-patcher-") as scratch, \
+            tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty patcher cannot block on it
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                cwd=scratch, env=child_env(), start_new_session=True)
+        try:
+            first, rest = _first_line(proc, deadline)
+            targets = _answer(patcher, first, proc, errors)["targets"]
+            paths, sources = _read_targets(root, targets)
+            out = _exchange(proc, json.dumps(sources).encode(), deadline)
+            answer = _answer(patcher, rest + out, proc, errors)
+        except subprocess.TimeoutExpired:
+            raise ModFailure(f"patcher {patcher.name} did not finish within {timeout:g} s; stopped") from None
+        finally:
+            _stop(proc)
+    if answer["state"] == ModState.ALREADY.value:
+        return ModState.ALREADY, {}
+    return ModState.APPLIED, {paths[rel]: text.encode("utf-8") for rel, text in answer["files"].items()
+                              if text != sources[rel]}
+
+
+def _first_line(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
+    """The child's first line (its targets), and what came after it, waiting no longer than deadline."""
+    data = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    first, _, rest = data.partition(b"\n")
+    return first, rest
+
+
+def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float) -> bytes:
+    """Send payload to the child and read its output until the child exits, not until every holder of
+    the pipe closes it (a process the patcher started may hold it); then the group goes, and the rest is read."""
+    out = b""
+    view = memoryview(payload)
+    os.set_blocking(proc.stdin.fileno(), False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(proc.stdin, selectors.EVENT_WRITE)
+        while proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            if not selector.get_map():  # stdout closed early: wait for the child to end
+                time.sleep(min(left, 0.05))
+                continue
+            for key, _ in selector.select(min(left, 0.2)):
+                if key.fileobj is proc.stdin:
+                    try:
+                        view = view[os.write(proc.stdin.fileno(), view[:1 << 16]):]
+                    except BrokenPipeError:
+                        view = view[:0]
+                    if not view:
+                        selector.unregister(proc.stdin)
+                        proc.stdin.close()
+                else:
+                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                    out += chunk
+                    if not chunk:
+                        selector.unregister(proc.stdout)
+    _kill_group(proc)
+    return out + _drain(proc.stdout, time.monotonic() + 5)
+
+
+def _drain(stream, deadline: float) -> bytes:
+    """What is left in a pipe whose writers are gone, waiting no longer than deadline."""
+    data = b""
+    if stream.closed:
+        return data
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0 and selector.select(left):
+            chunk = os.read(stream.fileno(), 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
+    """The last marked line of the child's output as a dict; ModFailure for an error or no answer."""
+    marked = [line for line in data.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
+    if not marked:
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        errors.seek(0)
+        why = last_line(errors.read().decode("utf-8", "replace"), "no output")
+        raise ModFailure(f"patcher {patcher.name} exited with code {code} without a result: {why}")
+    answer = json.loads(marked[-1][len(_RESULT_MARK):])
+    if "error" in answer:
+        raise ModFailure(answer["error"])
+    return answer
+
+
+def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Resolve a patcher's targets in root (refusing any that leave it) and read their texts."""
+    paths = {rel: inside(root, rel, "patcher TARGETS entry") for rel in targets}
+    sources = {}
+    for rel, path in paths.items():
+        if not path.is_file():
+            raise ModFailure(f"{rel}: file to patch not found")
+        try:
+            sources[rel] = read_file(path).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModFailure(f"{rel}: not UTF-8 text; a patcher edits text files") from None
+    return paths, sources
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the patcher's process group, whether its leader still runs or not: what it started dies with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a run: the group killed, the child reaped, its pipes closed."""
+    _kill_group(proc)
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# ------------------------------------------------------------------ the child's side
+
+
+def _patcher_targets(module) -> list[str]:
+    targets = getattr(module, "TARGETS")
+    if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
+        raise ModFailure("TARGETS must be a list of relative paths")
+    return list(targets)
+
+
+def _is_applied(module, name: str, sources: dict[str, str]) -> bool:
+    answer = module.is_applied(dict(sources))
+    if not isinstance(answer, bool):
+        raise ModFailure(f"patcher {name}: is_applied() returned {type(answer).__name__} {answer!r}, not a bool")
+    return answer
+
+
+def _patcher_run(module, name: str, sources: dict[str, str]) -> dict:
+    """What the child answers once it has the texts; runs the patcher's own code."""
+    if _is_applied(module, name, sources):
+        return {"state": ModState.ALREADY.value}
+    try:
+        result = module.transform(dict(sources))
+    except ValueError as exc:
+        raise ModFailure(str(exc)) from None
+    if not isinstance(result, dict) or not all(isinstance(v, str) for v in result.values()):
+        raise ModFailure("transform() must return a dict of path -> text")
+    extra = sorted(set(result) - set(sources))
+    if extra:
+        raise ModFailure(f"patcher changed files it does not list in TARGETS: {extra}")
+    if not _is_applied(module, name, {**sources, **result}):
+        raise ModFailure("patcher ran, but is_applied() is still false on its result")
+    return {"state": ModState.APPLIED.value, "files": result}
+
+
+def child_main(patcher: str) -> int:
+    """The child side of plan_patcher: import the patcher, print its targets, read their texts from
+    stdin, and print the answer; one marked JSON line each."""
+    real_stdout, sys.stdout = sys.stdout, sys.stderr  # the patcher's prints must not mix with the answer
+
+    def say(answer: dict) -> None:
+        print(_RESULT_MARK + json.dumps(answer), file=real_stdout, flush=True)
+
+    path, stage = Path(patcher), "import"
+    try:
+        spec = importlib.util.spec_from_file_location("sparkforge_patcher", path)
+        if spec is None or spec.loader is None:
+            raise ModFailure(f"cannot load patcher {path.name}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        missing = [a for a in ("TARGETS", "is_applied", "transform") if not hasattr(module, a)]
+        if missing:
+            raise ModFailure(f"patcher {path.name} does not define {', '.join(missing)}")
+        stage = "run"
+        say({"targets": _patcher_targets(module)})
+        answer = _patcher_run(module, path.name, json.loads(sys.stdin.buffer.read()))
+    except ModFailure as exc:
+        answer = {"error": str(exc)}
+    except SystemExit as exc:
+        answer = {"error": f"patcher {path.name} called sys.exit({exc.code!r}) during {stage}"}
+    except BaseException as exc:  # the patcher's own code: anything it raises is its failure
+        answer = {"error": f"patcher {path.name} raised {type(exc).__name__} during {stage}: {exc}"}
+    say(answer)
+    return 0
+
+
+def literal_targets(patcher: Path) -> list[str]:
+    """TARGETS of a patcher module when it is assigned a literal list of strings; else none (checked at run time)."""
+    import ast
+
+    try:
+        tree = ast.parse(read_file(patcher), filename=str(patcher))
+    except SyntaxError as exc:
+        raise ModFailure(f"patcher {patcher.name} does not parse: line {exc.lineno}: {exc.msg}") from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TARGETS" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
+    return []

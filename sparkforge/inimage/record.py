@@ -1,0 +1,139 @@
+"""What the image records about itself: the base's protected packages, the wheel it installed,
+each mod's result and the build record."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, read_versioned
+from .paths import last_line
+
+
+def installed(name: str) -> str | None:
+    import importlib.metadata  # here, not at the top: the patcher child starts faster without it
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_cuda() -> str:
+    """torch.version.cuda of the installed torch ("None" for a CPU build); asked in a subprocess."""
+    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else f"import failed: {last_line(proc.stderr)}"
+
+
+def protect(names: list[str], out_dir: Path) -> dict[str, str]:
+    """Record the base image's builds of the protected packages, as pip constraints; for torch
+    also its CUDA build, which a PyPI torch would silently replace."""
+    found = {name: v for name in names if (v := installed(name)) is not None}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = dict(found)
+    if "torch" in found:
+        record["torch.version.cuda"] = torch_cuda()
+    (out_dir / "protected.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (out_dir / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(found.items())))
+    return found
+
+
+def check_protected(out_dir: Path) -> list[str]:
+    """What differs from the base image's protected packages, one line each."""
+    recorded = json.loads((out_dir / "protected.json").read_text())
+    changed = []
+    for name, version in sorted(recorded.items()):
+        now = torch_cuda() if name == "torch.version.cuda" else (installed(name) or "absent")
+        if now != version:
+            changed.append(f"{name} {version} -> {now}")
+    return changed
+
+
+def note_wheel(wheel: Path, origin: WheelOrigin, key: str | None, compiled_for: str | None) -> WheelNote:
+    """The note of the vLLM wheel the image installed: compiled here, from the wheel cache, or the recipe's."""
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return WheelNote(origin, wheel.name, digest.hexdigest(), key, compiled_for)
+
+
+def mod_results(home: Path) -> list[ModResult]:
+    """The result record of every mod applied in the image, in the order they were applied."""
+    return [ModResult.from_json(p.read_bytes(), str(p)) for p in sorted((home / "record" / "mods").glob("*.json"))]
+
+
+def write_record(home: Path) -> BuildRecord:
+    """Gather the build record: the plan, every mod's result, and what is really installed."""
+    plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
+    results = {r.name: r.result for r in mod_results(home)}
+    commit_file = home / "record" / "vllm-commit"
+    wheel_file = home / "record" / "vllm-wheel.json"
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    built = int(epoch) if epoch.isdigit() else int(time.time())
+    found = {"vllm": installed("vllm")}
+    for comp in plan["components"]:
+        if comp["kind"] == "pip":
+            name = comp["package"].split("[")[0]
+            found[name] = installed(name)
+    for comp in plan["components"]:
+        if comp["kind"] == "git":
+            marker = Path(comp["dest"]) / ".sparkforge-commit"
+            found[comp["name"]] = marker.read_text().strip() if marker.exists() else None
+    built_commit = commit_file.read_text().strip() if commit_file.exists() else _release_commit()
+    kernels_file = home / "record" / "kernels.json"
+    wheel = WheelNote.from_json(wheel_file.read_bytes(), str(wheel_file)).to_dict() if wheel_file.exists() else None
+    record = BuildRecord(
+        variant=plan["variant"], chain=plan["chain"], tag=plan["tag"], plan_hash=plan["plan_hash"],
+        base=plan["base"], vllm=plan["vllm"] | {"built_commit": built_commit, "installed_wheel": wheel},
+        components=plan["components"], installed=found, packages=installed_packages(),
+        # a patch named by URL (or pull request) and its sha256: where the change came from
+        mods=tuple(RecordedMod(m["name"], m["digest"], m["spec"]["phase"], results.get(m["name"]),
+                               m["spec"]["patch"] if isinstance(m["spec"].get("patch"), dict) else None)
+                   for m in plan["mods"]),
+        protected=json.loads((home / "protect" / "protected.json").read_text()),
+        build=plan["build"], env=plan["env"],
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
+        source_date_epoch=int(epoch) if epoch.isdigit() else None,
+        python=sys.version.split()[0], tool_version=plan["tool_version"], unpinned=plan["unpinned"],
+        kernels=json.loads(kernels_file.read_text()) if kernels_file.exists() else None,
+    )
+    (home / "build-record.json").write_text(record.to_json(indent=2))
+    return record
+
+
+def installed_packages() -> dict[str, str]:
+    """Every Python distribution the image's Python sees, by normalized name, with its version;
+    where a name is installed twice, the one found first on sys.path (the one imported) wins."""
+    import importlib.metadata
+
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "")).lower()
+        if name and name not in found:
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
+def _release_commit() -> str | None:
+    """The commit an installed vLLM release records in vllm/_version.py, read without importing vllm."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return version_file_commit(Path(list(spec.submodule_search_locations)[0]) / "_version.py")
+
+
+def version_file_commit(version_file: Path) -> str | None:
+    """The short commit a setuptools-scm _version.py records (without its 'g'), or None."""
+    if not version_file.exists():
+        return None
+    m = re.search(r"commit_id\s*=\s*['\"]g?([0-9a-f]{7,40})['\"]", version_file.read_text())
+    return m.group(1) if m else None

@@ -1,0 +1,113 @@
+"""The smoke tiers that run inside a built image: static (no GPU) and gpu."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .apply import component_root, verify_mod
+from .contract import BuildRecord, CheckState, ModState, read_versioned
+from .kernels import check_home
+from .paths import ModFailure, last_line
+from .record import check_protected, installed, mod_results
+
+Checks = list[tuple[str, CheckState, str]]
+
+
+def _public(version: str | None) -> str | None:
+    return version.split("+")[0] if version else version
+
+
+def smoke_static(home: Path) -> Checks:
+    """The static smoke tier: (check, ok|failed|skipped, detail). Needs no GPU."""
+    checks: Checks = []
+
+    def add(name: str, ok: bool, detail: str = "") -> None:
+        checks.append((name, CheckState.OK if ok else CheckState.FAILED, detail))
+
+    try:
+        record = BuildRecord.from_json((home / "build-record.json").read_bytes(), str(home / "build-record.json"))
+        plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
+    except (OSError, ValueError) as exc:  # ContractError is a ValueError
+        return [("build record present", CheckState.FAILED, str(exc))]
+    add("build record present", record.plan_hash == plan["plan_hash"], str(home / "build-record.json"))
+    want, have = plan["vllm"]["version"], installed("vllm")
+    add(f"vllm {want} installed", (have if "+" in want else _public(have)) == want, f"installed: {have}")
+    for comp in plan["components"]:
+        if comp["kind"] == "pip":
+            name = comp["package"].split("[")[0]
+            want, have = comp["version"]["value"], installed(name)
+            ok = have is not None and (want is None or _public(have) == want)
+            add(f"{name} {want or '(unpinned)'} installed", ok, f"installed: {have}")
+        else:
+            marker = Path(comp["dest"]) / ".sparkforge-commit"
+            have = marker.read_text().strip() if marker.exists() else None
+            want = comp["commit"]["value"]
+            add(f"{comp['name']} at {want or comp['ref']}", have is not None and (want is None or have == want),
+                f"{comp['dest']}: {have}")
+    changed = check_protected(home / "protect")
+    protected = json.loads((home / "protect" / "protected.json").read_text())
+    add("base packages not replaced by pip", not changed,
+        "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())) or
+        "the base has none of the protected packages")
+    results = {entry.name: entry.result for entry in mod_results(home)}
+    for mod in plan["mods"]:
+        name = mod["name"]
+        add(f"mod {name} recorded", results.get(name) in (ModState.APPLIED, ModState.ALREADY),
+            getattr(results.get(name), "value", "not recorded"))
+        spec = json.loads((home / "mods" / name / "mod.json").read_text())
+        try:
+            root = component_root(spec["component"])
+        except ModFailure as exc:
+            add(f"mod {name}: component root", False, str(exc))
+            continue
+        for label, state, detail in verify_mod(spec, root, in_image=True):
+            if spec["phase"] == "source" and not label.startswith("python:"):
+                # A source-phase mod edits the source tree before the compile; its file checks ran
+                # there when it was applied (the record above), and the tree is not in the image.
+                state, detail = CheckState.SKIPPED, "checked in the source tree at build time"
+            missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", detail)
+            if (state == CheckState.FAILED and missing and not plan["vllm"]["install_deps"]
+                    and importlib.util.find_spec(missing.group(1).split(".")[0]) is None):
+                # As `needs` does for declared modules: vLLM was installed --no-deps, so its own
+                # dependencies are the base's to provide, and this base lacks one.
+                state, detail = CheckState.SKIPPED, (f"needs {missing.group(1)}, not installed (vllm was installed with "
+                                            "--no-deps; the base provides its dependencies)")
+            checks.append((f"mod {name}: {label}", state, detail))
+    entry = shutil.which("vllm")
+    add("vllm entry point on PATH", entry is not None, entry or "not found")
+    if any(m["name"] == "serve-torchrun" for m in plan["mods"]):
+        server = Path("/opt/sparkforge/serve_torchrun.py")
+        add("torchrun server script", server.is_file() and os.access(server, os.X_OK), str(server))
+    # Every CUDA extension against the plan's GPUs (the record the build's kernel scan wrote).
+    checks += [(name, CheckState(state), detail) for name, state, detail in check_home(home)]
+    return checks
+
+
+def smoke_gpu(home: Path) -> Checks:
+    """The gpu smoke tier: CUDA works and the device's capability is covered by the arch list."""
+    plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
+    code = ("import json, torch; ok = torch.cuda.is_available(); "
+            "print(json.dumps({'ok': ok, 'cap': list(torch.cuda.get_device_capability(0)) if ok else None, "
+            "'name': torch.cuda.get_device_name(0) if ok else None}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return [("torch.cuda.is_available()", CheckState.FAILED, last_line(proc.stderr))]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    checks: Checks = [("torch.cuda.is_available()", CheckState.OK if info["ok"] else CheckState.FAILED,
+                        str(info["name"]))]
+    if info["ok"]:
+        major, minor = info["cap"]
+        arches = plan["build"]["torch_cuda_arch_list"].split(";")
+        covered = any(a.rstrip("afPTX+").rstrip(".") == f"{major}.{minor}" for a in arches)
+        checks.append((f"sm_{major}{minor} in TORCH_CUDA_ARCH_LIST", CheckState.OK if covered else CheckState.FAILED,
+                       plan["build"]["torch_cuda_arch_list"]))
+    return checks
+
+
