@@ -278,7 +278,7 @@ def _string_literals(data: bytes) -> set[str]:
     return out
 
 
-def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = imagetool.PATCHER_TIMEOUT,
+def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
               ca_cert: Path | None = None) -> list[Row]:
     """A row per runtime env name of a variant: is it read by the pinned vLLM source, after the
     variant's vLLM mods (a mod that adds a setting makes its name read)?

@@ -21,7 +21,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from sparkforge import imagetool, sources
+from sparkforge import inimage, sources
 from sparkforge.checkmods import matrix
 from sparkforge.config import load_mod
 from sparkforge.plan import Layout, Mod, digest_tree
@@ -61,9 +61,9 @@ def test_second_application_is_detected(tmp_path: Path) -> None:
     m = the_mod()
     spec = m.spec.model_dump(mode="json")
     root = sources.scratch_copy(sources.release_tree("vllm", "0.16.0"), tmp_path / "root")
-    assert imagetool.apply_mod(spec, Path(m.folder), root).state == imagetool.APPLIED
-    assert [c for c in imagetool.verify_mod(spec, root, in_image=False) if c[1] == "failed"] == []
-    assert imagetool.apply_mod(spec, Path(m.folder), root).state == imagetool.ALREADY
+    assert inimage.apply_mod(spec, Path(m.folder), root).state == inimage.ModState.APPLIED
+    assert [c for c in inimage.verify_mod(spec, root, in_image=False) if c[1] == inimage.CheckState.FAILED] == []
+    assert inimage.apply_mod(spec, Path(m.folder), root).state == inimage.ModState.ALREADY
 
 
 # ------------------------------------------------------------------ the converter, run
@@ -160,7 +160,7 @@ def trees(tmp_path_factory) -> tuple[Path, Path]:
     pristine = sources.release_tree("vllm", "0.16.0")
     patched = sources.scratch_copy(pristine, tmp_path_factory.mktemp("stc") / "root")
     m = the_mod()
-    assert imagetool.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), patched).state == imagetool.APPLIED
+    assert inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), patched).state == inimage.ModState.APPLIED
     return pristine, patched
 
 
