@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import urllib.parse
+import urllib.error
+import urllib.request
 from functools import cache
 from pathlib import Path
 
@@ -55,13 +55,15 @@ def pytest_sessionfinish(session, exitstatus):
 
 @cache
 def _network_missing() -> str | None:
-    url = os.environ.get("SPARKFORGE_INDEX_URL", "https://pypi.org/simple")
-    parts = urllib.parse.urlsplit(url)
+    """Why the package index cannot be read, asked the way sparkforge asks it (urllib: proxies, CA)."""
+    url = os.environ.get("SPARKFORGE_INDEX_URL", "https://pypi.org/simple").rstrip("/") + "/pip/"
     try:
-        socket.create_connection((parts.hostname or "", parts.port or 443), timeout=5).close()
-    except OSError as exc:
-        return f"the package index {parts.hostname} cannot be reached: {exc}"
-    return None
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10):
+            return None
+    except urllib.error.HTTPError:
+        return None  # the index answered
+    except (OSError, ValueError) as exc:
+        return f"the package index {url} cannot be read: {exc}"
 
 
 def _root_missing() -> str | None:

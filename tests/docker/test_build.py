@@ -157,7 +157,8 @@ verify:
     assert bad.returncode == 1
     assert "deliberately failing check" in bad.stdout
     last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: testprobe: static smoke tier failed; image left as sparkforge-test/vllm:testprobe-")
+    assert last.startswith("error: testprobe: static smoke tier failed (") and "probe" in last, last
+    assert "; image left as sparkforge-test/vllm:testprobe-" in last, last
     assert f"{moving} still points to {good_id[:19]}" in last
     assert image_id(moving) == good_id
     subprocess.run(["docker", "image", "rm", "-f", moving], capture_output=True)
