@@ -106,7 +106,9 @@ RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/mtp-nvfp4-e
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
 RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/03-uf17-eager-allreduce.json
 # The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
-# the static smoke tier checks against the plan's GPUs before any tag moves.
+# the static smoke tier checks against the plan's GPUs before any tag moves. A layer of its own, so a
+# change of the GPUs re-runs only this scan.
+# hadolint ignore=DL3059
 RUN python3 -I -B /opt/sparkforge/inimage kernels scan --gpu 12.0 --gpu 12.1 --dist vllm /opt/cutlass /opt/src/transformers --out /opt/sparkforge/record/kernels.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers

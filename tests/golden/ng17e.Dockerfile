@@ -101,7 +101,9 @@ RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/fix-qwen35-
 COPY mods/serve-torchrun /opt/sparkforge/mods/serve-torchrun
 RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/serve-torchrun --record /opt/sparkforge/record/mods/05-serve-torchrun.json
 # The device code of every CUDA extension of vLLM and the components: cubins and PTX per file, which
-# the static smoke tier checks against the plan's GPUs before any tag moves.
+# the static smoke tier checks against the plan's GPUs before any tag moves. A layer of its own, so a
+# change of the GPUs re-runs only this scan.
+# hadolint ignore=DL3059
 RUN python3 -I -B /opt/sparkforge/inimage kernels scan --gpu 12.0 --gpu 12.1 --dist vllm --dist flashinfer-python --dist ray /opt/cutlass --out /opt/sparkforge/record/kernels.json
 
 # ---------------------------------------------------------------- metadata: the most volatile layers
