@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import download, imagetool, sources, wheels
+from . import imagetool, sources, wheels
 from .errors import DownloadError
 from .plan import Mod, Plan
 from .remote import materialize
@@ -59,10 +59,12 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
         wheel = v.wheel
 
         def from_wheel() -> Path:
+            # Checked as the build checks it: a wrong wheel is bad input (exit 2); only an unreachable one unverified.
             try:
-                return sources.extract_tree(wheels.fetch_wheel(wheel, ca_cert), "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
-            except (download.DownloadFailed, download.HashMismatch, OSError) as exc:
-                raise sources.SourceUnavailable(f"the recipe's wheel: {exc}") from None
+                path = wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+            except DownloadError as exc:
+                raise sources.SourceUnavailable(f"the recipe's wheel: {exc.detail}") from None
+            return sources.extract_tree(path, "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
         return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
     if v.source == "pypi":
         return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
