@@ -129,6 +129,12 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = imageto
     groups: dict[str, list[Mod]] = {}
     for mod in plan.mods:
         groups.setdefault(mod.spec.component, []).append(mod)
+    if plan.vllm.wheel is not None and "vllm" not in groups:
+        # The recipe's wheel is checked as the build checks it even when no mod reads its files.
+        try:
+            wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+        except DownloadError:
+            pass  # not reachable from here; no mod of this variant is checked against it
     for component, mods in groups.items():
         # Source-phase mods run before install-phase ones, as in the build.
         mods = sorted(mods, key=lambda m: m.spec.phase != "source")

@@ -22,6 +22,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from . import __version__, archlist, pipeline, views
 from .config import list_variants
 from .errors import ConfigError, SparkforgeError, visible
+from .files import is_regular
 from .pipeline import LoadedPlan, LockPolicy, load_plan
 from .plan import PROJECT_ROOT, Layout, Plan
 from .smoke import DEFAULT_SERVE_MODEL
@@ -79,6 +80,9 @@ def main(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
                                  callback=_print_version),
 ) -> None:
+    for option, folder in (("--images", images), ("--mods", mods)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise ConfigError("is not a folder", path=folder, field=option)
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
 
 
@@ -118,8 +122,9 @@ CA_HELP = ("CA bundle for a proxy or a private server: used to download patches 
 
 
 def _ca_bundle(path: Optional[Path]) -> Optional[Path]:
-    if path is not None and not path.is_file():
-        raise ConfigError("CA bundle not found", path=path, field="--ca-cert")
+    if path is not None and not is_regular(path):
+        raise ConfigError("CA bundle not found" if not path.exists() else "is not a regular file", path=path,
+                          field="--ca-cert")
     return path
 
 

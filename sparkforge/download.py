@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import net
-from .files import open_regular
+from .files import name_path, open_regular
 from .net import tls_context  # noqa: F401 - the CA bundle's context, for callers of this module
 from .sources import cache_dir
 
@@ -76,10 +76,11 @@ def _keep(sha256: str, name: str, origin: str, fill: Callable[[Any], str]) -> Pa
         if got != sha256:
             raise HashMismatch(origin, sha256, got)
         os.replace(part, target)  # a race's loser puts the same bytes in place
-    except BaseException:
+    except BaseException as exc:
         if part:
             Path(part).unlink(missing_ok=True)
         _drop_if_empty(target.parent)
+        name_path(exc, target)
         raise
     return target
 
@@ -116,8 +117,9 @@ def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path
         target = cached(got, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, target)
-    except BaseException:
+    except BaseException as exc:
         Path(part).unlink(missing_ok=True)
+        name_path(exc, root)
         raise
     return target, got
 

@@ -55,3 +55,9 @@ def is_regular(path: Path | str) -> bool:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
+
+
+def name_path(exc: BaseException, path: Path | str) -> None:
+    """Give an OSError that names no file (a write that hit a full disk) the path it was about, for its one line."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = str(path)

@@ -149,10 +149,11 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
         timer.cancel()
 
 
-def get(url: str, *, deadline: float, ca_cert: Path | None = None, limit: int = 64 << 20) -> bytes:
-    """The whole body of url (at most `limit` bytes), within deadline seconds."""
+def get(url: str, *, deadline: float, ca_cert: Path | None = None, limit: int = 64 << 20,
+        window: float = READ_TIMEOUT) -> bytes:
+    """The whole body of url (at most `limit` bytes), within deadline seconds (see stream)."""
     body = bytearray()
-    for chunk in stream(url, deadline=deadline, ca_cert=ca_cert):
+    for chunk in stream(url, deadline=deadline, ca_cert=ca_cert, window=window):
         body += chunk
         if len(body) > limit:
             raise FetchFailed(f"{mask_secrets(url)}: more than {limit} bytes")

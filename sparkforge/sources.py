@@ -32,6 +32,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from . import gitfetch, net
+from .files import name_path
 from .imagetool import version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -162,8 +163,9 @@ def _write_whole(target: Path, body: bytes) -> None:
         with os.fdopen(fd, "wb") as out:
             out.write(body)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        name_path(exc, target)
         raise
 
 
@@ -237,8 +239,9 @@ def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
             if not (root / ".complete").exists():
                 raise
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        name_path(exc, root)
         raise
 
 
