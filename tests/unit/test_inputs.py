@@ -458,3 +458,30 @@ def test_two_check_mods_share_one_empty_cache(tmp_path: Path) -> None:
         for code, out, err in results:
             assert code == 0 and "3 ok" in out, (round_, out, err)
         assert not leftovers(cache), leftovers(cache)
+
+
+# ---------------------------------------------------------------- no silent winner between mods
+
+
+@pytest.mark.parametrize("second, words", [
+    ("files:\n  - {src: hello.txt, dest: /opt/hello.txt}\n", "mods drop-in and other both write /opt/hello.txt"),
+    ("files:\n  - {src: hello.txt, dest: /opt/other.txt}\nenv: {name: SF_TOGGLE, default: '1', description: x}\n",
+     "mods drop-in and other both set the env name SF_TOGGLE"),
+])
+def test_two_mods_claiming_one_dest_or_env_name_are_refused(project: Path, second: str, words: str) -> None:
+    first = project / "mods" / "drop-in" / "mod.yaml"
+    first.write_text(first.read_text() + "env: {name: SF_TOGGLE, default: '0', description: x}\n")
+    other = project / "mods" / "other"
+    other.mkdir()
+    (other / "hello.txt").write_text("other\n")
+    (other / "mod.yaml").write_text(MOD.replace("name: drop-in", "name: other").split("files:")[0] + second
+                                    + "verify:\n  - {file: /opt/hello.txt, contains: o}\n")
+    recipe = project / "images" / "good.yaml"
+    recipe.write_text(recipe.read_text().replace("mods: [drop-in]", "mods: [drop-in, other]"))
+    error_line(run(project, "show", "good"), 2, "good.yaml", "mods", words)
+
+
+def test_one_mod_writing_one_dest_twice_is_refused(project: Path) -> None:
+    meta = project / "mods" / "drop-in" / "mod.yaml"
+    meta.write_text(meta.read_text().replace("files:\n", "files:\n  - {src: hello.txt, dest: /opt/hello.txt}\n"))
+    error_line(run(project, "show", "good"), 2, "good.yaml", "mod drop-in writes /opt/hello.txt twice")
