@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
+import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
-from .errors import ConfigError
+from .errors import BuildError, ConfigError
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -61,3 +64,25 @@ def name_path(exc: BaseException, path: Path | str) -> None:
     """Give an OSError that names no file (a write that hit a full disk) the path it was about, for its one line."""
     if isinstance(exc, OSError) and exc.filename is None:
         exc.filename = str(path)
+
+
+@contextlib.contextmanager
+def locked(lock_file: Path, *, timeout: float, what: str) -> Iterator[None]:
+    """Hold an exclusive lock (flock) on lock_file, for work two processes sharing a cache must not do at
+    once (two git fetches into one mirror). Waits at most timeout seconds, then fails in one line."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    raise BuildError(f"another sparkforge process has held this lock for over {timeout:.0f}s while "
+                                     f"it {what}; try again when it is done", path=lock_file) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # closing the file drops the lock

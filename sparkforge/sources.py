@@ -32,11 +32,12 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from . import gitfetch, net
-from .files import name_path
+from .files import locked, name_path
 from .imagetool import version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh
+GIT_LOCK_TIMEOUT = 1800.0  # seconds to wait for another process's fetch into the shared git mirror
 
 
 class SourceUnavailable(Exception):
@@ -276,7 +277,8 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
     if (root / ".complete").exists():
         return root
     try:
-        mirror, full = gitfetch.resolve(cache_dir() / "git", repo, commit, commit)
+        with locked(cache_dir() / "git" / ".lock", timeout=GIT_LOCK_TIMEOUT, what="fetches into the git mirror"):
+            mirror, full = gitfetch.resolve(cache_dir() / "git", repo, commit, commit)
         with _staged_tree(root, commit) as staging:
             gitfetch.export(mirror, full, staging)
             if not (staging / package).is_dir():
