@@ -28,7 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import dockercli, download
 from .errors import BuildError, ConfigError, DownloadError
-from .files import is_regular
+from .files import NotRegularFile, is_regular, read_regular
 from .plan import Layout, Plan, WheelFile
 from .sources import cache_dir
 
@@ -284,10 +284,12 @@ def scan(root: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
 
 def _why_damaged(folder: Path) -> str:
     try:
-        data = json.loads((folder / ENTRY).read_text())
+        data = json.loads(read_regular(folder / ENTRY))
     except OSError as exc:
         return f"{ENTRY} cannot be read ({exc.strerror or exc})"
-    except ValueError:
+    except NotRegularFile as exc:
+        return f"{ENTRY} {exc.detail}"
+    except (ValueError, RecursionError):
         return f"{ENTRY} is not JSON"
     if not isinstance(data, dict):
         return f"{ENTRY} is not a JSON object"
@@ -302,12 +304,12 @@ def read_entry(folder: Path) -> Entry | None:
     A shared folder may hold anything: every field that later reaches a Dockerfile line or a table
     is checked here (a wheel path inside the entry with a plain file name, 64-hex hashes, one line)."""
     try:
-        data = json.loads((folder / ENTRY).read_text())
+        data = json.loads(read_regular(folder / ENTRY))
         used_file = folder.parent / USED / folder.name
         used = (used_file if used_file.exists() else folder / ENTRY).stat().st_mtime
         entry = Entry(data["key"], folder, data["inputs"], data["wheel"], data["sha256"], data["size"],
                       data["created"], data["compiled_for"], used)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, NotRegularFile):
         return None
     well_formed = (data.get("format") == CACHE_FORMAT and folder.name == entry.key and _HEX64.fullmatch(entry.key)
                    and _HEX64.fullmatch(str(entry.sha256)) and ENTRY_WHEEL_RE.fullmatch(str(entry.wheel))
