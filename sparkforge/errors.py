@@ -88,9 +88,11 @@ def visible(text: str, *, keep_newlines: bool = True) -> str:
 
 
 def _display(path: str) -> str:
-    """Show a path relative to the working directory when it lies below it."""
+    """Show a path relative to the working directory when it lies below it; a name longer than any file name
+    can be (255) is cut in the middle."""
     p = Path(path)
     try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
+        shown = str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        shown = str(p)
+    return "/".join(part if len(part) <= 255 else f"{part[:40]}...{part[-20:]}" for part in shown.split("/"))
