@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import download, inimage, sources, wheels
+from . import inimage, sources, wheels
 from .errors import DownloadError
 from .plan import Mod, Plan
 from .remote import materialize
@@ -59,10 +59,12 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
         wheel = v.wheel
 
         def from_wheel() -> Path:
+            # Checked as the build checks it: a wrong wheel is bad input (exit 2); only an unreachable one unverified.
             try:
-                return sources.extract_tree(wheels.fetch_wheel(wheel, ca_cert), "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
-            except (download.DownloadFailed, download.HashMismatch, OSError) as exc:
-                raise sources.SourceUnavailable(f"the recipe's wheel: {exc}") from None
+                path = wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+            except DownloadError as exc:
+                raise sources.SourceUnavailable(f"the recipe's wheel: {exc.detail}") from None
+            return sources.extract_tree(path, "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
         return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
     if v.source == "pypi":
         return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
@@ -127,6 +129,12 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     groups: dict[str, list[Mod]] = {}
     for mod in plan.mods:
         groups.setdefault(mod.spec.component, []).append(mod)
+    if plan.vllm.wheel is not None and "vllm" not in groups:
+        # The recipe's wheel is checked as the build checks it even when no mod reads its files.
+        try:
+            wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+        except DownloadError:
+            pass  # not reachable from here; no mod of this variant is checked against it
     for component, mods in groups.items():
         # Source-phase mods run before install-phase ones, as in the build.
         mods = sorted(mods, key=lambda m: m.spec.phase != "source")

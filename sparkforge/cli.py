@@ -6,6 +6,7 @@ stderr and its exit code (2 for bad input), never a traceback.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -13,13 +14,15 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 
 # typer's bundled click: its usage errors become one line like every other bad input.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from . import __version__, archlist, pipeline, views
 from .config import list_variants
-from .errors import ConfigError, SparkforgeError
+from .errors import ConfigError, SparkforgeError, visible
+from .files import is_regular
 from .pipeline import LoadedPlan, LockPolicy, load_plan
 from .plan import PROJECT_ROOT, Layout, Plan
 from .smoke import DEFAULT_SERVE_MODEL
@@ -36,11 +39,23 @@ app = typer.Typer(
 )
 
 
+class _SafeConsole(Console):
+    """A console that shows every control character of what it prints as its escape (errors.visible):
+    names, paths and messages come from recipes, mods, caches and downloads, and an escape sequence in
+    one must not reach the terminal. Rich's own styles and cursor moves are not text, so they pass."""
+
+    def render(self, renderable, options=None):
+        for segment in super().render(renderable, options):
+            if segment.control is None and segment.text and not segment.text.isprintable() and segment.text != "\n":
+                segment = Segment(visible(segment.text), segment.style)
+            yield segment
+
+
 def _console(stderr: bool = False) -> Console:
     # Tables stay readable in logs and pipes, where there is no terminal width to fit.
     probe = Console(stderr=stderr)
     width = None if probe.is_terminal else 200
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    return _SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 out = _console()
@@ -65,6 +80,9 @@ def main(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
                                  callback=_print_version),
 ) -> None:
+    for option, folder in (("--images", images), ("--mods", mods)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise ConfigError("is not a folder", path=folder, field=option)
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
 
 
@@ -104,8 +122,9 @@ CA_HELP = ("CA bundle for a proxy or a private server: used to download patches 
 
 
 def _ca_bundle(path: Optional[Path]) -> Optional[Path]:
-    if path is not None and not path.is_file():
-        raise ConfigError("CA bundle not found", path=path, field="--ca-cert")
+    if path is not None and not is_regular(path):
+        raise ConfigError("CA bundle not found" if not path.exists() else "is not a regular file", path=path,
+                          field="--ca-cert")
     return path
 
 
@@ -475,4 +494,28 @@ def run() -> None:
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted", markup=False)
         code = 130
+    except OSError as exc:  # the world (disk full, read-only, permissions) or a path the user gave that cannot be one
+        err.print(f"error: {os_error_line(exc)}", markup=False)
+        code = 2 if exc.errno in INPUT_ERRNOS else 1
+    except RecursionError:
+        err.print("error: input nested too deeply to read", markup=False)
+        code = 2
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# Errors of a path as given, not of the world: a name too long, a file where a folder must be, ...
+INPUT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP})
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OSError as one line naming the path(s) it is about: `cache/x: No space left on device`."""
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if paths:
+        return visible(f"{' -> '.join(_short_path(p) for p in paths)}: {reason}", keep_newlines=False)
+    return visible(reason, keep_newlines=False)
+
+
+def _short_path(path: str) -> str:
+    """A path as typed, cut in the middle when it is absurdly long (a 300-character name)."""
+    return path if len(path) <= 160 else f"{path[:100]}...{path[-50:]}"

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from .cli import BASE_HELP, _plan, app, err, out
 from .cluster import PULL_STALL_TIMEOUT, STALL_TIMEOUT
-from .errors import SparkforgeError
+from .errors import SparkforgeError, visible
 
 CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
 NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
@@ -216,8 +216,8 @@ def registry_cmd(
     path = _cluster_path(cluster)
     reg = registry_of(load_cluster_file(path), path) if path is not None else None
     proc = run_registry(action, reg or Registry("127.0.0.1:5000", "127.0.0.1:5000"))
-    sys.stdout.write(proc.stdout)
-    sys.stderr.write(proc.stderr)
+    sys.stdout.write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
+    sys.stderr.write(visible(proc.stderr))
     if proc.returncode != 0:
         raise typer.Exit(proc.returncode)
 

@@ -42,17 +42,23 @@ def list_wheels(
     as_json: bool = typer.Option(False, "--json", help="Print every entry with all its inputs as JSON."),
 ) -> None:
     """List the cached wheels: key, vLLM version and commit, arch list, source-phase mods, size, last use."""
-    from .wheels import entries
+    from .wheels import scan
 
     root = _root(wheel_cache)
-    found = entries(root)
+    if root.exists() and not root.is_dir():
+        raise ConfigError("is not a folder", path=root, field="--wheel-cache")
+    found, damaged = scan(root)
     if as_json:
         sys.stdout.write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
-                                      "created": e.created, "inputs": e.inputs} for e in found],
+                                      "created": e.created, "inputs": e.inputs} for e in found]
+                                    + [{"folder": name, "damaged": why} for name, why in damaged],
                                     indent=2, sort_keys=True) + "\n")
         return
+    for name, why in damaged:
+        out.print(f"damaged entry {name[:64]}: {why}; it is never used (`wheels prune` leaves it; delete the folder)",
+                  markup=False)
     if not found:
-        out.print(f"the wheel cache {root} is empty", markup=False)
+        out.print(f"the wheel cache {root} " + ("holds no whole wheel" if damaged else "is empty"), markup=False)
         return
     table = Table("key", "vllm", "commit", "arch", "source mods", "size", "created", "last used", box=None,
                   header_style="bold")

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from . import inimage
 from .errors import ConfigError
+from .files import read_regular
 
 # Patterns for every value that is rendered into the Dockerfile. Each is anchored with \A and \Z
 # (never ^ and $: `$` also matches before a final newline) and is used with fullmatch, so a
@@ -379,17 +380,43 @@ REMOTE_PATCH_FILE = "upstream.diff"
 
 
 # libyaml's loader when PyYAML was built with it: the same safe subset, parsed several times faster.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_DEPTH = 64  # nested mappings and lists; a recipe needs 5. Deeper input would crash the parser's recursion.
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        self.key, self.first, self.second = key, first, second
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a key written twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, seen[key], line)
+                    seen[key] = line
+                except TypeError:  # an unhashable key; SafeConstructor refuses it with its own message
+                    continue
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_text(path: Path, missing: str = "file not found") -> str:
-    """A file's text; a missing, unreadable or non-UTF-8 file is one line naming it."""
+    """A file's text; a missing, unreadable, non-regular (a FIFO) or non-UTF-8 file is one line naming it."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
     except FileNotFoundError:
         raise ConfigError(missing, path=path) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -399,15 +426,40 @@ def read_text(path: Path, missing: str = "file not found") -> str:
 
 
 def read_yaml(path: Path) -> Any:
-    """Parse one YAML file, turning parse errors into one line that names the file and line."""
+    """Parse one YAML file, turning parse errors into one line that names the file and line.
+
+    Refused as well: a key written twice in one mapping (naming both lines), and nesting deeper than
+    MAX_DEPTH, checked on the parser's events before anything is built from them."""
     text = read_text(path)
     try:
-        return yaml.load(text, Loader=_LOADER)
+        _check_depth(text, path)
+        return yaml.load(text, Loader=_Loader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"key {exc.key!r} is written twice, on lines {exc.first} and {exc.second}; keep one",
+                          path=path) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError(f"malformed YAML: {where}{problem}", path=path) from None
+
+
+def _check_depth(text: str, path: Path) -> None:
+    loader = _BASE_LOADER(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    line = event.start_mark.line + 1 if event.start_mark else "?"
+                    raise ConfigError(f"nested more than {MAX_DEPTH} levels deep (line {line}); a recipe, mod or "
+                                      "cluster file needs a handful", path=path)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    finally:
+        loader.dispose()
 
 
 _NO_DATA = object()
@@ -476,6 +528,14 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     """Load mods/<name>/mod.yaml and check that every asset it names exists."""
     folder = mods_dir / name
     meta = folder / "mod.yaml"
+    try:
+        meta.stat()
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            exc.strerror = None
+        why = f": {exc.strerror}" if exc.strerror else ""
+        raise ConfigError(f"unknown mod {_clip(name)!r}: {_clip(str(meta))} does not exist{why}", path=used_by or meta,
+                          field="mods") from None
     if not meta.is_file():
         raise ConfigError(f"unknown mod {name!r}: {meta} does not exist", path=used_by or meta, field="mods")
     data = read_yaml(meta)
@@ -504,6 +564,11 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     except inimage.ModFailure as exc:
         raise ConfigError(str(exc), path=meta, field=spec.kind) from None
     return spec, folder
+
+
+def _clip(text: str, most: int = 120) -> str:
+    """A name as given, cut in the middle when it is far too long to be one."""
+    return text if len(text) <= most else f"{text[:most - 40]}...{text[-30:]}"
 
 
 class _ModDumper(yaml.SafeDumper):
@@ -563,7 +628,7 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
         if current in chain:
             cycle = " -> ".join(chain[chain.index(current):] + [current])
             raise ConfigError(f"extends forms a cycle: {cycle}", path=child_path, field="extends")
-        if not path.is_file():
+        if not path.exists():  # a FIFO or a folder by that name is refused when read, naming what it is
             if child_path is None:
                 known = ", ".join(list_variants(images_dir)) or "none"
                 raise ConfigError(f"unknown variant {name!r} (known: {known})", path=images_dir)
@@ -591,7 +656,9 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
 def _shown(path: Path, images_dir: Path) -> str:
     """A recipe path as recorded in plans: relative to the folder that holds the recipe folder,
     so that renders do not depend on where the checkout lives or where the tool runs."""
-    return path.resolve().relative_to(images_dir.resolve().parent).as_posix()
+    # The recipe's own name, not where a link leads: a recipe may be a link to a file elsewhere.
+    folder = images_dir.resolve()
+    return (folder / path.name).relative_to(folder.parent).as_posix()
 
 
 _REPLACED_WHOLE = {"digest", "commit"}

@@ -12,18 +12,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import ssl
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from . import net
+from .files import name_path, open_regular
+from .net import tls_context  # noqa: F401 - the CA bundle's context, for callers of this module
 from .sources import cache_dir
 
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
 _NAME = re.compile(r"\A[A-Za-z0-9._+-]+\Z")
-READ_TIMEOUT = 60.0  # seconds without a byte before a download is given up
+DEADLINE = 3600.0  # seconds a whole download may take (a vLLM wheel is some 400 MB); see net.stream
 CHUNK = 1 << 20
 
 
@@ -50,11 +50,6 @@ def cached(sha256: str, name: str) -> Path:
     return downloads_dir() / sha256 / name
 
 
-def tls_context(ca_cert: Path | None) -> ssl.SSLContext:
-    """The system's trust store, or the bundle given with --ca-cert instead of it."""
-    return ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
-
-
 def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
           progress: Callable[[int, int | None], None] = lambda done, total: None) -> Path:
     """The file at url, from the cache or downloaded into it, whose sha256 is `sha256` (64 hex).
@@ -72,23 +67,40 @@ def _keep(sha256: str, name: str, origin: str, fill: Callable[[Any], str]) -> Pa
     if target.is_file():
         if sha256_of(target) == sha256:  # checked on every use: the cache is a folder anyone may write
             return target
-        target.unlink()
+        target.unlink(missing_ok=True)
     part = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
+        fd, part = _part_file(target.parent, name)  # one of this process's own: others may fetch the same file
         with os.fdopen(fd, "wb") as out:
             got = fill(out)
         if got != sha256:
             raise HashMismatch(origin, sha256, got)
-        os.replace(part, target)
-    except BaseException:
+        os.replace(part, target)  # a race's loser puts the same bytes in place
+    except BaseException as exc:
         if part:
             Path(part).unlink(missing_ok=True)
-        if target.parent.is_dir() and not any(target.parent.iterdir()):
-            target.parent.rmdir()
+        _drop_if_empty(target.parent)
+        name_path(exc, target)
         raise
     return target
+
+
+def _part_file(folder: Path, name: str) -> tuple[int, str]:
+    """A new temporary file in folder (made if need be), even while another process drops the empty folder."""
+    for _ in range(5):
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+        except FileNotFoundError:  # removed between the two calls by a process that found it empty
+            continue
+    return tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+
+
+def _drop_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (another process's file), gone already, or not ours to remove
+        pass
 
 
 def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path, str]:
@@ -105,8 +117,9 @@ def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path
         target = cached(got, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, target)
-    except BaseException:
+    except BaseException as exc:
         Path(part).unlink(missing_ok=True)
+        name_path(exc, root)
         raise
     return target, got
 
@@ -115,43 +128,24 @@ def forget(sha256: str, name: str) -> None:
     """Drop a cached file (one that came as pinned but cannot be used), and its folder when empty."""
     target = cached(sha256, name)
     target.unlink(missing_ok=True)
-    if target.parent.is_dir() and not any(target.parent.iterdir()):
-        target.parent.rmdir()
+    _drop_if_empty(target.parent)
 
 
 def _stream(url: str, out, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
-    """Copy url into out; return the sha256 of what came."""
+    """Copy url into out (https only, also through redirects; within DEADLINE); return the sha256 of what came."""
     digest = hashlib.sha256()
-    request = urllib.request.Request(url, headers={"User-Agent": "sparkforge"})
     try:
-        with urllib.request.urlopen(request, timeout=READ_TIMEOUT, context=tls_context(ca_cert)) as resp:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            done = 0
-            while chunk := resp.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                done += len(chunk)
-                progress(done, total)
-    except urllib.error.HTTPError as exc:
-        raise DownloadFailed(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise DownloadFailed(f"{url}: {_reason(exc.reason)}") from None
-    except (OSError, ssl.SSLError) as exc:
-        raise DownloadFailed(f"{url}: {_reason(exc)}") from None
+        for chunk in net.stream(url, deadline=DEADLINE, ca_cert=ca_cert, progress=progress):
+            digest.update(chunk)
+            out.write(chunk)
+    except net.FetchFailed as exc:
+        raise DownloadFailed(str(exc)) from None
     return digest.hexdigest()
-
-
-def _reason(exc: object) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS certificate not trusted ({exc.verify_message}); give the CA bundle with --ca-cert"
-    if isinstance(exc, TimeoutError):
-        return f"no answer within {READ_TIMEOUT:.0f}s"
-    return str(getattr(exc, "strerror", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         while chunk := fh.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -163,7 +157,7 @@ def take_local(path: Path, sha256: str, name: str) -> Path:
 
     def copy(out) -> str:  # the hash of the copy: what the build will read
         digest = hashlib.sha256()
-        with open(path, "rb") as fh:
+        with open_regular(path, field="vllm.path") as fh:
             while chunk := fh.read(CHUNK):
                 digest.update(chunk)
                 out.write(chunk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -58,14 +59,40 @@ class DistributeError(SparkforgeError):
 
 
 def _one_line(text: str) -> str:
-    """The message on one line: a line break that came from a file or a tool is shown escaped."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """The message on one line: a line break or any other control character that came from a file or a
+    tool is shown escaped, and a password in a URL is masked."""
+    return visible(text, keep_newlines=False)
+
+
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+_NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
+# scheme://user:password@host: the part before '@' goes nowhere, not even into an error message.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+def mask_secrets(text: str) -> str:
+    """text with the user and password of every URL in it replaced by `***`."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def visible(text: str, *, keep_newlines: bool = True) -> str:
+    """External text made safe for a terminal: every control character (an escape sequence's ESC, a
+    carriage return, a bell) is shown as its escape (`\\x1b`), and URL passwords are masked. The one
+    helper for everything printed: error lines and, through the CLI's console, every table and line."""
+    def shown(match: re.Match[str]) -> str:
+        ch = match.group()
+        return _NAMED.get(ch) or f"\\x{ord(ch):02x}"
+
+    text = _CONTROL.sub(shown, mask_secrets(text))
+    return text if keep_newlines else text.replace("\n", "\\n")
 
 
 def _display(path: str) -> str:
-    """Show a path relative to the working directory when it lies below it."""
+    """Show a path relative to the working directory when it lies below it; a name longer than any file name
+    can be (255) is cut in the middle."""
     p = Path(path)
     try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
+        shown = str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        shown = str(p)
+    return "/".join(part if len(part) <= 255 else f"{part[:40]}...{part[-20:]}" for part in shown.split("/"))

@@ -234,7 +234,7 @@ def read_lock(path: Path) -> Lock:
     text = read_text(path, missing="no lock file: run `python build.py lock VARIANT` first")
     try:
         raw = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         line = f"line {exc.lineno}, column {exc.colno}: " if hasattr(exc, "lineno") else ""
         raise ConfigError(f"malformed lock file: {line}{getattr(exc, 'msg', exc)}", path=path) from None
     if not isinstance(raw, dict):

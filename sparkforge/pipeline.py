@@ -227,7 +227,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
     ctx = render_context(plan, layout, context_dir(plan), ca_cert=opts.ca_cert)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
-        wheel_cache.mkdir(parents=True, exist_ok=True)
+        wheels.claim(wheel_cache)
         export = Path(tempfile.mkdtemp(prefix=".export.", dir=wheel_cache))
     except OSError as exc:
         raise BuildError(f"cannot write the wheel cache: {exc.strerror or exc} (build with --no-wheel-cache, or give "

@@ -351,10 +351,20 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
     known_components = {"vllm", "image"} | {c.name for c in components}
     mods = []
     env: dict[str, str] = {}
+    owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
     for name in data.mods or []:
         spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
         _check_mod_fits(spec, folder, vllm, known_components, leaf)
         mods.append(Mod(name, digest_tree(folder), str(folder), spec))
+        for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
+            if value is None:
+                continue
+            if (what, value) in owners:
+                other = owners[(what, value)]
+                who = f"mod {name} writes {value} twice" if other == name else (
+                    f"mods {other} and {name} both {'set the env name' if what == 'env' else 'write'} {value}")
+                raise ConfigError(f"{who}; only one may, or the last would win silently", path=leaf, field="mods")
+            owners[(what, value)] = name
         if spec.env:
             env[spec.env.name] = spec.env.default
     for key, value in (data.env or {}).items():

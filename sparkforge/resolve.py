@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from typing import Callable
 
-from . import gitfetch
+from . import gitfetch, net
 from .lock import Pinned
 from .plan import Plan
 from .sources import cache_dir
@@ -65,10 +65,11 @@ def _bearer_token(challenge: str, timeout: float) -> str:
         raise Unreachable(f"the registry asks for authentication this tool does not do ({challenge[:60]})")
     url = realm + "?" + urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = json.load(resp)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise Unreachable(f"cannot get a token from {realm}: {getattr(exc, 'reason', exc)}") from None
+        body = json.loads(net.get(url, deadline=timeout * 2, limit=1 << 20))
+    except (net.FetchFailed, ValueError) as exc:
+        raise Unreachable(f"cannot get a token from {realm}: {exc}") from None
+    if not isinstance(body, dict):
+        raise Unreachable(f"{realm} gave no token")
     token = body.get("token") or body.get("access_token")
     if not token:
         raise Unreachable(f"{realm} gave no token")

@@ -16,9 +16,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +31,13 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from . import gitfetch
+from . import gitfetch, net
+from .files import locked, name_path
 from .inimage import version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh
+GIT_LOCK_TIMEOUT = 1800.0  # seconds to wait for another process's fetch into the shared git mirror
 
 
 class SourceUnavailable(Exception):
@@ -77,13 +77,11 @@ class _Links(html.parser.HTMLParser):
             self._href = None
 
 
-def _get(url: str, timeout: float = 60) -> bytes:
+def _get(url: str, deadline: float = 120) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.read()
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise SourceUnavailable(f"cannot fetch {url}: {reason}") from None
+        return net.get(url, deadline=deadline)
+    except net.FetchFailed as exc:
+        raise SourceUnavailable(f"cannot fetch {exc}") from None
 
 
 def project_files(project: str, *, refresh: bool = False) -> list[tuple[str, str]]:
@@ -92,11 +90,7 @@ def project_files(project: str, *, refresh: bool = False) -> list[tuple[str, str
     cached = cache_dir() / "index" / f"{name}.html"
     if refresh or not cached.exists() or time.time() - cached.stat().st_mtime > INDEX_TTL:
         page_url = f"{index_url()}/{name}/"
-        body = _get(page_url)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_bytes(body)
-        os.replace(tmp, cached)
+        _write_whole(cached, _get(page_url))
     else:
         page_url = f"{index_url()}/{name}/"
     parser = _Links()
@@ -152,16 +146,28 @@ def find_release(project: str, version: str) -> Release:
 def download(release: Release) -> Path:
     """The release file, downloaded once into the cache and checked against its sha256."""
     target = cache_dir() / "sources" / canonicalize_name(release.project) / release.filename
-    if target.exists():
+    if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    body = _get(release.url, timeout=600)
+    body = _get(release.url, deadline=1800)
     if release.sha256 and hashlib.sha256(body).hexdigest() != release.sha256:
         raise SourceUnavailable(f"{release.filename}: sha256 does not match the index")
-    tmp = target.with_suffix(target.suffix + ".part")
-    tmp.write_bytes(body)
-    os.replace(tmp, target)
+    _write_whole(target, body)
     return target
+
+
+def _write_whole(target: Path, body: bytes) -> None:
+    """Put body at target by a rename from a temporary file of this process's own, so that other
+    processes sharing the cache see the old file or the new, never half of one; nothing is left on failure."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(body)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        name_path(exc, target)
+        raise
 
 
 def _package_dir(project: str) -> str:
@@ -226,12 +232,28 @@ def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
     try:
         yield staging
         (staging / ".complete").write_text(marker + "\n")
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(staging, root)
-    except BaseException:
+        if root.exists() and not (root / ".complete").exists():  # a half tree of an older sparkforge: set aside
+            _set_aside(root)
+        try:
+            os.replace(staging, root)
+        except OSError:  # another process put the same tree there first: its tree is used, this one dropped
+            if not (root / ".complete").exists():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        name_path(exc, root)
         raise
+
+
+def _set_aside(folder: Path) -> None:
+    """Take a folder out of the way by a rename (a reader never sees it half deleted), then delete it."""
+    trash = folder.parent / f".trash.{os.getpid()}.{time.monotonic_ns()}"
+    try:
+        os.replace(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _ensure(path: Path) -> Path:
@@ -255,7 +277,8 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
     if (root / ".complete").exists():
         return root
     try:
-        mirror, full = gitfetch.resolve(cache_dir() / "git", repo, commit, commit)
+        with locked(cache_dir() / "git" / ".lock", timeout=GIT_LOCK_TIMEOUT, what="fetches into the git mirror"):
+            mirror, full = gitfetch.resolve(cache_dir() / "git", repo, commit, commit)
         with _staged_tree(root, commit) as staging:
             gitfetch.export(mirror, full, staging)
             if not (staging / package).is_dir():

@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import dockercli, download
 from .errors import BuildError, ConfigError, DownloadError
+from .files import NotRegularFile, is_regular, read_regular
 from .plan import Layout, Plan, WheelFile
 from .sources import cache_dir
 
@@ -36,6 +37,7 @@ ENTRY_WHEEL_RE = re.compile(r"\Awheels/vllm-[A-Za-z0-9._+-]+\.whl\Z")  # where a
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
 CACHE_FORMAT = 1
 ENTRY = "entry.json"
+MARKER = ".sparkforge-wheel-cache"  # in the root of every folder sparkforge made or used as a wheel cache
 USED = ".last-used"  # a folder of the cache root: one file per key, touched on each use (never inside an entry,
 # whose files are a build context: a change there would make BuildKit redo the install)
 
@@ -88,13 +90,23 @@ def planned_wheel(plan: Plan) -> WheelInput:
 
 
 def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> WheelInput:
-    """The recipe's prebuilt wheel, fetched (or copied) into the cache and checked: its sha256, and the
-    version its metadata gives against the recipe's."""
+    """The recipe's prebuilt wheel, fetched (or copied) into the cache and checked (checked_wheel)."""
     w = plan.vllm.wheel
     assert w is not None
-    recipe = layout.images_dir / f"{plan.variant}.yaml"
-    if w.local and not (Path(w.local).is_file() and os.access(w.local, os.R_OK)):
-        raise ConfigError(f"{w.path} is not a readable file in {layout.images_dir}", path=recipe, field="vllm.path")
+    path = checked_wheel(plan, layout.images_dir / f"{plan.variant}.yaml", ca_cert=ca_cert)
+    return WheelInput("recipe", path.parent, path.name, w.sha256)
+
+
+def checked_wheel(plan: Plan, recipe: Path, *, ca_cert: Path | None = None) -> Path:
+    """The recipe's wheel in the cache, checked as every command that uses it checks it: its sha256, a
+    whole zip archive, and the version its METADATA gives against the recipe's (the file name's was
+    checked with the plan). A wrong wheel is bad input (ConfigError, naming recipe and field); only a
+    source that cannot be reached is a DownloadError."""
+    w = plan.vllm.wheel
+    assert w is not None
+    if w.local and not (is_regular(w.local) and os.access(w.local, os.R_OK)):
+        raise ConfigError(f"{w.path} is not a readable regular file in {recipe.parent}", path=recipe,
+                          field="vllm.path")
     try:
         path = fetch_wheel(w, ca_cert)
     except download.HashMismatch as exc:
@@ -102,14 +114,30 @@ def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> 
                           path=recipe, field="vllm.sha256") from None
     except download.DownloadFailed as exc:
         raise DownloadError(f"cannot fetch the wheel: {exc}", path=recipe, field="vllm.url") from None
+    except ConfigError as exc:  # the path turned into a FIFO or a folder after the check above
+        raise ConfigError(exc.detail, path=recipe, field="vllm.path") from None
     except OSError as exc:
         raise BuildError(f"cannot keep the wheel in the download cache {download.downloads_dir()}: "
                          f"{exc.strerror or exc}", path=recipe, field="vllm") from None
+    broken = _zip_damage(path)
+    if broken:
+        raise ConfigError(f"{w.filename} is not a whole wheel: {broken}", path=recipe,
+                          field="vllm.url" if w.url else "vllm.path")
     found = metadata_version(path)
     if found != Version(plan.vllm.version):
         raise ConfigError(f"{w.filename} holds vllm {found} (its METADATA), but the recipe says version "
                           f"{plan.vllm.version}", path=recipe, field="vllm.version")
-    return WheelInput("recipe", path.parent, path.name, w.sha256)
+    return path
+
+
+def _zip_damage(path: Path) -> str | None:
+    """Why a wheel is not a readable zip archive (every member's CRC is checked), or None."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError) as exc:
+        return f"not a zip archive ({exc})"
+    return f"{bad} fails its CRC check" if bad else None
 
 
 def fetch_wheel(w: WheelFile, ca_cert: Path | None = None) -> Path:
@@ -207,6 +235,28 @@ def _short(value: Any) -> str:
 # ------------------------------------------------------------------ the wheel cache: entries
 
 
+def claim(root: Path) -> None:
+    """Make root (when need be) and mark it as a wheel cache, so that prune may later clean it."""
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / MARKER
+    if not marker.exists():
+        fd, tmp = tempfile.mkstemp(prefix=f"{MARKER}.", dir=root)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("This folder is a sparkforge wheel cache: `python build.py wheels list` shows it.\n")
+        os.replace(tmp, marker)
+
+
+def is_wheel_cache(root: Path) -> bool:
+    """True for a folder sparkforge marked as a wheel cache (or one of an older sparkforge: it holds an entry or
+    its last-use folder), and for a folder that is empty or not there; never for anything else."""
+    if not root.exists():
+        return True
+    if (root / MARKER).is_file() or (root / USED).is_dir():
+        return True
+    items = list(root.iterdir())
+    return not items or any(read_entry(item) is not None for item in items if item.is_dir())
+
+
 def entries(root: Path) -> list[Entry]:
     """Every complete entry of the cache, newest first; half-written or foreign folders are skipped."""
     found = []
@@ -217,24 +267,62 @@ def entries(root: Path) -> list[Entry]:
     return sorted(found, key=lambda e: e.created, reverse=True)
 
 
+def scan(root: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
+    """The whole entries of the cache, newest first, and the damaged ones: (folder name, why) of each folder
+    that has an entry.json but is not one whole, well-formed entry (bad JSON, wrong types, a missing wheel)."""
+    found, damaged = [], []
+    for folder in sorted(root.glob("*/")) if root.is_dir() else ():
+        if folder.name.startswith("."):
+            continue
+        entry = read_entry(folder)
+        if entry is not None and entry.path.is_file():
+            found.append(entry)
+        elif (folder / ENTRY).exists() or entry is not None:
+            damaged.append((folder.name, "its wheel is missing" if entry is not None else _why_damaged(folder)))
+    return sorted(found, key=lambda e: e.created, reverse=True), damaged
+
+
+def _why_damaged(folder: Path) -> str:
+    try:
+        data = json.loads(read_regular(folder / ENTRY))
+    except OSError as exc:
+        return f"{ENTRY} cannot be read ({exc.strerror or exc})"
+    except NotRegularFile as exc:
+        return f"{ENTRY} {exc.detail}"
+    except (ValueError, RecursionError):
+        return f"{ENTRY} is not JSON"
+    if not isinstance(data, dict):
+        return f"{ENTRY} is not a JSON object"
+    if data.get("format") != CACHE_FORMAT:
+        return f"{ENTRY} is of another format ({str(data.get('format'))[:20]})"
+    return f"{ENTRY} has missing or mistyped fields"
+
+
 def read_entry(folder: Path) -> Entry | None:
     """The entry in folder, or None when it is not one whole, well-formed entry of this format.
 
     A shared folder may hold anything: every field that later reaches a Dockerfile line or a table
     is checked here (a wheel path inside the entry with a plain file name, 64-hex hashes, one line)."""
     try:
-        data = json.loads((folder / ENTRY).read_text())
+        data = json.loads(read_regular(folder / ENTRY))
         used_file = folder.parent / USED / folder.name
         used = (used_file if used_file.exists() else folder / ENTRY).stat().st_mtime
         entry = Entry(data["key"], folder, data["inputs"], data["wheel"], data["sha256"], data["size"],
                       data["created"], data["compiled_for"], used)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, NotRegularFile):
         return None
     well_formed = (data.get("format") == CACHE_FORMAT and folder.name == entry.key and _HEX64.fullmatch(entry.key)
                    and _HEX64.fullmatch(str(entry.sha256)) and ENTRY_WHEEL_RE.fullmatch(str(entry.wheel))
-                   and isinstance(entry.inputs, dict) and isinstance(entry.size, int)
+                   and isinstance(entry.inputs, dict) and isinstance(entry.size, int) and _inputs_ok(entry.inputs)
                    and all(isinstance(x, str) and x.isprintable() for x in (entry.created, entry.compiled_for)))
     return entry if well_formed else None
+
+
+def _inputs_ok(inputs: dict[str, Any]) -> bool:
+    """The inputs fields a table shows have the types sparkforge writes."""
+    vllm, mods = inputs.get("vllm", {}), inputs.get("source_mods", [])
+    return (isinstance(vllm, dict) and isinstance(mods, list)
+            and all(isinstance(m, dict) and isinstance(m.get("name"), str) for m in mods))
 
 
 @dataclass(frozen=True)
@@ -273,6 +361,7 @@ def as_input(entry: Entry) -> WheelInput:
 def mark_used(root: Path, key: str) -> None:
     """Note the entry's use, for `prune --older-than`; a cache this user cannot write is still read."""
     try:
+        claim(root)
         (root / USED).mkdir(parents=True, exist_ok=True)
         (root / USED / key).touch()
     except OSError:
@@ -301,7 +390,7 @@ def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str)
     if existing is not None and _intact(existing):
         mark_used(root, key)
         return existing
-    root.mkdir(parents=True, exist_ok=True)
+    claim(root)
     staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=root))
     try:
         for part in ("wheels", "record"):
@@ -350,12 +439,23 @@ LEFTOVER_HOURS = 24  # a compile of the image's own can take hours on a slow mac
 _LEFTOVER_RE = re.compile(r"\A\.(export\.|trash-|[0-9a-f]{12}\.)")  # prepare_wheel's export, _discard, store's staging
 
 
+def refuse_foreign(root: Path) -> None:
+    """Refuse to clean a folder that is not a wheel cache: prune removes folders there."""
+    if not root.is_dir() and root.exists():
+        raise ConfigError("is not a folder", path=root, field="--wheel-cache")
+    if not is_wheel_cache(root):
+        raise ConfigError(f"is not a wheel cache (no {MARKER}, no entry); prune removes only what sparkforge put in "
+                          "one, so it touches nothing here", path=root, field="--wheel-cache")
+
+
 def leftovers(root: Path, *, older_than_hours: float = LEFTOVER_HOURS) -> list[Path]:
     """Folders a killed build or prune left in the cache (an export, a staging folder, a renamed entry), untouched
     for older_than_hours: younger ones may belong to a build that is still running, here or on a machine that
     shares the cache."""
     now = time.time()
-    found = []
+    found: list[Path] = []
+    if not is_wheel_cache(root):
+        return found
     for folder in sorted(root.iterdir()) if root.is_dir() else ():
         try:
             if _LEFTOVER_RE.match(folder.name) and folder.is_dir() and not folder.is_symlink() \
@@ -393,6 +493,7 @@ def prune(root: Path, *, older_than_days: float | None = None, key: str | None =
           dry_run: bool = False) -> list[Entry]:
     """Remove entries not used for older_than_days, or the one entry whose key starts with `key`, or (neither)
     all; each is renamed out of the cache before it is deleted."""
+    refuse_foreign(root)
     now = time.time()
     chosen = [e for e in entries(root)
               if (key is None or e.key.startswith(key))

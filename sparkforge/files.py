@@ -1,0 +1,88 @@
+"""Reading files the user names: only regular files, so that a FIFO or a device can never block a command."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import time
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from .errors import BuildError, ConfigError
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+class NotRegularFile(ConfigError):
+    """A path that should be a file is a folder, a FIFO, a socket or a device."""
+
+
+def kind_of(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: Path | str, *, field: str | None = None) -> BinaryIO:
+    """path opened for reading, refused (NotRegularFile) unless it is a regular file (links followed).
+
+    Checked twice: before opening, and on the open file itself (a FIFO swapped in between is opened
+    without blocking, since O_NONBLOCK makes opening a FIFO with no writer return at once). Other
+    OSErrors (missing, no permission) pass to the caller.
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(f"is {kind_of(mode)}, not a regular file", path=path, field=field)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(f"is {kind_of(mode)}, not a regular file", path=path, field=field)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path | str, *, field: str | None = None) -> bytes:
+    """The bytes of a regular file (see open_regular)."""
+    with open_regular(path, field=field) as fh:
+        return fh.read()
+
+
+def is_regular(path: Path | str) -> bool:
+    """True for a regular file (links followed); never opens it."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def name_path(exc: BaseException, path: Path | str) -> None:
+    """Give an OSError that names no file (a write that hit a full disk) the path it was about, for its one line."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = str(path)
+
+
+@contextlib.contextmanager
+def locked(lock_file: Path, *, timeout: float, what: str) -> Iterator[None]:
+    """Hold an exclusive lock (flock) on lock_file, for work two processes sharing a cache must not do at
+    once (two git fetches into one mirror). Waits at most timeout seconds, then fails in one line."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    raise BuildError(f"another sparkforge process has held this lock for over {timeout:.0f}s while "
+                                     f"it {what}; try again when it is done", path=lock_file) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # closing the file drops the lock
