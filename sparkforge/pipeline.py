@@ -34,6 +34,7 @@ from .builder import (
 )
 from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, MatrixCell, Row, check_env, check_variant, matrix
 from .errors import BuildError, ConfigError
+from .files import locked
 from .lock import (
     BuiltFrom,
     Lock,
@@ -110,6 +111,17 @@ def with_epoch(plan: Plan, epoch: int) -> Plan:
 def context_dir(plan: Plan) -> Path:
     """Where a build of the plan renders its context: one folder per plan, reused by rebuilds."""
     return PROJECT_ROOT / "build" / "contexts" / f"{plan.variant}-{plan.plan_hash[:12]}"
+
+
+# How long a build waits for another build of the same plan (which renders the same context folder and
+# moves the same tags) before it gives up: longer than a cold compile on a GB10.
+SAME_PLAN_WAIT = 6 * 3600
+
+
+def same_plan_lock(plan: Plan):
+    """Held from render to tags: a second build of one plan waits for the first, then finds its cache."""
+    ctx = context_dir(plan)
+    return locked(ctx.parent / f"{ctx.name}.lock", timeout=SAME_PLAN_WAIT, what=f"builds {plan.tag}")
 
 
 def list_plans(layout: Layout) -> list[LoadedPlan]:
@@ -266,6 +278,13 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
     first (and stored) only when the cache lacks it (prepare_wheel). Nothing is written (context, log,
     wheel) before the engine has answered."""
     require_engine(opts.docker_host)
+    with same_plan_lock(plan):
+        return _build_locked(plan, layout, opts, smoke, wheel_cache, progress, on_smoke, say)
+
+
+def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, wheel_cache: Path | None,
+                  progress: Callable[[Step, float], None], on_smoke: Callable[[TierResult], None],
+                  say: Callable[[str], None]) -> BuildOutcome:
     try:
         wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
         ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
@@ -334,10 +353,11 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         if image is None:
             to_build = pinned_plan(plan, pins, sde)
             say(f"building {to_build.tag} to see what it installs")
-            wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
-            ctx = render_context(to_build, layout, context_dir(to_build), wheel, ca_cert=opts.ca_cert)
-            image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
-                                progress=progress).image_id
+            with same_plan_lock(to_build):
+                wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
+                ctx = render_context(to_build, layout, context_dir(to_build), wheel, ca_cert=opts.ca_cert)
+                image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
+                                    progress=progress).image_id
         record, _ = read_record(image)
         if record.packages is None:
             raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
