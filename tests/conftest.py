@@ -100,6 +100,7 @@ def _engine_group(item) -> str:
     return "engine-hosts" if path.startswith(HOSTS_GROUP) else "engine-builds"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group markers into test IDs
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = next((t for t in TIERS if item.get_closest_marker(t)), "unit")
