@@ -49,9 +49,10 @@ FLAG_ARCH_SPECIFIC = 0x100000   # sm_120a / compute_120a
 FLAG_FAMILY = 0x200000          # sm_120f / compute_120f
 FLAG_LZ4, FLAG_ZSTD = 0x2000, 0x8000
 FLAG_COMPRESSED = FLAG_LZ4 | FLAG_ZSTD
-# The cubin's ELF e_flags mark of an arch-specific target (CUDA 12.x output): bit 0x800 up to ELF
-# ABI version 7 (sm_90a), the low nibble 0x8 from version 8 (sm_100a, sm_120a; plain is 0x2).
-EF_ARCH_SPECIFIC_OLD, EF_ARCH_SPECIFIC_MASK, EF_ARCH_SPECIFIC_V8 = 0x800, 0xF, 0x8
+# The cubin's ELF e_flags mark of an arch-specific target (CUDA 12.x output, read from vLLM
+# 0.17.0's _C): bit 0x800 up to ELF ABI version 7 (sm_90a 0xd00, sm_90 0x500), bit 0x8 from
+# version 8 (sm_100a and sm_120a 0xa, plain 0x2). nvcc 13.0 sets neither.
+EF_ARCH_SPECIFIC_OLD, EF_ARCH_SPECIFIC_V8 = 0x800, 0x8
 
 PLAIN, ARCH_SPECIFIC, FAMILY, UNKNOWN = "", "a", "f", "?"
 GPU_RE = re.compile(r"\A([0-9]+)\.([0-9])\Z")
@@ -161,7 +162,7 @@ def _checked_cubin(data, pos: int, size: int, arch: int, variant: str) -> str:
     abi_version = data[pos + 8]
     # The SM number sits in e_flags' low byte up to ELF ABI version 7, in the second from version 8.
     if abi_version >= 8:
-        sm, specific = (e_flags >> 8) & 0xFF, e_flags & EF_ARCH_SPECIFIC_MASK == EF_ARCH_SPECIFIC_V8
+        sm, specific = (e_flags >> 8) & 0xFF, bool(e_flags & EF_ARCH_SPECIFIC_V8)
     else:
         sm, specific = e_flags & 0xFF, bool(e_flags & EF_ARCH_SPECIFIC_OLD)
     if machine != 190 or sm != arch % 256:
@@ -194,10 +195,6 @@ def _entries(data, start: int, end: int) -> list[Entry]:
                 found.append(entry)
         pos = stop
     return found
-
-
-def _containers(data, start: int, end: int) -> list[Target]:
-    return [e.target for e in _entries(data, start, end)]
 
 
 def _system_lz4():
