@@ -36,7 +36,7 @@ PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
 ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.,:;/=+@%-]*\Z")
 # A compute capability, as `nvidia-smi --query-gpu=compute_cap` prints it: 12.1 for a GB10.
-GPU_RE = re.compile(r"\A[0-9]+\.[0-9]+\Z")
+GPU_RE = re.compile(r"\A[0-9]+\.[0-9]\Z")
 # A CUDA extension by its file name up to the first dot: _vllm_fa3_C for _vllm_fa3_C.abi3.so.
 EXTENSION_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_-]{0,99}\Z")
 ARCH_LIST_RE = re.compile(r"\A[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*\Z")
@@ -241,6 +241,7 @@ class RecipeFile(Strict):
     protect: list[Package] | None = None
     build: BuildSpec | None = None
     # The GPUs (compute capabilities) the image is for; every CUDA extension must hold code they run.
+    # `[]`: an image without CUDA kernels on purpose (no kernel check).
     gpus: list[Gpu] | None = None
     # Extensions that vLLM loads only on other GPUs than those, each with the reason.
     kernels_not_needed: dict[Extension, Union[Text, None]] | None = None
@@ -252,8 +253,6 @@ class RecipeFile(Strict):
     def _gpus_once(cls, v: Any) -> Any:
         if v is not None and len(set(v)) != len(v):
             raise ValueError("a GPU is listed twice")
-        if v is not None and not v:
-            raise ValueError("list at least one GPU, or leave gpus out to take them from build.torch_cuda_arch_list")
         return v
 
     @field_validator("mods")

@@ -371,6 +371,11 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         if value is not None:
             env[key] = value
 
+    for name, reason in (data.kernels_not_needed or {}).items():
+        if reason is None:
+            raise ConfigError("a null reason only removes a parent's entry; give the reason why no listed GPU "
+                              "needs it", path=layout.images_dir / f"{recipe.chain[-1]}.yaml",
+                              field=f"kernels_not_needed.{name}")
     plan = Plan(
         variant=recipe.variant,
         chain=recipe.chain,
@@ -386,8 +391,8 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         env=tuple(sorted(env.items())),
         mods=tuple(mods),
         tooling_digest=digest_tooling(layout),
-        gpus=tuple(data.gpus) if data.gpus else gpus_of(build.torch_cuda_arch_list),
-        kernels_not_needed=tuple(sorted((k, v) for k, v in (data.kernels_not_needed or {}).items() if v is not None)),
+        gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
+        kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
     )
     return rehash(plan)
 

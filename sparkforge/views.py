@@ -130,7 +130,8 @@ def smoke_table(results: Iterable[Any]) -> Table:
 
 def kernels_table(kernels: dict) -> Table:
     """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
-    what it runs there (a cubin, or PTX it must JIT-compile) or NONE."""
+    what it runs there (a cubin, or PTX it must JIT-compile), NONE, how many kernels it cannot run
+    (`90 missing`), `partial?` (kernel names unreadable), `not needed` or `unreadable`."""
     from .inimage.kernels import exempt, verdicts
 
     gpus = list(kernels.get("gpus") or [])
@@ -140,8 +141,10 @@ def kernels_table(kernels: dict) -> Table:
         path = ext["path"]
         short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
         runs = verdicts(ext, gpus)
-        missing = ("not needed", "yellow") if exempt(path, kernels.get("not_needed") or []) else ("NONE", "bold red")
-        cells = [_styled(t, "green") if t else _styled(*missing) for t in runs.values()]
+        not_needed = exempt(path, kernels.get("not_needed") or [])
+        cells = [_styled(label, "green") if state == "ok"
+                 else _styled("not needed", "yellow") if not_needed and state != "unreadable"
+                 else _styled(label, "bold red") for state, label in runs.values()]
         sass = " ".join(n.removeprefix("sm_") for n in ext["cubins"]) or "-"
         ptx = " ".join(n.removeprefix("compute_") for n in ext["ptx"]) or "-"
         if ext.get("error"):

@@ -190,6 +190,8 @@ vllm:
 protect: [torch, numpy]
 build:
   torch_cuda_arch_list: 12.1a
+# The wheel of a VLLM_TARGET_DEVICE=empty compile holds no CUDA extension.
+gpus: []
 mods:
   - uf17-eager-allreduce
   - serve-torchrun

@@ -94,6 +94,8 @@ build:
   max_jobs: 2
   env:
     VLLM_TARGET_DEVICE: empty
+# VLLM_TARGET_DEVICE=empty builds no CUDA extension: no GPU to check kernels for.
+gpus: []
 mods:
   - probe-source-mark
   - uf17-eager-allreduce

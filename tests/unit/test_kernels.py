@@ -35,6 +35,9 @@ CUOBJDUMP = {
     "sm120a.so": {("cubin", "sm_120a")},
     "sm120f.so": {("cubin", "sm_120")},
     "sm90.so": {("cubin", "sm_90")},
+    "two.so": {("cubin", "sm_120"), ("cubin", "sm_120a")},
+    "two_lz4.so": {("cubin", "sm_120"), ("cubin", "sm_120a")},
+    "two_zstd.so": {("cubin", "sm_120"), ("cubin", "sm_120a")},
 }
 
 # What each fixture was compiled for (make.sh's -gencode options).
@@ -49,7 +52,14 @@ COMPILED = {
     "sm120a.so": ["sm_120a"],
     "sm120f.so": ["sm_120f"],
     "sm90.so": ["sm_90"],
+    "two.so": ["sm_120", "sm_120a"],
+    "two_lz4.so": ["sm_120", "sm_120a"],
+    "two_zstd.so": ["sm_120", "sm_120a"],
 }
+
+# What `cuobjdump -elf` shows of two.cu's cubins (each .so holds them twice: cudart adds a second
+# container): add_one everywhere, scale_fp4 only in sm_120a.
+TWO_KERNELS = {"sm_120": {"_Z7add_onePfi"}, "sm_120a": {"_Z7add_onePfi", "_Z9scale_fp4Pfi"}}
 
 
 def _as_cuobjdump(target: Target) -> tuple[str, str]:
@@ -225,8 +235,11 @@ def test_scan_and_check_as_a_script(tmp_path):
     check = _run("check", "--home", str(home))
     lines = [json.loads(line) for line in check.stdout.splitlines()]
     failed = {Path(x["check"].split()[-1]).name for x in lines if x["state"] == "failed"}
-    # 12.1 runs sm_120 (plain), sm_120f, sm_121a and PTX 80/120/120f; nothing in sm90, sm120a, ptx120a.
-    assert failed == {"sm90.so", "sm120a.so", "ptx120a.so"}
+    # 12.1 runs sm_120 (plain), sm_120f, sm_121a and PTX 80/120/120f; nothing in sm90, sm120a, ptx120a;
+    # two*.so hold a kernel only in sm_120a (two_zstd: unreadable names), mixed_compressed an
+    # unreadable sm_120a beside what 12.1 runs.
+    assert failed == {"sm90.so", "sm120a.so", "ptx120a.so", "two.so", "two_lz4.so", "two_zstd.so",
+                      "mixed_compressed.so"}
     assert check.returncode == 1
     assert _run("check", "--home", str(home), "--gpu", "12.0").returncode == 1  # sm_121a alone... and sm90
     ok = _run("scan", "--gpu", "12.1", str(FIXTURES / "sm120f.so"), "--out", str(out))
@@ -259,5 +272,157 @@ def test_the_table_shows_archs_and_a_verdict_per_gpu():
     rows = {line.split()[0].rsplit("/", 1)[-1]: line.split() for line in console.export_text().splitlines()
             if ".so" in line}
     assert rows["sm120a.so"][1:] == ["120a", "-", "NONE", "NONE"]
-    assert rows["mixed_compressed.so"][1:] == ["90", "120a", "120f", "121a", "80", "sm_121a", "sm_90"]
+    assert rows["mixed_compressed.so"][1:] == ["90", "120a", "120f", "121a", "80", "partial?", "sm_90"]
     assert rows["sm90.so"][1:] == ["90", "-", "not", "needed", "sm_90"]
+
+
+# ------------------------------------------------------------------ per kernel
+
+
+@pytest.mark.parametrize("name", ["two.so", "two_lz4.so"])
+def test_kernel_names_are_read_from_each_cubin(name):
+    opened = kernels._open_fatbins(FIXTURES / name)
+    fh, data, entries = opened
+    with fh, data:
+        found = {}
+        for entry in entries:
+            found.setdefault(entry.target.name, set()).update(kernels.kernel_names(data, entry))
+    assert found == TWO_KERNELS
+
+
+def test_a_zstd_payload_has_no_readable_names():
+    fh, data, entries = kernels._open_fatbins(FIXTURES / "two_zstd.so")
+    with fh, data:
+        assert all(e.flags & kernels.FLAG_ZSTD for e in entries)
+        assert {kernels.kernel_names(data, e) for e in entries} == {None}
+
+
+@pytest.mark.parametrize("name", ["two.so", "two_lz4.so"])
+def test_a_kernel_only_in_arch_specific_code_fails_the_gpu_that_cannot_run_it(name):
+    record = kernels.scan([FIXTURES / name], ["12.0", "12.1"])
+    (ext,) = record["extensions"]
+    assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("missing", "1 missing")}
+    assert ext["coverage"]["12.1"]["examples"] == ["_Z9scale_fp4Pfi"]
+    (result, total) = kernels.check(record)
+    assert result[1] == "failed"
+    assert result[2] == ("GPU 12.1 cannot run 1 of its 2 kernels, which exist only in sm_120a "
+                         "(e.g. _Z9scale_fp4Pfi)")
+    assert kernels.check(record, ["12.0"])[0][1] == "ok"
+    listed = kernels.scan([FIXTURES / name], ["12.1"], ["two", "two_lz4"])
+    assert kernels.check(listed)[0][1] == "skipped"
+
+
+def test_unreadable_kernel_names_do_not_claim_coverage():
+    record = kernels.scan([FIXTURES / "two_zstd.so"], ["12.0", "12.1"])
+    (ext,) = record["extensions"]
+    assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("partial", "partial?")}
+    (result, _) = kernels.check(record)
+    assert result[1] == "failed" and "cannot run sm_120a" in result[2] and "zstd" in result[2]
+    # A GPU the scan did not read names for: per file only, and not claimed either.
+    plain = kernels.scan([FIXTURES / "two.so"], [])
+    assert kernels.verdict(plain["extensions"][0], "12.1") == ("partial", "partial?")
+
+
+def test_the_python_lz4_decoder_agrees_with_liblz4():
+    fh, data, entries = kernels._open_fatbins(FIXTURES / "two_lz4.so")
+    with fh, data:
+        for e in entries:
+            raw = bytes(data[e.offset:e.offset + e.size])
+            mine = kernels.lz4_block(raw, e.plain_size)
+            assert mine[:4] == b"\x7fELF" and len(mine) == e.plain_size
+            if kernels._system_lz4() is not None:
+                assert kernels.lz4_decode(raw, e.plain_size) == mine
+            with pytest.raises(FatbinError):
+                kernels.lz4_block(raw[:len(raw) // 2], e.plain_size)
+            with pytest.raises(FatbinError):
+                kernels.lz4_block(raw, e.plain_size + 1)
+
+
+def test_lz4_overlapping_matches():
+    # "ab" then a match of offset 2, length 4+6: "ab" repeated; then a literal-only last sequence.
+    block = bytes([0x26]) + b"ab" + bytes([2, 0]) + bytes([0x10]) + b"z"
+    assert kernels.lz4_block(block, 13) == b"ab" * 6 + b"z"
+    with pytest.raises(FatbinError, match="refers|size"):
+        kernels.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
+
+
+@pytest.mark.parametrize("pad", [8, 16, 24])
+def test_padding_between_containers_is_skipped(tmp_path, pad):
+    """sm90.so has two containers back to back in one section; zero bytes spliced between them
+    (the section grown to match) read as padding."""
+    data = (FIXTURES / "sm90.so").read_bytes()
+    magic = struct.pack("<I", kernels.FATBIN_MAGIC)
+    first = data.find(magic)
+    header_size, fat_size = struct.unpack_from("<HQ", data, first + 6)
+    second = first + header_size + fat_size
+    assert data[second:second + 4] == magic
+    sections = {name: (i, off, size) for i, (name, _, off, size) in enumerate(kernels._sections(data))}
+    index, off, size = sections[".nv_fatbin"]
+    assert off <= first and second + 16 <= off + size
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    assert shoff > second  # the section headers move with the splice
+    out = bytearray(data[:second] + bytes(pad) + data[second:])
+    struct.pack_into("<Q", out, 0x28, shoff + pad)
+    shentsize = struct.unpack_from("<H", out, 0x3A)[0]
+    struct.pack_into("<Q", out, shoff + pad + index * shentsize + 0x20, size + pad)
+    for i, (_, _, o, _) in enumerate(kernels._sections(data)):
+        if o > second:
+            struct.pack_into("<Q", out, shoff + pad + i * shentsize + 0x18, o + pad)
+    path = tmp_path / "padded.so"
+    path.write_bytes(bytes(out))
+    assert [t.name for t in read_targets(path)] == ["sm_90"]
+    assert len(kernels._open_fatbins(path)[2]) == len(kernels._open_fatbins(FIXTURES / "sm90.so")[2])
+
+
+def test_an_arch_specific_mark_in_e_flags_counts(tmp_path):
+    """CUDA 12.x writes sm_120a in the cubin's e_flags too (ABI 8: 0xa in the low nibble where a
+    plain sm_120 has 0x2, as in vLLM 0.17.0's _C); nvcc 13.0 writes 0x2 for every kind."""
+    data = bytearray((FIXTURES / "sm120.so").read_bytes())
+    for pos in _cuda_elf_offsets(bytes(data)):
+        assert data[pos + 8] >= 8
+        e_flags = struct.unpack_from("<I", data, pos + 0x30)[0]
+        assert e_flags & 0xF == 0x2
+        struct.pack_into("<I", data, pos + 0x30, e_flags | 0x8)
+    path = tmp_path / "marked.so"
+    path.write_bytes(bytes(data))
+    assert [t.name for t in read_targets(path)] == ["sm_120a"]
+
+
+def test_a_gpu_has_a_one_digit_minor():
+    with pytest.raises(ValueError, match="compute capability"):
+        kernels.parse_gpu("12.10")
+
+
+def test_a_named_distribution_must_be_installed(tmp_path):
+    out = tmp_path / "k.json"
+    proc = _run("scan", "--dist", "no-such-dist-sparkforge", "--out", str(out))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no-such-dist-sparkforge" in proc.stderr
+    assert not out.exists()
+
+
+def test_a_vllm_without_device_code_fails_when_gpus_are_listed():
+    record = kernels.scan([FIXTURES / "host_only.so"], ["12.1"], dists={"vllm": [FIXTURES / "host_only.so"]})
+    assert record["dists"] == {"vllm": 0}
+    results = kernels.check(record)
+    assert results[0][:2] == ("kernels: vllm's extensions", "failed") and "gpus: []" in results[0][2]
+    assert kernels.check(record, [])[0][1] == "skipped"  # a recipe with `gpus: []`
+    good = kernels.scan([FIXTURES / "sm120.so"], ["12.1"], dists={"vllm": [FIXTURES / "sm120.so"]})
+    assert good["dists"] == {"vllm": 1} and all(state == "ok" for _, state, _ in kernels.check(good))
+
+
+def test_the_table_shows_missing_partial_and_unreadable(tmp_path):
+    from rich.console import Console
+
+    from sparkforge.views import kernels_table
+
+    broken = tmp_path / "broken.so"
+    broken.write_bytes((FIXTURES / "sm120.so").read_bytes()[:40])
+    record = kernels.scan([FIXTURES / "two_lz4.so", FIXTURES / "two_zstd.so", broken], ["12.0", "12.1"], ["broken"])
+    console = Console(width=200, record=True)
+    console.print(kernels_table(record))
+    rows = {line.split()[0].rsplit("/", 1)[-1]: line.split() for line in console.export_text().splitlines()
+            if ".so" in line}
+    assert rows["two_lz4.so"][-3:] == ["sm_120", "1", "missing"]
+    assert rows["two_zstd.so"][-2:] == ["sm_120", "partial?"]
+    assert rows["broken.so"][-2:] == ["unreadable", "unreadable"]
+    assert [state for name, state, _ in kernels.check(record) if name.endswith("broken.so")] == ["failed"]

@@ -73,19 +73,28 @@ def test_a_child_replaces_gpus_and_removes_an_exception(cli, project):
     assert plan["gpus"] == ["9.0"] and plan["kernels_not_needed"] == [["b_C", "y"]]
 
 
+def test_an_empty_gpu_list_says_the_image_has_no_kernels_on_purpose(cli, project):
+    (project / "images" / "good.yaml").write_text(RECIPE + "gpus: []\n")
+    plan = _plan(cli, project)
+    assert plan["gpus"] == []
+    (project / "images" / "kid.yaml").write_text('extends: good\ngpus: ["12.1"]\n')
+    assert _plan(cli, project, "kid")["gpus"] == ["12.1"]
+
+
 @pytest.mark.parametrize("body, field", [
     ('gpus: ["sm_121"]', "gpus[0]"),
     ('gpus: ["12.1a"]', "gpus[0]"),
     ('gpus: ["12"]', "gpus[0]"),
     ("gpus: [12.1]", "gpus[0]"),
     ('gpus: "12.1"', "gpus"),
-    ("gpus: []", "gpus"),
+    ('gpus: ["12.10"]', "gpus[0]"),
     ('gpus: ["12.1", "12.1"]', "gpus"),
     ('gpus: ["１２.１"]', "gpus[0]"),
     ("kernels_not_needed: {../x: why}", "kernels_not_needed"),
     ("kernels_not_needed: {_vllm_fa3_C.abi3.so: why}", "kernels_not_needed"),
     ('kernels_not_needed: {_vllm_fa3_C: "  "}', "kernels_not_needed._vllm_fa3_C"),
     ("kernels_not_needed: [_vllm_fa3_C]", "kernels_not_needed"),
+    ("kernels_not_needed: {_vllm_fa3_C: null}", "kernels_not_needed._vllm_fa3_C"),
 ])
 def test_bad_fields_give_one_line_and_exit_2(cli, project, body, field):
     (project / "images" / "good.yaml").write_text(RECIPE + textwrap.dedent(body) + "\n")
