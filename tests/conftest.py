@@ -24,6 +24,7 @@ import pytest
 from tests.support import hoststate
 from tests.support.cli import run_cli
 from tests.support.docker import BuiltImage, build_args, docker_missing, image_id
+from tests.support.once import one_at_a_time
 from tests.support.paths import BASE, ROOT, VARIANTS
 
 _before: dict[str, str] = {}
@@ -90,8 +91,9 @@ NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _
 
 # Tests that use the engine run in two xdist groups, each on one worker and in order, so that what a
 # group's modules share (images, daemons, namespaces) is made once per worker: the tests that move
-# images between hosts, and the tests that build. Both may build the test image; BuildKit serves the
-# second from its cache. The other workers take the rest (`make test`).
+# images between hosts, and the tests that build. Both may build the test image: the second build of a
+# plan waits for the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are
+# made by one worker while the other waits. The other workers take the rest (`make test`).
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
 
 
@@ -133,12 +135,14 @@ def cli():
 
 @pytest.fixture(scope="session")
 def base_image() -> str:
-    """The local Debian base; made by scripts/base-local.sh (debootstrap, root) when it is missing."""
-    if image_id(BASE):
-        return BASE
-    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-        pytest.skip(f"{BASE} is missing, and making it needs root and debootstrap: run `sudo make base-local` once")
-    subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True, timeout=1800)
+    """The local Debian base; made by scripts/base-local.sh (debootstrap, root) when it is missing, by one
+    worker while the others wait."""
+    with one_at_a_time("base-local"):
+        if image_id(BASE):
+            return BASE
+        if os.geteuid() != 0 or shutil.which("debootstrap") is None:
+            pytest.skip(f"{BASE} is missing, and making it needs root and debootstrap: run `sudo make base-local` once")
+        subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True, timeout=1800)
     return BASE
 
 
@@ -148,7 +152,8 @@ def torch_base(base_image: str, tmp_path_factory) -> str:
     from tests.support.gitsource import Unavailable, ensure_torch_base
 
     try:
-        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
+        with one_at_a_time("torch-base"):
+            return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
     except Unavailable as exc:
         pytest.skip(str(exc))
 
