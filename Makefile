@@ -40,7 +40,7 @@ check-mods: $(STAMP) ## prove every mod of every variant applies to its real sou
 	$(BUILD) check-mods --all $(ARGS)
 
 test: $(STAMP) ## run the whole test suite; tests whose needs this machine lacks skip with the reason (JOBS=4 workers)
-	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup tests $(ARGS)
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --durations=25 tests $(ARGS)
 
 test-unit: $(STAMP) ## the pure tier only: no network, no Docker, no root (seconds, not minutes)
 	$(PY) -m pytest -q -n $(JOBS) tests -m "$(UNIT)" $(ARGS)
