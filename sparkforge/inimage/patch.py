@@ -1,7 +1,11 @@
 """Patch mods, applied by `git apply` itself on a private copy of the files the patch names.
 
-Forward first: when `git apply` takes the patch, the mod is applied; else when `git apply -R
---check` takes it, it was applied already; else it fails with git's own words. git runs in a
+Both directions are asked (`git apply --check` and `git apply -R --check`): when only the forward one
+takes the patch, it is applied; when only the reverse one does, it was applied already; when neither
+does, it fails with git's own words. When both do (git looks for a hunk's context away from its line
+too), the direction whose hunks stand nearer their own lines wins; a diff without context is decided
+by its hunks (pure insertions are already there when the reverse takes them, pure deletions are still
+to do when the forward does); anything else is refused as ambiguous rather than guessed. git runs in a
 temporary folder holding copies of the named files only (regular files, confined to the tree),
 with no repository above it and no user or system configuration, within a time limit; the tree
 itself is written only once git has succeeded, by the applier's all-or-nothing writer.
@@ -40,11 +44,17 @@ def plan_patch(diff: bytes, root: Path, *, timeout: float = GIT_TIMEOUT) -> tupl
         before = _copy_in(targets, work)
         (Path(tmp) / "mod.patch").write_bytes(diff)
         run = _git(Path(tmp), timeout)
-        forward = run(["apply", *flags, "../mod.patch"])
+        forward = run(["apply", "--check", "-v", *flags, "../mod.patch"])
+        reverse = run(["apply", "-R", "--check", "-v", *flags, "../mod.patch"])
         if forward.returncode != 0:
-            if run(["apply", "-R", "--check", *flags, "../mod.patch"]).returncode == 0:
+            if reverse.returncode == 0:
                 return ModState.ALREADY, {}
             raise ModFailure(_reason(forward.stderr, patches, tmp))
+        if reverse.returncode == 0 and _both_ways(patches, forward.stderr, reverse.stderr) == ModState.ALREADY:
+            return ModState.ALREADY, {}
+        applied = run(["apply", *flags, "../mod.patch"])
+        if applied.returncode != 0:
+            raise ModFailure(_reason(applied.stderr, patches, tmp))
         found = {p.relative_to(work).as_posix() for p in work.rglob("*") if not p.is_dir()}
         if found - set(targets):  # git read a section the headers above do not show: apply none of it
             raise ModFailure(f"git apply changed files the diff's headers do not name: {sorted(found - set(targets))}")
@@ -57,6 +67,26 @@ def plan_patch(diff: bytes, root: Path, *, timeout: float = GIT_TIMEOUT) -> tupl
             if body != before.get(rel):
                 writes[target] = body
     return ModState.APPLIED, writes
+
+
+_OFFSET = re.compile(rb"^Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)", re.M)
+
+
+def _both_ways(patches: list[FilePatch], forward: bytes, reverse: bytes) -> ModState:
+    """The state of a diff that git takes both forward and in reverse (from their `-v` reports)."""
+    hunks = [h for fp in patches for h in fp.hunks]
+    if zero_context(patches):
+        if all(h.old_count == 0 for h in hunks):  # only insertions: forward always finds their line
+            return ModState.ALREADY
+        if all(h.new_count == 0 for h in hunks):  # only deletions: reverse always finds their line
+            return ModState.APPLIED
+    else:
+        ahead, back = (sum(abs(int(k)) for k in _OFFSET.findall(out)) for out in (forward, reverse))
+        if ahead != back:
+            return ModState.APPLIED if ahead < back else ModState.ALREADY
+    names = ", ".join(dict.fromkeys(fp.path for fp in patches))
+    raise ModFailure(f"{names}: the patch applies both forward and in reverse, as far from its lines either way; "
+                     "cannot tell whether it is applied (give the hunks more context)")
 
 
 def _copy_in(targets: dict[str, Path], work: Path) -> dict[str, bytes]:

@@ -46,26 +46,53 @@ def run_engine(text: bytes, diff: bytes, tmp: Path) -> tuple[str, bytes | None]:
     return state, (writes.get((root / REL).resolve(), text) if state == APPLIED else text)
 
 
-def git_apply(text: bytes, diff: bytes, tmp: Path, *, reverse: bool = False) -> bytes | None:
-    """The file after `git apply` run directly (None when git refuses); --unidiff-zero for context-free patches."""
+def git_run(text: bytes, diff: bytes, tmp: Path, *, reverse: bool = False) -> tuple[bytes | None, int]:
+    """(the file after `git apply -v` run directly, or None when git refuses; the sum of its hunks'
+    offsets as git reports them); --unidiff-zero for context-free patches."""
     root = tmp / ("git-r" if reverse else "git")
     (root / "vllm").mkdir(parents=True, exist_ok=True)
     (root / REL).write_bytes(text)
     (tmp / "p.diff").write_bytes(diff)
-    cmd = ["git", "apply"] + (["-R"] if reverse else []) + (["--unidiff-zero"] if zero_context(diff) else [])
+    cmd = ["git", "apply", "-v"] + (["-R"] if reverse else []) + (["--unidiff-zero"] if zero_context(diff) else [])
     proc = subprocess.run(cmd + [str(tmp / "p.diff")], cwd=root, capture_output=True,
                           env={"PATH": os.environ["PATH"], "GIT_CEILING_DIRECTORIES": str(tmp), "HOME": str(tmp)})
-    return (root / REL).read_bytes() if proc.returncode == 0 else None
+    offsets = sum(abs(int(k)) for k in re.findall(rb"succeeded at \d+ \(offset (-?\d+) lines?\)", proc.stderr))
+    return ((root / REL).read_bytes() if proc.returncode == 0 else None), offsets
+
+
+def git_apply(text: bytes, diff: bytes, tmp: Path, *, reverse: bool = False) -> bytes | None:
+    """The file after `git apply` run directly (None when git refuses)."""
+    return git_run(text, diff, tmp, reverse=reverse)[0]
+
+
+def hunk_kinds(diff: bytes) -> set[str]:
+    """insert, delete or change for each hunk of the diff, read from its @@ header."""
+    kinds = set()
+    for old_count, new_count in re.findall(rb"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", diff, re.M):
+        old_n, new_n = int(old_count or 1), int(new_count or 1)
+        kinds.add("insert" if old_n == 0 else "delete" if new_n == 0 else "change")
+    return kinds
 
 
 def git_state(text: bytes, diff: bytes, tmp: Path) -> tuple[str, bytes | None]:
-    """What git's own rule gives: forward applies -> applied (and the file), reverse applies -> already, else failed."""
-    forward = git_apply(text, diff, tmp)
-    if forward is not None:
-        return APPLIED, forward
-    if git_apply(text, diff, tmp, reverse=True) is not None:
-        return ALREADY, text
-    return "failed", None
+    """The documented rule (README, "Mods"), with git run directly: forward alone -> applied (git's file),
+    reverse alone -> already, neither -> failed; both -> the direction whose hunks stand nearer their
+    lines, or for a context-free diff its hunks' kind, else failed as ambiguous."""
+    (ahead, ahead_off), (back, back_off) = git_run(text, diff, tmp), git_run(text, diff, tmp, reverse=True)
+    if ahead is None:
+        return (ALREADY, text) if back is not None else ("failed", None)
+    if back is None:
+        return APPLIED, ahead
+    if zero_context(diff):
+        kinds = hunk_kinds(diff)
+        if kinds == {"insert"}:
+            return ALREADY, text
+        if kinds == {"delete"}:
+            return APPLIED, ahead
+        return "failed", None
+    if ahead_off == back_off:
+        return "failed", None
+    return (APPLIED, ahead) if ahead_off < back_off else (ALREADY, text)
 
 
 def zero_context(diff: bytes) -> bool:
@@ -457,3 +484,25 @@ def test_engine_agrees_with_git_apply_on_edits_of_real_vllm_files(vllm_files: li
     check()
     print(f"\ndifferential cases: {tally}")
     assert tally.applied > tally.cases // 2 and tally.already > tally.cases // 5 and tally.mutated
+
+
+def _twice(old: bytes, new: bytes, context: int, tmp: Path) -> list[tuple[str, bytes | None]]:
+    """The engine's (state, file) applying a diff of old -> new, then again on what it wrote."""
+    diff = make_patch(old, new, "diff", context, tmp / "make")
+    first = run_engine(old, diff, tmp / "first")
+    return [first, run_engine(first[1], diff, tmp / "second")]
+
+
+def test_a_second_application_is_already_when_the_context_repeats_in_the_file(tmp_path: Path) -> None:
+    # git finds a hunk's context away from its line too: here the same block stands twice, so after the
+    # first application git would happily apply the hunk again at the second copy.
+    block = b"".join(b"line %d\n" % i for i in range(6))
+    old = block + b"middle\n" + block
+    new = block[:21] + b"X\n" + block[21:] + b"middle\n" + block
+    assert _twice(old, new, 3, tmp_path) == [(APPLIED, new), (ALREADY, new)]
+
+
+def test_a_context_free_insertion_is_already_there_the_second_time(tmp_path: Path) -> None:
+    old, new = b"a\nb\nc\n", b"a\nX\nb\nc\n"
+    assert _twice(old, new, 0, tmp_path) == [(APPLIED, new), (ALREADY, new)]
+
