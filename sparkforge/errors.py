@@ -67,7 +67,7 @@ def _one_line(text: str) -> str:
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 _NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
 # scheme://user:password@host: the part before '@' goes nowhere, not even into an error message.
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")  # up to the last @ before the host
 
 
 def mask_secrets(text: str) -> str:

@@ -8,7 +8,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from .errors import BuildError, ConfigError
 
@@ -67,18 +67,23 @@ def name_path(exc: BaseException, path: Path | str) -> None:
 
 
 @contextlib.contextmanager
-def locked(lock_file: Path, *, timeout: float, what: str) -> Iterator[None]:
+def locked(lock_file: Path, *, timeout: float, what: str,
+           on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Hold an exclusive lock (flock) on lock_file, for work two processes sharing a cache must not do at
     once (two git fetches into one mirror). Waits at most timeout seconds, then fails in one line."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         end = time.monotonic() + timeout
+        waited = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if waited is False:
+                    waited = True
+                    on_wait()
                 if time.monotonic() > end:
                     raise BuildError(f"another sparkforge process has held this lock for over {timeout:.0f}s while "
                                      f"it {what}; try again when it is done", path=lock_file) from None

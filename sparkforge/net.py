@@ -103,6 +103,9 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
 
     Raises FetchFailed with one line saying why; the URL in it has its user and password masked."""
     shown = mask_secrets(url)
+    if "@" in urllib.parse.urlsplit(url).netloc:
+        # urllib would read the password as a port and print it in its error: refuse before it sees it
+        raise FetchFailed(f"{shown}: a user or password in the URL is not supported")
     watch = _Watch()
     start = time.monotonic()
     timer = threading.Timer(min(deadline, HEADERS_TIME), watch.expire)

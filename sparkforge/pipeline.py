@@ -118,10 +118,12 @@ def context_dir(plan: Plan) -> Path:
 SAME_PLAN_WAIT = 6 * 3600
 
 
-def same_plan_lock(plan: Plan):
+def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None):
     """Held from render to tags: a second build of one plan waits for the first, then finds its cache."""
     ctx = context_dir(plan)
-    return locked(ctx.parent / f"{ctx.name}.lock", timeout=SAME_PLAN_WAIT, what=f"builds {plan.tag}")
+    lock = ctx.parent / f"{ctx.name}.lock"
+    return locked(lock, timeout=SAME_PLAN_WAIT, what=f"builds {plan.tag}",
+                  on_wait=lambda: say(f"waiting for another build of {plan.tag} to finish (lock {lock})"))
 
 
 def list_plans(layout: Layout) -> list[LoadedPlan]:
@@ -278,7 +280,7 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
     first (and stored) only when the cache lacks it (prepare_wheel). Nothing is written (context, log,
     wheel) before the engine has answered."""
     require_engine(opts.docker_host)
-    with same_plan_lock(plan):
+    with same_plan_lock(plan, say):
         return _build_locked(plan, layout, opts, smoke, wheel_cache, progress, on_smoke, say)
 
 
@@ -353,7 +355,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         if image is None:
             to_build = pinned_plan(plan, pins, sde)
             say(f"building {to_build.tag} to see what it installs")
-            with same_plan_lock(to_build):
+            with same_plan_lock(to_build, say):
                 wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
                 ctx = render_context(to_build, layout, context_dir(to_build), wheel, ca_cert=opts.ca_cert)
                 image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
@@ -464,17 +466,18 @@ def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep
     `keep`, else removed."""
     from .repro import verify_repro
 
-    wheel, _ = prepare_wheel(plan, layout, opts, None, say)  # a git source compiles: that is what is compared
-    ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
-    opts = with_wheel(opts, wheel)
-    (PROJECT_ROOT / "build").mkdir(exist_ok=True)
-    workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{plan.variant}-", dir=PROJECT_ROOT / "build"))
-    try:
-        return verify_repro(plan, ctx, replace(opts, source_date_epoch=plan.source_date_epoch), workdir,
-                            progress=progress, say=say)
-    finally:
-        if keep is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with same_plan_lock(plan, say):
+        wheel, _ = prepare_wheel(plan, layout, opts, None, say)  # a git source compiles: that is what is compared
+        ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
+        opts = with_wheel(opts, wheel)
+        (PROJECT_ROOT / "build").mkdir(exist_ok=True)
+        workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{plan.variant}-", dir=PROJECT_ROOT / "build"))
+        try:
+            return verify_repro(plan, ctx, replace(opts, source_date_epoch=plan.source_date_epoch), workdir,
+                                progress=progress, say=say)
+        finally:
+            if keep is None:
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def outdated_variant(plan: Plan, *, try_mods: bool = True, until: str | None = None,

@@ -148,10 +148,26 @@ def download(release: Release) -> Path:
     target = cache_dir() / "sources" / canonicalize_name(release.project) / release.filename
     if target.is_file():
         return target
-    body = _get(release.url, deadline=1800)
-    if release.sha256 and hashlib.sha256(body).hexdigest() != release.sha256:
-        raise SourceUnavailable(f"{release.filename}: sha256 does not match the index")
-    _write_whole(target, body)
+    # Streamed to a file of this process's own, hashed on the way: a release wheel (0.15.x has no sdist)
+    # is hundreds of MB, so it is never held in memory.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in net.stream(release.url, deadline=3600):
+                digest.update(chunk)
+                out.write(chunk)
+        if release.sha256 and digest.hexdigest() != release.sha256:
+            raise SourceUnavailable(f"{release.filename}: sha256 does not match the index")
+        os.replace(tmp, target)
+    except net.FetchFailed as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise SourceUnavailable(f"cannot fetch {exc}") from None
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        name_path(exc, target)
+        raise
     return target
 
 

@@ -142,6 +142,7 @@ class _GitHeader:
 # Changes a git diff makes without a hunk, which applying only the hunks would silently drop.
 _GIT_EXTENSIONS = ((b"Binary files ", "a binary file change"), (b"GIT binary patch", "a binary file change"),
                    (b"rename from ", "a rename"), (b"copy from ", "a copy"), (b"old mode ", "a file mode change"),
+                   (b"new mode ", "a file mode change"),
                    (b"deleted file mode ", "a file deletion"))
 
 

@@ -46,10 +46,13 @@ def plan_patcher(patcher: Path, root: Path,
                                 cwd=scratch, env=child_env(), start_new_session=True)
         try:
             first, rest = _first_line(proc, deadline)
-            targets = _answer(patcher, first, proc, errors)["targets"]
+            targets = _answer(patcher, first, proc, errors).get("targets")
+            if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+                raise ModFailure(f"patcher {patcher.name}: its TARGETS are not a list of file names")
             paths, sources = _read_targets(root, targets)
             out = _exchange(proc, json.dumps(sources).encode(), deadline)
             answer = _answer(patcher, rest + out, proc, errors)
+            _check_answer(patcher, answer, sources)
         except subprocess.TimeoutExpired:
             raise ModFailure(f"patcher {patcher.name} did not finish within {timeout:g} s; stopped") from None
         finally:
@@ -58,6 +61,17 @@ def plan_patcher(patcher: Path, root: Path,
         return ModState.ALREADY, {}
     return ModState.APPLIED, {paths[rel]: text.encode("utf-8") for rel, text in answer["files"].items()
                               if text != sources[rel]}
+
+
+def _check_answer(patcher: Path, answer: dict, sources: dict[str, str]) -> None:
+    """The child's answer has the shape the runner reads, else ModFailure (never a KeyError)."""
+    state, files = answer.get("state"), answer.get("files", {})
+    if state not in (ModState.APPLIED.value, ModState.ALREADY.value):
+        raise ModFailure(f"patcher {patcher.name}: its answer has no state applied or already")
+    if state == ModState.APPLIED.value and (
+            not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+            or not set(files) <= set(sources)):
+        raise ModFailure(f"patcher {patcher.name}: its answer names files outside its TARGETS or no texts")
 
 
 def _first_line(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
@@ -257,7 +271,7 @@ def literal_targets(patcher: Path) -> list[str]:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TARGETS" for t in node.targets):
             try:
                 value = ast.literal_eval(node.value)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 return []
             return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
     return []

@@ -185,7 +185,8 @@ def test_a_key_written_twice_names_the_file_the_key_and_both_lines(project: Path
 
 
 @pytest.mark.parametrize("text", ["a: " + "[" * 100_000 + "]" * 100_000, "a:\n" + "".join(
-    "  " * i + f"k{i}:\n" for i in range(200)) + "  " * 200 + "x: 1\n", "a: " + "{b: " * 50_000 + "1" + "}" * 50_000])
+    "  " * i + f"k{i}:\n" for i in range(200)) + "  " * 200 + "x: 1\n", "a: " + "{b: " * 50_000 + "1" + "}" * 50_000],
+    ids=["flow-lists", "block-maps", "flow-maps"])  # the texts are too long to be test IDs (the environment)
 def test_deep_nesting_is_one_line_not_a_crash(project: Path, text: str) -> None:
     (project / "images" / "deep.yaml").write_text(text)
     error_line(run(project, "show", "deep"), 2, "deep.yaml", "nested more than")
