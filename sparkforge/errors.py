@@ -66,13 +66,20 @@ def _one_line(text: str) -> str:
 
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 _NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
-# scheme://user:password@host: the part before '@' goes nowhere, not even into an error message.
-_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")  # up to the last @ before the host
+# scheme://user:password@host: the part before '@' goes nowhere, not even into an error message (a
+# web URL's user alone may be a token); an ssh node's user name alone is no secret and stays.
+_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s]*)@")  # up to the last @ before the host
+
+
+def _mask(m: re.Match) -> str:
+    scheme, userinfo = m.group(1), m.group(2)
+    keep = scheme.lower() == "ssh://" and ":" not in userinfo
+    return f"{scheme}{userinfo if keep else '***'}@"
 
 
 def mask_secrets(text: str) -> str:
-    """text with the user and password of every URL in it replaced by `***`."""
-    return _USERINFO.sub(r"\1***@", text)
+    """text with the password of every URL in it, and the user of every URL but ssh's, replaced by `***`."""
+    return _USERINFO.sub(_mask, text)
 
 
 def visible(text: str, *, keep_newlines: bool = True) -> str:
