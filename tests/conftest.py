@@ -89,17 +89,23 @@ NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _
          "cluster": _cluster_missing, "gpu": _gpu_missing}
 
 
-# Tests that use the engine run in two xdist groups, each on one worker and in order, so that what a
+# Tests that use the engine run in three xdist groups, each on one worker and in order, so that what a
 # group's modules share (images, daemons, namespaces) is made once per worker: the tests that move
-# images between hosts, and the tests that build. Both may build the test image: the second build of a
+# images between hosts, the tests that build from git and wheels, and the rest of the builds (about a
+# third of the engine time each, by the durations of a CI run). Both may build the test image: the second build of a
 # plan waits for the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are
 # made by one worker while the other waits. The other workers take the rest (`make test`).
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
 
 
+SOURCE_GROUP = ("tests/docker/test_git_source.py", "tests/docker/test_wheel_builds.py")
+
+
 def _engine_group(item) -> str:
     path = item.path.relative_to(ROOT).as_posix()
-    return "engine-hosts" if path.startswith(HOSTS_GROUP) else "engine-builds"
+    if path.startswith(HOSTS_GROUP):
+        return "engine-hosts"
+    return "engine-sources" if path.startswith(SOURCE_GROUP) else "engine-builds"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group markers into test IDs
