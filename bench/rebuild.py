@@ -1,6 +1,6 @@
 """Rebuild benchmark: a cold build, a rebuild after one install-phase mod changed, and the tool's
 overhead on a fully cached build against a raw `docker buildx build` of the same rendered folder;
-then the git-source variant (tests/gitsource.py): a cold build, and rebuilds after an install-phase
+then the git-source variant (tests/support/gitsource.py): a cold build, and rebuilds after an install-phase
 and after a source-phase mod changed; then that variant with an empty and with a warm wheel cache,
 each after `docker builder prune -af` on an engine of the bench's own (root), so that the machine's
 build cache is left alone. `python bench/rebuild.py --wheel-cache` runs only that last part.

@@ -1,6 +1,6 @@
 """The users' path, built for real: vLLM compiled from a git commit served over HTTPS, with its lock.
 
-The setup (tests/gitsource.py): the real vLLM 0.17.0 source under an annotated tag and a small git
+The setup (tests/support/gitsource.py): the real vLLM 0.17.0 source under an annotated tag and a small git
 component on an HTTPS git server with a test CA, a base with a real CPU torch and numpy, a
 source-phase mod and the shipped install-phase mods, VLLM_TARGET_DEVICE=empty for the compile.
 """

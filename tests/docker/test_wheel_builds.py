@@ -1,6 +1,6 @@
 """The wheel cache and prebuilt wheels, built for real.
 
-The git-source setup of tests/gitsource.py (the real vLLM 0.17.0 tree over HTTPS, compiled with
+The git-source setup of tests/support/gitsource.py (the real vLLM 0.17.0 tree over HTTPS, compiled with
 VLLM_TARGET_DEVICE=empty) compiles once into a wheel cache of the test's own. A second, fresh
 dockerd (another machine sharing the cache folder) then builds the same variant, and again after
 `docker builder prune -af` on that engine, without compiling; there, another arch list compiles again and

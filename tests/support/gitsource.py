@@ -60,7 +60,7 @@ def ensure_torch_base(base_image: str, workdir: Path) -> str:
 
 
 def recipe(server: gitserver.GitServer, vllm_commit: str) -> str:
-    return f"""# Written by tests/gitsource.py: the git-source path over HTTPS.
+    return f"""# Written by tests/support/gitsource.py: the git-source path over HTTPS.
 description: vLLM 0.17.0 compiled from git (VLLM_TARGET_DEVICE=empty), a git component, a source-phase mod
 image: sparkforge-test/vllm
 base:
