@@ -233,6 +233,16 @@ def lz4_decode(src, plain_size: int) -> bytes:
     return out.raw
 
 
+def _lz4_length(src: bytes, i: int, length: int) -> tuple[int, int]:
+    """An LZ4 length of 15 continues in the bytes at i, each added, until one is below 255: (length, next i)."""
+    b = 255
+    while b == 255:
+        b = src[i]
+        i += 1
+        length += b
+    return length, i
+
+
 def lz4_block(src, plain_size: int) -> bytes:
     """Decode one LZ4 block (no frame) that must give exactly plain_size bytes."""
     src = bytes(src)
@@ -244,11 +254,7 @@ def lz4_block(src, plain_size: int) -> bytes:
             i += 1
             length = token >> 4
             if length == 15:
-                b = 255
-                while b == 255:
-                    b = src[i]
-                    i += 1
-                    length += b
+                length, i = _lz4_length(src, i, length)
             if o + length > plain_size or i + length > n:
                 raise FatbinError("an LZ4 block does not decode to the size its header says")
             out[o:o + length] = src[i:i + length]
@@ -260,11 +266,7 @@ def lz4_block(src, plain_size: int) -> bytes:
             i += 2
             length = token & 15
             if length == 15:
-                b = 255
-                while b == 255:
-                    b = src[i]
-                    i += 1
-                    length += b
+                length, i = _lz4_length(src, i, length)
             length += 4
             begin = o - offset
             if offset == 0 or begin < 0 or o + length > plain_size:
