@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.distribute import ImageIdentity, NodeImage, same_image
-from sparkforge.stream import _TarIndex
+from sparkforge.distribute.deploy import ImageIdentity, NodeImage, same_image
+from sparkforge.distribute.stream import _TarIndex
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

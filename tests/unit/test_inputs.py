@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import net, wheels
-from sparkforge.download import sha256_of
+from sparkforge import net
+from sparkforge.build import wheels
+from sparkforge.recipe.download import sha256_of
 from sparkforge.files import NotRegularFile, read_regular
 from tests.support import fileserver
 from tests.support.gitserver import serve_https

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from sparkforge.distribute import HeadImage, ImageIdentity
+from sparkforge.distribute.deploy import HeadImage, ImageIdentity
 from sparkforge.errors import DistributeError
-from sparkforge.push import LAYER_TYPES, STORED_TYPES, Layer, _saved_image, _stored_compression
+from sparkforge.distribute.push import LAYER_TYPES, STORED_TYPES, Layer, _saved_image, _stored_compression
 
 D1, D2 = "1" * 64, "2" * 64  # diff IDs (uncompressed digests)
 G2 = "9" * 64  # the gzip blob of the second layer, as the containerd store keeps it
