@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..distribute.cluster import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import SparkforgeError, visible
+from ..imageref import ImageRef
 from .app import BASE_HELP, app, err, out, plan_of
 
 CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
@@ -174,7 +175,7 @@ def status(
     head_id = st.image.image_id if st.image else None
     out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
     table = Table(box=None, pad_edge=False)
-    for col in ("node", "image ID", plan.tag.rpartition(":")[2], "matches head", "detail"):
+    for col in ("node", "image ID", ImageRef.parse(plan.tag).tag, "matches head", "detail"):
         table.add_column(col)
     for n in st.nodes:
         match = "-" if head_id is None or n.error else ("[green]yes[/]" if n.current else "[red]no[/]")
@@ -225,6 +226,6 @@ def history(
     for col in ("tag", "built (UTC)", "vLLM", "mods", "last deployed to"):
         table.add_column(col)
     for b in builds(plan):
-        table.add_row(escape(b.tag.rpartition(":")[2]), b.created, escape(b.vllm), escape(b.mods),
+        table.add_row(escape(ImageRef.parse(b.tag).tag or ""), b.created, escape(b.vllm), escape(b.mods),
                       ", ".join(b.nodes) or "-")
     out.print(table)

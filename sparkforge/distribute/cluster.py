@@ -34,6 +34,7 @@ from ..recipe.config import NAME_RE, Strict, _validation_error, read_yaml
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import ConfigError, DistributeError, SparkforgeError
+from ..imageref import ImageRef
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
 _HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
@@ -566,14 +567,14 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
 
 def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
     """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints."""
-    repo, _, ref = tag.rpartition(":")
-    manifest = _get_manifest(registry, repo, ref)
+    ref = ImageRef.parse(tag)
+    manifest = _get_manifest(registry, ref.repository, ref.tag)
     if manifest is None:
         return {}
     if "manifests" in manifest:  # an index: the first linux manifest
         pick = next((m for m in manifest["manifests"] if (m.get("platform") or {}).get("os", "linux") == "linux"),
                     None)
-        manifest = _get_manifest(registry, repo, pick["digest"]) if pick else None
+        manifest = _get_manifest(registry, ref.repository, pick["digest"]) if pick else None
     return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in (manifest or {}).get("layers", [])}
 
 

@@ -28,6 +28,7 @@ from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Re
                       run_docker, run_dockers, run_nodes)
 from ..build.dockercli import last_line
 from ..errors import DistributeError
+from ..imageref import ImageRef
 from ..recipe.plan import PROJECT_ROOT, Plan
 
 UPDATED = "updated"
@@ -60,7 +61,7 @@ class NodeImage:
 
     @classmethod
     def from_inspect(cls, data: dict) -> "NodeImage":
-        digests = frozenset(d.rpartition("@")[2] for d in data.get("RepoDigests") or [] if "@" in d)
+        digests = frozenset(ImageRef.parse(d).digest for d in data.get("RepoDigests") or [] if "@" in d)
         return cls(data["Id"], digests, tuple((data.get("RootFS") or {}).get("Layers") or ()))
 
 
@@ -86,7 +87,7 @@ class HeadImage:
 
     @property
     def repository(self) -> str:
-        return self.tag.rpartition(":")[0]
+        return ImageRef.parse(self.tag).repository
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config
     """Remember a manifest digest the image of tag is known by (from a push or a docker save) and, with
     head_id, its config digest: on a containerd-store head the image ID is a manifest digest, and a
     classic-store node knows the image only by its config digest."""
-    repo = tag.rpartition(":")[0]
+    repo = ImageRef.parse(tag).repository
 
     def add(data: dict) -> None:
         known = data["manifests"].setdefault(tag, [])
@@ -272,7 +273,7 @@ def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> H
     if data is None:
         return None
     own = NodeImage.from_inspect(data)
-    state = read_state(state_dir, tag.rpartition(":")[0])
+    state = read_state(state_dir, ImageRef.parse(tag).repository)
     recorded = state["manifests"].get(tag, [])
     # The head's ID is its config digest on the classic store, a manifest digest on containerd:
     # either way a node showing it has the same image, so it goes in both places. A config digest
@@ -297,7 +298,7 @@ class Build:
 
 def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
     """The builds of a variant on the head, newest first (by creation time)."""
-    repo = plan.tag.rpartition(":")[0]
+    repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
     try:
         proc = subprocess.run(["docker", "images", repo, "--format", "{{.Repository}}:{{.Tag}}"],
@@ -322,7 +323,7 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
 def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],
                  state_dir: Path | None = None) -> str:
     """The tag a `deploy --to TAG` or `--previous` goes to; refused unless it is a build on the head."""
-    repo = plan.tag.rpartition(":")[0]
+    repo = plan.image
     if to:
         tag = to if ":" in to else f"{repo}:{to}"
         if _inspect_head(tag) is None:

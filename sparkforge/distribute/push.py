@@ -26,6 +26,7 @@ from ..build.dockercli import last_line
 from .deploy import (CHUNK, TRANSFER_TIMEOUT, HeadImage, Progress, ProgressFn, _update_state, human_bytes,
                          read_state, record_manifest, registry_ref)
 from ..errors import DistributeError
+from ..imageref import ImageRef
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
         client = docker.from_env(timeout=TRANSFER_TIMEOUT)
         for ref in (image.tag, image.moving_tag):
             full = registry_ref(registry, ref)
-            repo, _, tag = full.rpartition(":")
+            ref = ImageRef.parse(full)
+            repo, tag = ref.repository, ref.tag
             client.api.tag(image.image_id, repo, tag, force=True)
             for ev in client.api.push(repo, tag=tag, stream=True, decode=True):
                 if "error" in ev:
@@ -277,7 +279,7 @@ def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes
     }, separators=(",", ":")).encode()
     refs, digest = [], None
     for ref in (image.tag, image.moving_tag):
-        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ref.rpartition(':')[2]}", manifest,
+        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ImageRef.parse(ref).tag}", manifest,
                           {"Content-Type": OCI_MANIFEST}).headers.get("Docker-Content-Digest")
         refs.append(registry_ref(registry.address, ref))
     return refs, digest

@@ -31,6 +31,7 @@ from .config import (
     load_variant,
 )
 from ..errors import ConfigError
+from ..imageref import ImageRef
 from ..inimage.contract import SCHEMA
 
 DEFAULT_IMAGE = "sparkforge/vllm"
@@ -98,8 +99,7 @@ class BaseImage:
 
     @property
     def ref(self) -> str:
-        ref = f"{self.repository}:{self.tag}"
-        return f"{ref}@{self.digest.value}" if self.digest.value else ref
+        return str(ImageRef(self.repository, self.tag, self.digest.value or None))
 
 
 @dataclass(frozen=True)
@@ -275,11 +275,9 @@ def digest_tooling(layout: Layout) -> str:
 
 
 def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
-    """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base."""
-    name, _, digest = ref.partition("@")
-    repo, sep, tag = name.rpartition(":")
-    if not sep or "/" in tag:
-        repo, tag = name, "latest"
+    """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base (no tag: latest)."""
+    parsed = ImageRef.parse(ref)
+    repo, tag, digest = parsed.repository, "latest" if parsed.tag is None else parsed.tag, parsed.digest
     if not REPOSITORY_RE.match(repo) or not TAG_RE.match(tag) or (digest and not DIGEST_RE.match(digest)):
         raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source)
     pin = Pin(digest) if digest else Pin(None, f"base given as {ref} with {source}, without a digest")

@@ -19,6 +19,7 @@ import urllib.request
 from typing import Callable
 
 from .. import gitfetch, net
+from ..imageref import ImageRef
 from .lock import Pinned
 from .plan import Plan
 from .sources import cache_dir
@@ -40,10 +41,10 @@ MANIFEST_TYPES = (
 
 def split_repository(repository: str) -> tuple[str, str]:
     """(registry host, repository name on it), with Docker Hub's defaults."""
-    first, sep, rest = repository.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first, rest
-    return "registry-1.docker.io", repository if sep else f"library/{repository}"
+    ref = ImageRef(repository)
+    if ref.registry is not None:
+        return ref.registry, ref.path
+    return "registry-1.docker.io", repository if "/" in repository else f"library/{repository}"
 
 
 def _loopback(host: str) -> bool:

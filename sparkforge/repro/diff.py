@@ -17,6 +17,7 @@ from typing import Any
 
 from ..recipe.config import list_variants
 from ..errors import ConfigError
+from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord
 from ..recipe.lock import LOCK_SUFFIX, Lock, Pinned, read_lock
 from ..recipe.plan import Layout, Plan
@@ -265,7 +266,7 @@ def from_record(image: str, record: BuildRecord) -> Snapshot:
         unknown.append(("packages", "the image's build record predates package lists; rebuild it"))
     return Snapshot(
         label=f"image {image}",
-        image=(("image", record.tag.rpartition(":")[0]),),
+        image=(("image", ImageRef.parse(record.tag).repository),),
         base=(("base", base),),
         os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
