@@ -30,11 +30,12 @@ from typing import Annotated, Callable, Iterable, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from ..recipe.config import NAME_RE, Strict, _validation_error, read_yaml
+from ..recipe.config import NAME_RE, Strict, validation_error, read_yaml
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..imageref import ImageRef
+from ..net import is_loopback
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
 _HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
@@ -131,7 +132,7 @@ class RegistrySpec(Strict):
     def _one_way(self) -> "RegistrySpec":
         if self.tls is not None and self.insecure:
             raise ValueError("give either tls: or insecure: true, not both")
-        if self.tls is None and not self.insecure and not _is_loopback(self.address):
+        if self.tls is None and not self.insecure and not is_loopback(self.address):
             raise ValueError(f"{self.address} is not a loopback address: give tls: (cert, key, ca) or mark it "
                              "insecure: true (plain HTTP; every node lists it in insecure-registries)")
         return self
@@ -197,7 +198,7 @@ def load_cluster_file(path: Path) -> ClusterFile:
     try:
         spec = ClusterFile.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, path) from None
+        raise validation_error(exc, path) from None
     for fld, value in _file_fields(spec):
         if not _resolve(path, value).is_file():
             raise ConfigError(f"file not found: {_resolve(path, value)}", path=path, field=fld)
@@ -226,9 +227,9 @@ def registry_of(spec: ClusterFile, path: Path) -> Registry | None:
     if reg is None:
         return None
     if isinstance(reg, str):
-        reg = RegistrySpec(address=reg, insecure=not _is_loopback(reg))
+        reg = RegistrySpec(address=reg, insecure=not is_loopback(reg))
     port = reg.address.rpartition(":")[2] if ":" in reg.address else "5000"
-    listen = reg.listen or f"{'127.0.0.1' if _is_loopback(reg.address) else '0.0.0.0'}:{port}"
+    listen = reg.listen or f"{'127.0.0.1' if is_loopback(reg.address) else '0.0.0.0'}:{port}"
     if reg.tls is None:
         return Registry(reg.address, listen, insecure=reg.insecure)
     tls = reg.tls
@@ -321,16 +322,6 @@ def _name_of(endpoint: str) -> str:
         return parts[-2] if len(parts) >= 2 else rest
     host = rest.rpartition("@")[2]
     return host if scheme == "ssh" else host.replace(":", "-")
-
-
-def _is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0] if ":" in address else address
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ------------------------------------------------------------------------- reaching a node
@@ -598,7 +589,8 @@ def _get_manifest(registry: Registry, repo: str, ref: str) -> dict | None:
         return None
 
 
-def _clean(text: str) -> str:
+def one_line(text: str) -> str:
+    """A daemon's or a registry's message as one line: every run of whitespace becomes one space."""
     return " ".join(str(text).split())
 
 

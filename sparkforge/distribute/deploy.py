@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Registry, _clean, layer_sizes, pull,
+from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Registry, one_line, layer_sizes, pull,
                       run_docker, run_dockers, run_nodes)
 from ..build.dockercli import last_line
 from ..errors import DistributeError
@@ -196,7 +196,7 @@ def read_state(state_dir: Path | None, repository: str) -> dict:
     return data
 
 
-def _update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
+def update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
     path = _state_file(state_dir, repository)
     data = read_state(state_dir, repository)
     change(data)
@@ -220,7 +220,7 @@ def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config
         if config and head_id:
             data.setdefault("configs", {})[tag] = {"head_id": head_id, "config": config}
 
-    _update_state(state_dir, repo, add)
+    update_state(state_dir, repo, add)
 
 
 def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[NodeResult]) -> None:
@@ -235,7 +235,7 @@ def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[No
             if not past or past[-1]["tag"] != image.tag:
                 past.append({"tag": image.tag, "at": now})
 
-    _update_state(state_dir, image.repository, add)
+    update_state(state_dir, image.repository, add)
 
 
 # ------------------------------------------------------------------------------------ head
@@ -253,7 +253,7 @@ def _inspect_head(ref: str) -> dict | None:
         text = proc.stderr.decode(errors="replace")
         if "No such image" in text:
             return None
-        raise DistributeError(f"cannot reach the local Docker engine: {_clean(text)[:200]}", field="docker")
+        raise DistributeError(f"cannot reach the local Docker engine: {one_line(text)[:200]}", field="docker")
     return json.loads(proc.stdout)[0]
 
 
@@ -402,7 +402,7 @@ def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImag
 
 def failed(node: Node, t0: float, exc: BaseException, previous: str | None, moved: int,
            progress: ProgressFn) -> NodeResult:
-    reason = str(exc) if isinstance(exc, DistributeError) else _clean(f"{type(exc).__name__}: {exc}")
+    reason = str(exc) if isinstance(exc, DistributeError) else one_line(f"{type(exc).__name__}: {exc}")
     progress(Progress(node.name, FAILED, moved, None, reason))
     return NodeResult(node, FAILED, previous, moved, time.monotonic() - t0, reason, previous)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..build import dockercli
-from .cluster import CONTROL_TIMEOUT, Registry, _clean, registry_context
+from .cluster import CONTROL_TIMEOUT, Registry, one_line, registry_context
 from ..build.dockercli import last_line
-from .deploy import (CHUNK, TRANSFER_TIMEOUT, HeadImage, Progress, ProgressFn, _update_state, human_bytes,
+from .deploy import (CHUNK, TRANSFER_TIMEOUT, HeadImage, Progress, ProgressFn, update_state, human_bytes,
                          read_state, record_manifest, registry_ref)
 from ..errors import DistributeError
 from ..imageref import ImageRef
@@ -57,7 +57,7 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
             client.api.tag(image.image_id, repo, tag, force=True)
             for ev in client.api.push(repo, tag=tag, stream=True, decode=True):
                 if "error" in ev:
-                    raise DistributeError(f"push of {full} failed: {_clean(ev['error'])}", field="--registry")
+                    raise DistributeError(f"push of {full} failed: {one_line(ev['error'])}", field="--registry")
                 status, lid = ev.get("status", ""), ev.get("id")
                 if status == "Pushing" and lid:
                     detail = ev.get("progressDetail") or {}
@@ -86,7 +86,7 @@ _PUSHED_DIGEST = re.compile(r": digest: (sha256:[0-9a-f]{64}) size: [0-9]+\Z")
 
 def _sdk_reason(exc: BaseException) -> str:
     explanation = getattr(exc, "explanation", None)
-    text = _clean(explanation or str(exc)) or type(exc).__name__
+    text = one_line(explanation or str(exc)) or type(exc).__name__
     for marker in ("Connection refused", "timed out", "certificate", "Connection reset"):
         if marker in text:
             return f"{marker.lower()}: {text[:200]}"
@@ -150,7 +150,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                 if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
                     continue
                 data = tar.extractfile(member)
-                stored = _stored_compression(data.peek(4)[:4])  # type: ignore[union-attr]
+                stored = stored_compression(data.peek(4)[:4])  # type: ignore[union-attr]
                 digest = f"sha256:{hexname}"
                 if stored is not None:  # a compressed layer: sent as it is
                     if _blob_exists(registry, repo, digest):
@@ -182,17 +182,17 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     except (OSError, tarfile.TarError, urllib.error.URLError, subprocess.TimeoutExpired) as exc:
         save.kill()
         save.wait()
-        raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}", field="--registry") from None
+        raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}", field="--registry") from None
     finally:
         watchdog.cancel()
     if code != 0 or saved_manifest is None:
         raise DistributeError(f"docker save {image.tag} failed: {last_line(save.stderr.read() if save.stderr else b'', 'no message')}",
                               field="docker")
-    config, order = _saved_image(image, saved_manifest, small, layers)
+    config, order = saved_image(image, saved_manifest, small, layers)
     try:
         refs, digest = _put_manifest(image, registry, repo, config, order)
     except (OSError, urllib.error.URLError) as exc:
-        raise DistributeError(f"push to {registry.address} failed: {_clean(str(exc))[:200]}",
+        raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}",
                               field="--registry") from None
 
     def remember(data: dict) -> None:
@@ -200,7 +200,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
         for d, (blob, size) in uploaded.items():
             blobs.setdefault(d, {})[compression] = [blob, size]
 
-    _update_state(state_dir, repo, remember)
+    update_state(state_dir, repo, remember)
     record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
     distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
     return PushResult(tuple(refs), digest, distinct - present, present, sent, time.monotonic() - t0)
@@ -221,7 +221,7 @@ STORED_TYPES = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": L
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
 
 
-def _stored_compression(head: bytes) -> str | None:
+def stored_compression(head: bytes) -> str | None:
     """gzip or zstd when a blob starts with that format's magic number; None for a plain tar or JSON."""
     if head[:2] == b"\x1f\x8b":
         return "gzip"
@@ -230,7 +230,7 @@ def _stored_compression(head: bytes) -> str | None:
     return None
 
 
-def _saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes],
+def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes],
                  layers: dict[str, Layer]) -> tuple[bytes, list[Layer]]:
     """The config and the ordered layers of the saved image, as its manifest.json names them; checked against
     the diff IDs the head's engine reports, so a push never publishes another image under this tag."""

@@ -29,7 +29,7 @@ LOAD_TIMEOUT = 900.0  # seconds a docker load may take to finish after its input
 BUFFER_CHUNKS = 32  # chunks held per node: a short hiccup of one node does not slow the others
 
 
-class _TarIndex:
+class TarIndex:
     """Follows the headers of a `docker save` tar stream to catch its index.json and manifest.json.
 
     A containerd-store node shows the manifest digest index.json names as the image ID of what it
@@ -215,7 +215,7 @@ def deploy_stream(image: HeadImage, nodes: Iterable[Node], progress: ProgressFn 
 
 
 def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
-            stall: float) -> tuple[dict[str, tuple[int, float, str | None]], _TarIndex | None]:
+            stall: float) -> tuple[dict[str, tuple[int, float, str | None]], TarIndex | None]:
     """Tee one `docker save` into a `docker load` per node, one writer thread each.
 
     Returns name -> (bytes, start, error), and what the saved tarball says of itself (its manifest
@@ -244,7 +244,7 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     save_err: list[bytes] = []
     save_drain = threading.Thread(target=lambda: save_err.append(save.stderr.read()), daemon=True)  # type: ignore
     save_drain.start()
-    index, last = _TarIndex(), 0.0
+    index, last = TarIndex(), 0.0
     assert save.stdout is not None
     while chunk := save.stdout.read1(CHUNK):
         index.feed(chunk)

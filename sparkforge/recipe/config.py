@@ -268,7 +268,6 @@ class RecipeFile(Strict):
 
 class ModTargets(Strict):
     versions: Specifier
-    commits: list[Commit] = []
 
 
 class ModEnv(Strict):
@@ -493,7 +492,7 @@ def _is_branch(part: Any) -> bool:
 _UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec", "RemotePatch"}
 
 
-def _validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA) -> ConfigError:
+def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA) -> ConfigError:
     """One ConfigError for a pydantic error: the field in the user's terms and what is wrong."""
     errors = exc.errors()
     # Of the branches of a union, report the one the user meant: a value error over a type mismatch.
@@ -520,7 +519,7 @@ def load_recipe_file(path: Path) -> RecipeFile:
     try:
         return RecipeFile.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, path, data) from None
+        raise validation_error(exc, path, data) from None
 
 
 def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple[ModSpec, Path]:
@@ -543,7 +542,7 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     try:
         spec = ModSpec.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, meta, data) from None
+        raise validation_error(exc, meta, data) from None
     if spec.name != name:
         raise ConfigError(f"name {spec.name!r} differs from the folder name {name!r}", path=meta, field="name")
     local_patch = spec.patch if isinstance(spec.patch, str) else None
@@ -583,7 +582,7 @@ def mod_yaml_text(data: dict[str, Any], path: Path) -> str:
     try:
         ModSpec.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, path, data) from None
+        raise validation_error(exc, path, data) from None
     return yaml.dump(data, Dumper=_ModDumper, sort_keys=False, allow_unicode=True, width=110)
 
 
@@ -647,7 +646,7 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
     try:
         data = RecipeFile.model_validate(merged)
     except ValidationError as exc:  # a merge can only recombine valid parts; kept as a guard
-        raise _validation_error(exc, paths[0], merged) from None
+        raise validation_error(exc, paths[0], merged) from None
     return Recipe(variant=name, chain=tuple(chain), files=tuple(_shown(p, images_dir) for p in paths),
                   data=data)
 

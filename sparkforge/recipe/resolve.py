@@ -7,7 +7,6 @@ asked from here; nothing is ever guessed. `lock` records the answers through spa
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import os
 import re
@@ -47,17 +46,6 @@ def split_repository(repository: str) -> tuple[str, str]:
     return "registry-1.docker.io", repository if "/" in repository else f"library/{repository}"
 
 
-def _loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    name = name.strip("[]")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
 def _bearer_token(challenge: str, timeout: float) -> str:
     """An anonymous token for the scope a registry's 401 asks for (the Docker token flow)."""
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
@@ -81,7 +69,7 @@ def registry_digest(repository: str, tag: str, *, timeout: float = 15) -> str:
     """The digest a registry gives for repository:tag (a multi-arch index when there is one),
     over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise."""
     host, name = split_repository(repository)
-    scheme = "http" if _loopback(host) else "https"
+    scheme = "http" if net.is_loopback(host) else "https"
     url = f"{scheme}://{host}/v2/{name}/manifests/{tag}"
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
     for attempt in (1, 2):
