@@ -12,12 +12,13 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from ..repro.checkmods import ALREADY, APPLIED, FAILED, READ, UNVERIFIED, applies_ranges
+from ..repro.checkmods import RowState, applies_ranges
 from ..inimage.contract import BuildRecord, WheelOrigin
 from ..build.pipeline import LoadedPlan
 from ..recipe.plan import Plan
 
-STATE_STYLE = {APPLIED: "green", ALREADY: "cyan", FAILED: "bold red", UNVERIFIED: "yellow", READ: "green"}
+STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
+               RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
 CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
 
 
@@ -107,10 +108,10 @@ def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[s
         marks = []
         for name in mods:
             cell = next(c for c in cells if c.mod == name and c.version == version)
-            if cell.state == UNVERIFIED:
+            if cell.state == RowState.UNVERIFIED:
                 marks.append(_styled("unverified", "yellow"))
                 continue
-            ok = cell.state in (APPLIED, ALREADY)
+            ok = cell.state in (RowState.APPLIED, RowState.ALREADY)
             marks.append(_line(("applies", "green") if ok else ("fails", "red"), "!" if ok != cell.declared else ""))
         table.add_row(Text(version), *marks)
     return table
@@ -296,7 +297,7 @@ def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
 
 def check_summary(report: Any) -> Text:
     """check-mods: one line of counts."""
-    failed, unverified = len(report.in_state(FAILED)), len(report.in_state(UNVERIFIED))
+    failed, unverified = len(report.in_state(RowState.FAILED)), len(report.in_state(RowState.UNVERIFIED))
     total = len(report.rows)
     return _line(f"{total} checked: {total - failed - unverified} ok, {failed} failed, {unverified} unverified "
                  "(source not reachable from here)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -23,14 +24,24 @@ from ..errors import DownloadError
 from ..recipe.plan import Mod, Plan
 from ..recipe.remote import materialize
 
-APPLIED, ALREADY, FAILED, UNVERIFIED = "applied", "already", "failed", "unverified"
+class RowState(str, Enum):
+    """What check-mods found for a mod (a Row, or a cell of the release matrix) or an env name."""
+
+    APPLIED = "applied"
+    ALREADY = "already"  # the change is in the pristine source already
+    FAILED = "failed"
+    UNVERIFIED = "unverified"  # the source or a patch could not be fetched from here
+    READ = "read"  # an env name some .py file of the vllm package reads (the env check)
+
+    def __str__(self) -> str:  # printed as its word, as the strings before it were
+        return self.value
 
 
 @dataclass(frozen=True)
 class Row:
     variant: str
     mod: str
-    state: str  # applied | already | failed | unverified
+    state: RowState
     detail: str
     source: str  # what the mod was checked against
 
@@ -88,7 +99,7 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
 
 def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
                      patcher_timeout: float = inimage.PATCHER_TIMEOUT,
-                     ca_cert: Path | None = None) -> list[tuple[Mod, str, str]]:
+                     ca_cert: Path | None = None) -> list[tuple[Mod, RowState, str]]:
     """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
 
     Each mod: apply, run its file checks, apply again (must be detected as already applied).
@@ -105,22 +116,23 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
         try:
             spec, folder = materialize(mod, ca_cert)
         except DownloadError as exc:
-            results.append((mod, UNVERIFIED, exc.detail))
+            results.append((mod, RowState.UNVERIFIED, exc.detail))
             continue
         first = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if first.state == inimage.ModState.FAILED:
-            results.append((mod, FAILED, first.detail))
+            results.append((mod, RowState.FAILED, first.detail))
             continue
         bad = [c for c in inimage.verify_mod(spec, scratch, in_image=False) if c[1] == inimage.CheckState.FAILED]
         if bad:
-            results.append((mod, FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
+            results.append((mod, RowState.FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
             continue
         second = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if second.state != inimage.ModState.ALREADY:
-            results.append((mod, FAILED, f"second application was {second.state.value}, not detected as already applied"))
+            results.append((mod, RowState.FAILED,
+                            f"second application was {second.state.value}, not detected as already applied"))
             continue
-        state = APPLIED if first.state == inimage.ModState.APPLIED else ALREADY
-        results.append((mod, state, "" if state == APPLIED else "already present in the pristine source"))
+        state = RowState.APPLIED if first.state == inimage.ModState.APPLIED else RowState.ALREADY
+        results.append((mod, state, "" if state == RowState.APPLIED else "already present in the pristine source"))
     return results
 
 
@@ -150,7 +162,7 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
             tree = ref.fetch()
         except sources.SourceUnavailable as exc:
             for mod in mods:
-                rows[mod.name] = Row(plan.variant, mod.name, UNVERIFIED, str(exc), ref.label)
+                rows[mod.name] = Row(plan.variant, mod.name, RowState.UNVERIFIED, str(exc), ref.label)
             continue
         scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
         try:
@@ -182,7 +194,7 @@ def _component_source(plan: Plan, component: str) -> SourceRef:
 class MatrixCell:
     mod: str
     version: str
-    state: str  # applied | already | failed | unverified
+    state: RowState
     detail: str
     declared: bool  # whether the mod's targets include this release
 
@@ -196,7 +208,7 @@ def matrix(mods: list[Mod], versions: list[str], workdir: Path,
         try:
             tree = sources.release_tree("vllm", version)
         except sources.SourceUnavailable as exc:
-            cells += [MatrixCell(m.name, version, UNVERIFIED, str(exc), _declares(m, version)) for m in mods]
+            cells += [MatrixCell(m.name, version, RowState.UNVERIFIED, str(exc), _declares(m, version)) for m in mods]
             continue
         for mod in mods:
             scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{version}-", dir=workdir))
@@ -217,7 +229,7 @@ def applies_ranges(cells: list[MatrixCell], mod: str) -> list[tuple[str, str]]:
     runs: list[tuple[str, str]] = []
     start = last = None
     for cell in (c for c in cells if c.mod == mod):
-        if cell.state in (APPLIED, ALREADY):
+        if cell.state in (RowState.APPLIED, RowState.ALREADY):
             start = start or cell.version
             last = cell.version
         elif start:
@@ -229,8 +241,6 @@ def applies_ranges(cells: list[MatrixCell], mod: str) -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------------ env names the release reads
-
-READ = "read"  # a Row state of the env check: some .py file of the vllm package reads the name
 
 # The namespace of vLLM's own settings: a name in it that vLLM does not read is a mistake. A name
 # outside it may be meant for another program in the image (NCCL, CUDA, PyTorch), which this
@@ -304,7 +314,7 @@ def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PAT
     try:
         tree = ref.fetch()
     except sources.SourceUnavailable as exc:
-        return [Row(plan.variant, f"env {n}", UNVERIFIED, str(exc), ref.label) for n in origins]
+        return [Row(plan.variant, f"env {n}", RowState.UNVERIFIED, str(exc), ref.label) for n in origins]
     mods = sorted((m for m in plan.mods if m.spec.component == "vllm"), key=lambda m: m.spec.phase != "source")
     scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-env-", dir=workdir))
     try:
@@ -319,13 +329,14 @@ def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PAT
     rows = []
     for name, origin in origins.items():
         if name in read:
-            rows.append(Row(plan.variant, f"env {name}", READ, f"{origin}; read by {release}{after}", ref.label))
+            rows.append(Row(plan.variant, f"env {name}", RowState.READ, f"{origin}; read by {release}{after}",
+                            ref.label))
         elif name.startswith(VLLM_PREFIX):
-            rows.append(Row(plan.variant, f"env {name}", FAILED,
+            rows.append(Row(plan.variant, f"env {name}", RowState.FAILED,
                             f"{plan.variant} sets {name} ({origin}), which no .py file of {release}{after} reads",
                             ref.label))
         else:
-            rows.append(Row(plan.variant, f"env {name}", UNVERIFIED,
+            rows.append(Row(plan.variant, f"env {name}", RowState.UNVERIFIED,
                             f"{name} ({origin}) is read by no .py file of {release}{after}; a name outside "
                             f"{VLLM_PREFIX}* may be meant for another program, which is not checked", ref.label))
     return rows

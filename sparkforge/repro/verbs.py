@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..recipe.config import list_variants
 from ..recipe.plan import PROJECT_ROOT, Layout, Mod, Plan
 from ..recipe.sources import release_versions
-from .checkmods import ALREADY, APPLIED, FAILED, UNVERIFIED, MatrixCell, Row, check_env, check_variant, matrix
+from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix
 
 
 # ------------------------------------------------------------------ check-mods
@@ -36,7 +36,7 @@ class ModsReport:
     versions: tuple[str, ...] = ()
     cells: tuple[MatrixCell, ...] = ()
 
-    def in_state(self, state: str) -> list[Row]:
+    def in_state(self, state: RowState) -> list[Row]:
         return [r for r in self.rows if r.state == state]
 
     def cell(self, mod: str, version: str) -> MatrixCell:
@@ -45,10 +45,12 @@ class ModsReport:
     @property
     def matrix_failed(self) -> bool:
         """A release that a mod declares, where it does not apply (unverified cells aside)."""
-        return any(c.declared and c.state not in (APPLIED, ALREADY, UNVERIFIED) for c in self.cells)
+        done = (RowState.APPLIED, RowState.ALREADY, RowState.UNVERIFIED)
+        return any(c.declared and c.state not in done for c in self.cells)
 
     def failed(self, strict: bool) -> bool:
-        return bool(self.in_state(FAILED)) or self.matrix_failed or (strict and bool(self.in_state(UNVERIFIED)))
+        return (bool(self.in_state(RowState.FAILED)) or self.matrix_failed
+                or (strict and bool(self.in_state(RowState.UNVERIFIED))))
 
 
 def release_version(value: str, flag: str) -> Version:

@@ -305,7 +305,7 @@ def test_wheels_prune_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...
 def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path: Path, monkeypatch) -> None:
     """A wheel holding the real vLLM 0.17.0 package (from the release sdist): the ng17 install mods apply to it."""
     from sparkforge.recipe import sources
-    from sparkforge.repro.checkmods import APPLIED, check_variant
+    from sparkforge.repro.checkmods import RowState, check_variant
 
     tree = sources.release_tree("vllm", "0.17.0")
     images = tmp_path / "images"
@@ -320,5 +320,6 @@ def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path:
                                    f"  sha256: {download.sha256_of(wheel)}\n  version: \"0.17.0\"\n"
                                    "mods: [uf17-eager-allreduce, fix-qwen35-tp4-marlin]\n")
     rows = check_variant(plan_variant(_layout(images), "w"), tmp_path)
-    assert [(r.mod, r.state) for r in rows] == [("uf17-eager-allreduce", APPLIED), ("fix-qwen35-tp4-marlin", APPLIED)]
+    assert [(r.mod, r.state) for r in rows] == [("uf17-eager-allreduce", RowState.APPLIED),
+                                                ("fix-qwen35-tp4-marlin", RowState.APPLIED)]
     assert rows[0].source.startswith(f"vllm wheel {NAME}")
