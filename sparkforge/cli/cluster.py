@@ -16,7 +16,8 @@ from rich.table import Table
 from ..distribute.cluster import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import SparkforgeError, visible
 from ..imageref import ImageRef
-from .app import BASE_HELP, app, err, out, plan_of
+from . import views
+from .app import BASE_HELP, app, emit, err, out, plan_of
 
 CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
 NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
@@ -115,7 +116,7 @@ def deploy(
       python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from ..distribute.cluster import resolve_cluster
-    from ..distribute.deploy import FAILED, deploy_registry, head_image, human_bytes, rollback_tag
+    from ..distribute.deploy import deploy_registry, head_image, rollback_tag
     from ..distribute.stream import deploy_stream
 
     if mode not in ("registry", "stream"):
@@ -134,22 +135,8 @@ def deploy(
                                  stall_timeout=stall or PULL_STALL_TIMEOUT)
     else:
         result = deploy_stream(image, target.nodes, show, stall_timeout=stall or STALL_TIMEOUT)
-    table = Table(box=None, pad_edge=False)
-    for col in ("node", "result", "image ID", "moved", "time", "detail"):
-        table.add_column(col)
-    style = {"updated": "green", "current": "cyan", FAILED: "bold red"}
-    for r in result.results:
-        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else escape(r.node.endpoint)
-        table.add_row(r.node.name, f"[{style[r.outcome]}]{r.outcome}[/]", (r.image_id or "-")[:19],
-                      human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", detail)
-    out.print(table)
-    for r in result.results:
-        if r.outcome == FAILED:
-            out.print(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on "
-                      f"{(r.previous_id or 'nothing')[:19]}", markup=False)
-    counts = {k: sum(1 for r in result.results if r.outcome == k) for k in ("updated", "current", FAILED)}
-    out.print(f"{len(result.results)} nodes: {counts['updated']} updated, {counts['current']} current, "
-              f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s")
+    out.print(views.deploy_table(result))
+    emit(views.deploy_lines(plan, result))
     if not result.ok:
         raise typer.Exit(1)
     out.print(f"every node runs {plan.moving_tag} = {image.image_id}")
@@ -174,14 +161,7 @@ def status(
     st = cluster_status(plan, target.nodes)
     head_id = st.image.image_id if st.image else None
     out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
-    table = Table(box=None, pad_edge=False)
-    for col in ("node", "image ID", ImageRef.parse(plan.tag).tag, "matches head", "detail"):
-        table.add_column(col)
-    for n in st.nodes:
-        match = "-" if head_id is None or n.error else ("[green]yes[/]" if n.current else "[red]no[/]")
-        tag = n.tag_state or "-"
-        table.add_row(n.node.name, (n.moving_id or "-")[:19], tag, match, escape(n.error or n.node.endpoint))
-    out.print(table)
+    out.print(views.status_table(st, ImageRef.parse(plan.tag).tag or ""))
     if st.all_match:
         out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
         return

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
 from ..repro.checkmods import RowState, applies_ranges
 from ..inimage.contract import BuildRecord, WheelOrigin
 from ..build.pipeline import LoadedPlan
@@ -20,6 +21,7 @@ from ..recipe.plan import Plan
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
                RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
 CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
+OUTCOME_STYLE = {UPDATED: "green", CURRENT: "cyan", FAILED: "bold red"}
 
 
 def _table(*columns: str, title: str | None = None) -> Table:
@@ -323,3 +325,35 @@ def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
     return shown + [matrix_table(report.cells, list(report.mods), versions,
                                  "vLLM mods on the newer releases (! = differs from the mod's targets)"),
                     *applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm")]
+
+
+def deploy_table(result: Any) -> Table:
+    """`deploy`: a row per node, with what it moved and how long it took."""
+    table = _table("node", "result", "image ID", "moved", "time", "detail")
+    for r in result.results:
+        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
+        table.add_row(Text(r.node.name), _styled(r.outcome, OUTCOME_STYLE[r.outcome]), (r.image_id or "-")[:19],
+                      human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", Text(detail))
+    return table
+
+
+def deploy_lines(plan: Plan, result: Any) -> list[Text]:
+    """`deploy`: where each failed node's moving tag stayed, then the counts."""
+    lines = [_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on {(r.previous_id or 'nothing')[:19]}")
+             for r in result.results if r.outcome == FAILED]
+    counts = {k: sum(1 for r in result.results if r.outcome == k) for k in (UPDATED, CURRENT, FAILED)}
+    lines.append(_line(f"{len(result.results)} nodes: {counts[UPDATED]} updated, {counts[CURRENT]} current, "
+                       f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s"))
+    return lines
+
+
+def status_table(status: Any, tag_column: str) -> Table:
+    """`status`: a row per node: its moving tag's image, its immutable tag, and whether it is the head's."""
+    table = _table("node", "image ID", tag_column, "matches head", "detail")
+    head_id = status.image.image_id if status.image else None
+    for n in status.nodes:
+        match = "-" if head_id is None or n.error else _styled("yes", "green") if n.current else _styled("no", "red")
+        table.add_row(Text(n.node.name), (n.moving_id or "-")[:19], n.tag_state or "-", match,
+                      Text(n.error or n.node.endpoint))
+    return table
+
