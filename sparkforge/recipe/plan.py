@@ -13,7 +13,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -300,75 +300,15 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
     if base is not None:
         base_image = parse_image_ref(base)
 
-    v = need(data.vllm, "vllm")
-    source = need(v.source, "vllm.source")
-    version = need(v.version, "vllm.version")
-    if source == "git":
-        vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
-                    Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
-    if source in ("git", "pypi"):
-        for fld in ("url", "path", "sha256"):
-            if getattr(v, fld) is not None:
-                raise ConfigError(f"a {source} source does not take {fld} (that is for source: wheel)", path=leaf,
-                                  field=f"vllm.{fld}")
-    if source == "pypi":
-        for fld in ("repo", "ref", "commit"):
-            if getattr(v, fld) is not None:
-                raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
-                                  field=f"vllm.{fld}")
-        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps)
-    elif source == "wheel":
-        vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
-                    _wheel_file(v, version, leaf))
-
-    components = []
-    for name, c in sorted((data.components or {}).items()):
-        if c is None:
-            continue
-        fld = f"components.{name}"
-        if c.pip and not c.git:
-            if c.ref or c.commit or c.dest or c.pip_install is not None:
-                raise ConfigError("a pip component takes only pip and version", path=leaf, field=fld)
-            components.append(Component(name, "pip", c.pip, Pin.of(need(c.version, f"{fld}.version"), ""),
-                                        None, None, Pin(None), None))
-        elif c.git and not c.pip:
-            if c.version:
-                raise ConfigError("a git component is pinned by ref and commit, not version", path=leaf,
-                                  field=f"{fld}.version")
-            components.append(Component(name, "git", None, Pin(None), c.git, need(c.ref, f"{fld}.ref"),
-                                        Pin.of(need(c.commit, f"{fld}.commit"), ""),
-                                        need(c.dest, f"{fld}.dest"), bool(c.pip_install)))
-        else:
-            raise ConfigError("a component is either pip (with version) or git (with ref, commit, dest)",
-                              path=leaf, field=fld)
+    vllm = _vllm(need(data.vllm, "vllm"), leaf, need)
+    components = _components(data.components or {}, leaf, need)
 
     bs = need(data.build, "build")
     build_env = {k: v for k, v in (getattr(bs, "env", None) or {}).items() if v is not None}
     build = BuildArgs(need(bs.torch_cuda_arch_list, "build.torch_cuda_arch_list"),
                       bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
 
-    known_components = {"vllm", "image"} | {c.name for c in components}
-    mods = []
-    env: dict[str, str] = {}
-    owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
-    for name in data.mods or []:
-        spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
-        _check_mod_fits(spec, folder, vllm, known_components, leaf)
-        mods.append(Mod(name, digest_tree(folder), str(folder), spec))
-        for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
-            if value is None:
-                continue
-            if (what, value) in owners:
-                other = owners[(what, value)]
-                who = f"mod {name} writes {value} twice" if other == name else (
-                    f"mods {other} and {name} both {'set the env name' if what == 'env' else 'write'} {value}")
-                raise ConfigError(f"{who}; only one may, or the last would win silently", path=leaf, field="mods")
-            owners[(what, value)] = name
-        if spec.env:
-            env[spec.env.name] = spec.env.default
-    for key, value in (data.env or {}).items():
-        if value is not None:
-            env[key] = value
+    mods, env = _mods(data, layout, leaf, vllm, components)
 
     for name, reason in (data.kernels_not_needed or {}).items():
         if reason is None:
@@ -394,6 +334,84 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
     )
     return rehash(plan)
+
+
+def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
+    """The recipe's vllm: section as a Vllm, each source with only the fields it takes."""
+    source = need(v.source, "vllm.source")
+    version = need(v.version, "vllm.version")
+    if source == "git":
+        vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
+                    Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
+    if source in ("git", "pypi"):
+        for fld in ("url", "path", "sha256"):
+            if getattr(v, fld) is not None:
+                raise ConfigError(f"a {source} source does not take {fld} (that is for source: wheel)", path=leaf,
+                                  field=f"vllm.{fld}")
+    if source == "pypi":
+        for fld in ("repo", "ref", "commit"):
+            if getattr(v, fld) is not None:
+                raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
+                                  field=f"vllm.{fld}")
+        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps)
+    elif source == "wheel":
+        vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
+                    _wheel_file(v, version, leaf))
+    return vllm
+
+
+def _components(entries: dict[str, Any], leaf: Path, need: Callable[[Any, str], Any]) -> list[Component]:
+    """The recipe's components, by name: each is pip (with version) or git (with ref, commit, dest)."""
+    components = []
+    for name, c in sorted(entries.items()):
+        if c is None:
+            continue
+        fld = f"components.{name}"
+        if c.pip and not c.git:
+            if c.ref or c.commit or c.dest or c.pip_install is not None:
+                raise ConfigError("a pip component takes only pip and version", path=leaf, field=fld)
+            components.append(Component(name, "pip", c.pip, Pin.of(need(c.version, f"{fld}.version"), ""),
+                                        None, None, Pin(None), None))
+        elif c.git and not c.pip:
+            if c.version:
+                raise ConfigError("a git component is pinned by ref and commit, not version", path=leaf,
+                                  field=f"{fld}.version")
+            components.append(Component(name, "git", None, Pin(None), c.git, need(c.ref, f"{fld}.ref"),
+                                        Pin.of(need(c.commit, f"{fld}.commit"), ""),
+                                        need(c.dest, f"{fld}.dest"), bool(c.pip_install)))
+        else:
+            raise ConfigError("a component is either pip (with version) or git (with ref, commit, dest)",
+                              path=leaf, field=fld)
+    return components
+
+
+def _mods(data: Any, layout: Layout, leaf: Path, vllm: Vllm,
+          components: list[Component]) -> tuple[list[Mod], dict[str, str]]:
+    """The recipe's mods, loaded and checked against the plan, and the env they and the recipe set; no env
+    name or drop-in file may belong to two mods."""
+    known_components = {"vllm", "image"} | {c.name for c in components}
+    mods = []
+    env: dict[str, str] = {}
+    owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
+    for name in data.mods or []:
+        spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
+        _check_mod_fits(spec, folder, vllm, known_components, leaf)
+        mods.append(Mod(name, digest_tree(folder), str(folder), spec))
+        for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
+            if value is None:
+                continue
+            if (what, value) in owners:
+                other = owners[(what, value)]
+                who = f"mod {name} writes {value} twice" if other == name else (
+                    f"mods {other} and {name} both {'set the env name' if what == 'env' else 'write'} {value}")
+                raise ConfigError(f"{who}; only one may, or the last would win silently", path=leaf, field="mods")
+            owners[(what, value)] = name
+        if spec.env:
+            env[spec.env.name] = spec.env.default
+    for key, value in (data.env or {}).items():
+        if value is not None:
+            env[key] = value
+    return mods, env
 
 
 def gpus_of(arch_list: str) -> tuple[str, ...]:
