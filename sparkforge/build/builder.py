@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import dockercli
 from ..errors import BuildError
 from ..recipe.plan import Plan
+from . import dockercli
 from .render import Context
 
 _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import tarfile
 
-from . import dockercli
 from ..errors import BuildError
 from ..inimage.contract import BuildRecord, ContractError
+from . import dockercli
 
 RECORD_PATH = "/opt/sparkforge/build-record.json"
 

@@ -17,6 +17,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..errors import BuildError, ConfigError
+from ..files import locked
+from ..recipe.config import list_variants
+from ..recipe.lock import (
+    BuiltFrom,
+    Lock,
+    apply_lock,
+    check_lock,
+    compare,
+    existing_epoch,
+    lock_path,
+    make_lock,
+    pinned_plan,
+    read_lock,
+    write_lock,
+)
+from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
+from ..recipe.resolve import resolve_pins, today_epoch
 from . import wheels
 from .builder import (
     BuildOptions,
@@ -31,25 +49,7 @@ from .builder import (
     promote,
     require_engine,
 )
-from ..errors import BuildError, ConfigError
-from ..files import locked
-from ..recipe.lock import (
-    BuiltFrom,
-    Lock,
-    apply_lock,
-    check_lock,
-    compare,
-    existing_epoch,
-    lock_path,
-    make_lock,
-    pinned_plan,
-    read_lock,
-    write_lock,
-)
-from ..recipe.config import list_variants
-from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
 from .render import Context, render_context
-from ..recipe.resolve import resolve_pins, today_epoch
 from .smoke import DEFAULT_SERVE_MODEL, TIERS, TierResult, run_static, run_tier
 from .wheels import WheelInput
 

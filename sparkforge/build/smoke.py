@@ -18,9 +18,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dockercli
 from ..errors import BuildError
 from ..inimage.contract import ContractError, SmokeCheck
+from . import dockercli
 
 TIERS = ("static", "gpu", "serve")
 DEFAULT_SERVE_MODEL = "Qwen/Qwen3-0.6B"

@@ -26,12 +26,12 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import dockercli
-from ..recipe import download
 from ..errors import BuildError, ConfigError, DownloadError
 from ..files import NotRegularFile, is_regular, read_regular
+from ..recipe import download
 from ..recipe.plan import Layout, Plan, WheelFile
 from ..recipe.sources import cache_dir
+from . import dockercli
 
 CONTEXT = "vllm-wheel"  # the named build context the Dockerfile reads a wheel from
 ENTRY_WHEEL_RE = re.compile(r"\Awheels/vllm-[A-Za-z0-9._+-]+\.whl\Z")  # where an entry keeps its wheel

@@ -19,8 +19,22 @@ from ..recipe.config import list_variants
 from ..recipe.plan import PROJECT_ROOT
 from ..repro import verbs
 from . import views
-from .app import BASE_HELP, CA_HELP, WHEEL_CACHE_HELP, State, app, ca_bundle, emit, err, load, out, plan_of, \
-    progress_printer, say, warned
+from .app import (
+    BASE_HELP,
+    CA_HELP,
+    WHEEL_CACHE_HELP,
+    State,
+    app,
+    ca_bundle,
+    emit,
+    err,
+    load,
+    out,
+    plan_of,
+    progress_printer,
+    say,
+    warned,
+)
 
 
 @app.command("list")

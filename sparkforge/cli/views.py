@@ -12,11 +12,11 @@ from typing import Any, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
-from ..repro.checkmods import RowState, applies_ranges
-from ..inimage.contract import BuildRecord, WheelOrigin
 from ..build.pipeline import LoadedPlan
+from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
+from ..inimage.contract import BuildRecord, WheelOrigin
 from ..recipe.plan import Plan
+from ..repro.checkmods import RowState, applies_ranges
 
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
                RowState.UNVERIFIED: "yellow", RowState.READ: "green"}

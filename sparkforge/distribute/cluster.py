@@ -16,8 +16,8 @@ import json
 import os
 import pty
 import re
-import shlex
 import selectors
+import shlex
 import ssl
 import subprocess
 import time
@@ -30,12 +30,12 @@ from typing import Annotated, Callable, Iterable, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from ..recipe.config import NAME_RE, Strict, validation_error, read_yaml
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..imageref import ImageRef
 from ..net import is_loopback
+from ..recipe.config import NAME_RE, Strict, read_yaml, validation_error
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
 _HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"

@@ -24,12 +24,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .cluster import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, Node, NodeFailure, Registry, one_line, layer_sizes, pull,
-                      run_docker, run_dockers, run_nodes)
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..recipe.plan import PROJECT_ROOT, Plan
+from .cluster import (
+    CONTROL_TIMEOUT,
+    PULL_STALL_TIMEOUT,
+    Node,
+    NodeFailure,
+    Registry,
+    layer_sizes,
+    one_line,
+    pull,
+    run_docker,
+    run_dockers,
+    run_nodes,
+)
 
 UPDATED = "updated"
 CURRENT = "current"

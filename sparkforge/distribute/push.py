@@ -21,12 +21,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..build import dockercli
-from .cluster import CONTROL_TIMEOUT, Registry, one_line, registry_context
 from ..build.dockercli import last_line
-from .deploy import (CHUNK, TRANSFER_TIMEOUT, HeadImage, Progress, ProgressFn, update_state, human_bytes,
-                         read_state, record_manifest, registry_ref)
 from ..errors import DistributeError
 from ..imageref import ImageRef
+from .cluster import CONTROL_TIMEOUT, Registry, one_line, registry_context
+from .deploy import (
+    CHUNK,
+    TRANSFER_TIMEOUT,
+    HeadImage,
+    Progress,
+    ProgressFn,
+    human_bytes,
+    read_state,
+    record_manifest,
+    registry_ref,
+    update_state,
+)
 
 
 @dataclass(frozen=True)

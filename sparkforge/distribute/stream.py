@@ -19,11 +19,26 @@ from pathlib import Path
 from typing import Iterable
 
 from ..build import dockercli
-from .cluster import STALL_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, run_nodes, transport_error
-from .deploy import (CHUNK, CURRENT, TRANSFER_TIMEOUT, UPDATED, Deployment, HeadImage, NodeResult, Progress,
-                         ProgressFn, check_node, failed, record_deploy, record_manifest, set_tags, verify_and_tag)
 from ..build.dockercli import last_line
 from ..errors import DistributeError
+from .cluster import STALL_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, run_nodes, transport_error
+from .deploy import (
+    CHUNK,
+    CURRENT,
+    TRANSFER_TIMEOUT,
+    UPDATED,
+    Deployment,
+    HeadImage,
+    NodeResult,
+    Progress,
+    ProgressFn,
+    check_node,
+    failed,
+    record_deploy,
+    record_manifest,
+    set_tags,
+    verify_and_tag,
+)
 
 LOAD_TIMEOUT = 900.0  # seconds a docker load may take to finish after its input ended
 BUFFER_CHUNKS = 32  # chunks held per node: a short hiccup of one node does not slow the others

@@ -22,24 +22,24 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import Field, StringConstraints, ValidationError
 
+from ..errors import ConfigError, SparkforgeError
 from .config import (
     AbsPath,
     Commit,
     Digest,
     GitRef,
     GitUrl,
-    Sha256,
     ImageTag,
     Name,
     OsPackage,
     Package,
     PipVersion,
     Repository,
+    Sha256,
     Strict,
     Text,
     read_text,
 )
-from ..errors import ConfigError, SparkforgeError
 from .plan import BaseImage, Pin, Plan, rehash
 
 LOCK_SUFFIX = ".lock.json"

@@ -20,6 +20,9 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from .. import __version__
+from ..errors import ConfigError
+from ..imageref import ImageRef
+from ..inimage.contract import SCHEMA
 from .config import (
     DIGEST_RE,
     REPOSITORY_RE,
@@ -30,9 +33,6 @@ from .config import (
     load_mod,
     load_variant,
 )
-from ..errors import ConfigError
-from ..imageref import ImageRef
-from ..inimage.contract import SCHEMA
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.

@@ -18,8 +18,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import download
 from .. import inimage
+from ..errors import ConfigError, DownloadError
+from . import download
 from .config import (
     NAME_RE,
     PATCH_URL_RE,
@@ -30,7 +31,6 @@ from .config import (
     pr_diff_url,
     specifier_error,
 )
-from ..errors import ConfigError, DownloadError
 from .plan import Mod
 from .sources import cache_dir
 

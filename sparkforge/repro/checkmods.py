@@ -18,11 +18,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .. import inimage
-from ..recipe import sources
 from ..build import wheels
 from ..errors import DownloadError
+from ..recipe import sources
 from ..recipe.plan import Mod, Plan
 from ..recipe.remote import materialize
+
 
 class RowState(str, Enum):
     """What check-mods found for a mod (a Row, or a cell of the release matrix) or an env name."""

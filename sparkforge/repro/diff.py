@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..recipe.config import list_variants
 from ..errors import ConfigError
 from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord
+from ..recipe.config import list_variants
 from ..recipe.lock import LOCK_SUFFIX, Lock, Pinned, read_lock
 from ..recipe.plan import Layout, Plan
 

@@ -21,8 +21,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..recipe import sources
-from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix
 from ..recipe.plan import Mod, Plan
+from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix
 
 # Git components whose releases PyPI also carries, by component name.
 ON_PYPI = {"transformers": "transformers"}

@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..build.builder import BuildOptions, Step, build_image
 from ..build import dockercli
+from ..build.builder import BuildOptions, Step, build_image
+from ..build.render import Context
 from ..errors import SparkforgeError
 from ..recipe.plan import Plan
-from ..build.render import Context
 
 
 class ReproError(SparkforgeError):

@@ -23,7 +23,6 @@ from ..recipe.plan import PROJECT_ROOT, Layout, Mod, Plan
 from ..recipe.sources import release_versions
 from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix
 
-
 # ------------------------------------------------------------------ check-mods
 
 
