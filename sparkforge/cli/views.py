@@ -13,7 +13,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..build.pipeline import LoadedPlan
-from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
 from ..inimage.contract import BuildRecord, WheelOrigin
 from ..recipe.plan import Plan
 from ..repro.checkmods import RowState, applies_ranges
@@ -21,7 +20,7 @@ from ..repro.checkmods import RowState, applies_ranges
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
                RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
 CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
-OUTCOME_STYLE = {UPDATED: "green", CURRENT: "cyan", FAILED: "bold red"}
+OUTCOME_STYLE = {"updated": "green", "current": "cyan", "failed": "bold red"}  # distribute.deploy's outcomes
 
 
 def _table(*columns: str, title: str | None = None) -> Table:
@@ -329,6 +328,8 @@ def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
 
 def deploy_table(result: Any) -> Table:
     """`deploy`: a row per node, with what it moved and how long it took."""
+    from ..distribute.deploy import FAILED, human_bytes  # the distribute package loads only for its verbs
+
     table = _table("node", "result", "image ID", "moved", "time", "detail")
     for r in result.results:
         detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
@@ -339,6 +340,8 @@ def deploy_table(result: Any) -> Table:
 
 def deploy_lines(plan: Plan, result: Any) -> list[Text]:
     """`deploy`: where each failed node's moving tag stayed, then the counts."""
+    from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
+
     lines = [_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on {(r.previous_id or 'nothing')[:19]}")
              for r in result.results if r.outcome == FAILED]
     counts = {k: sum(1 for r in result.results if r.outcome == k) for k in (UPDATED, CURRENT, FAILED)}
