@@ -5,7 +5,7 @@ import sys
 
 if __name__ == "__main__":
     try:  # Ctrl-C while the modules load, before the CLI's own handler, is one line too
-        from sparkforge import dockercli
+        from sparkforge.build import dockercli
         from sparkforge.cli import run
 
         dockercli.exit_on_sigterm()

@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests p
 from tests.cluster.clusterkit import make_ca  # noqa: E402
 from tests.infra.netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
-from sparkforge import distribute, push, stream  # noqa: E402
-from sparkforge.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
-from sparkforge.pipeline import LockPolicy, load_plan  # noqa: E402
-from sparkforge.plan import Layout  # noqa: E402
+from sparkforge.distribute import deploy, push, stream  # noqa: E402
+from sparkforge.distribute.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
+from sparkforge.build.pipeline import LockPolicy, load_plan  # noqa: E402
+from sparkforge.recipe.plan import Layout  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
 CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -51,12 +51,12 @@ def sparkforge(*args: str) -> None:
 
 
 def gb(n: int) -> str:
-    return distribute.human_bytes(n)
+    return deploy.human_bytes(n)
 
 
-def with_record(image: distribute.HeadImage, state: Path) -> distribute.HeadImage:
+def with_record(image: deploy.HeadImage, state: Path) -> deploy.HeadImage:
     """The image with the manifest digests its pushes recorded (what containerd-store nodes show)."""
-    recorded = distribute.read_state(state, image.repository)["manifests"].get(image.tag, [])
+    recorded = deploy.read_state(state, image.repository)["manifests"].get(image.tag, [])
     return replace(image, identity=replace(image.identity, manifests=image.identity.manifests | set(recorded)))
 
 
@@ -96,7 +96,7 @@ def main() -> None:
     print("  emptying the engine's build cache (docker builder prune --all), so both builds share one chain")
     subprocess.run(["docker", "builder", "prune", "--all", "--force"], check=True, capture_output=True)
     sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
-    head = distribute.head_image(plan_of(), work / "state")
+    head = deploy.head_image(plan_of(), work / "state")
     print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} uncompressed, {len(head.identity.layers)} layers")
     k = free_subnet()
     cluster = NetnsCluster(Path(f"/run/sfc-{k}"), k).start()
@@ -120,10 +120,10 @@ def main() -> None:
             rows[name] = {"seconds": seconds, "bytes": moved, "what": what}
             print(f"  {name:<44} {seconds:7.1f} s  {gb(moved):>10}  {what}")
 
-        def deploy(name: str, targets, image) -> distribute.Deployment:
+        def deploy_to(name: str, targets, image) -> deploy.Deployment:
             settle()
-            dep = distribute.deploy_registry(image, targets, reg, state_dir=state)
-            bad = [f"{r.node.name}: {r.error}" for r in dep.results if r.outcome == distribute.FAILED]
+            dep = deploy.deploy_registry(image, targets, reg, state_dir=state)
+            bad = [f"{r.node.name}: {r.error}" for r in dep.results if r.outcome == deploy.FAILED]
             if bad:
                 sys.exit(f"bench-distribute: {name} failed: {'; '.join(bad)}")
             note(name, dep.seconds, dep.bytes_moved, f"{len(dep.results)} nodes pulled "
@@ -141,7 +141,7 @@ def main() -> None:
         for compression in ("gzip", "none", "zstd"):
             wipe(cluster)
             repo_image = head  # every kind of push goes to an empty repository of its own
-            image = distribute.HeadImage(f"bench-{compression}/{head.tag.partition('/')[2]}",
+            image = deploy.HeadImage(f"bench-{compression}/{head.tag.partition('/')[2]}",
                                          f"bench-{compression}/{head.moving_tag.partition('/')[2]}",
                                          repo_image.image_id, repo_image.size, repo_image.identity)
             subprocess.run(["docker", "tag", head.image_id, image.tag], check=True, capture_output=True)
@@ -150,12 +150,12 @@ def main() -> None:
             note(f"push {compression}", pushed.seconds, pushed.bytes_pushed, f"{pushed.layers_pushed} layers sent")
             image = with_record(image, state)
             if compression == "zstd":
-                deploy(f"cold deploy from {compression}, 1 node", nodes[:1], image)
+                deploy_to(f"cold deploy from {compression}, 1 node", nodes[:1], image)
                 wipe(cluster)
-            deploy(f"cold deploy from {compression}, 3 nodes", nodes, image)
+            deploy_to(f"cold deploy from {compression}, 3 nodes", nodes, image)
             subprocess.run(["docker", "rmi", image.tag, f"{address}/{image.tag}", f"{address}/{image.moving_tag}"],
                            capture_output=True)
-        zimage = with_record(distribute.HeadImage(
+        zimage = with_record(deploy.HeadImage(
             f"bench-zstd/{head.tag.partition('/')[2]}", f"bench-zstd/{head.moving_tag.partition('/')[2]}",
             head.image_id, head.size, head.identity), state)
 
@@ -166,8 +166,8 @@ def main() -> None:
         with open(mods / mod.name / "mod.yaml", "a", encoding="utf-8") as f:
             f.write("# edited by bench-distribute: a new mod digest, hence a new tag\n")
         sparkforge("--images", str(IMAGES), "--mods", str(mods), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
-        built = distribute.head_image(plan_of(mods), state)
-        changed = distribute.HeadImage(f"bench-zstd/{built.tag.partition('/')[2]}", zimage.moving_tag,
+        built = deploy.head_image(plan_of(mods), state)
+        changed = deploy.HeadImage(f"bench-zstd/{built.tag.partition('/')[2]}", zimage.moving_tag,
                                        built.image_id, built.size, built.identity)
         subprocess.run(["docker", "tag", built.image_id, changed.tag], check=True, capture_output=True)
         settle()
@@ -175,7 +175,7 @@ def main() -> None:
         note(f"push after mod {mod.name} changed (zstd)", pushed.seconds, pushed.bytes_pushed,
              f"{pushed.layers_pushed} layers sent, {pushed.layers_present} already there")
         changed = with_record(changed, state)
-        after = deploy("deploy after one mod changed, 3 nodes", nodes, changed)
+        after = deploy_to("deploy after one mod changed, 3 nodes", nodes, changed)
 
         r = rows
         first = r["push zstd"]["seconds"] + r["cold deploy from zstd, 3 nodes"]["seconds"]
@@ -203,7 +203,7 @@ def main() -> None:
         print(f"  (machine: {os.cpu_count()} CPUs; the head, the registry and all nodes share it)")
         out = ROOT / "bench" / "out"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "distribute.json").write_text(json.dumps({"image": head.tag, "size": head.size, "runs": rows,
+        (out / "deploy.json").write_text(json.dumps({"image": head.tag, "size": head.size, "runs": rows,
                                                          "ratios": ratios}, indent=2) + "\n")
     finally:
         refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,

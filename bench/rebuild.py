@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests p
 from tests.support.gitsource import VARIANT as GIT_VARIANT  # noqa: E402
 from tests.support.gitsource import TORCH_BASE, GitSource, ensure_torch_base  # noqa: E402
 
-from sparkforge.builder import BuildOptions, build_image, buildx_command  # noqa: E402
-from sparkforge.pipeline import WheelNote, build_variant, load_plan  # noqa: E402
-from sparkforge.plan import Layout  # noqa: E402
-from sparkforge.render import render_context  # noqa: E402
+from sparkforge.build.builder import BuildOptions, build_image, buildx_command  # noqa: E402
+from sparkforge.build.pipeline import WheelNote, build_variant, load_plan  # noqa: E402
+from sparkforge.recipe.plan import Layout  # noqa: E402
+from sparkforge.build.render import render_context  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -36,10 +36,6 @@ class ConfigError(SparkforgeError):
     """A recipe or mod.yaml is malformed, mistyped or refers to something that does not exist."""
 
 
-class ModError(SparkforgeError):
-    """A mod did not apply, or its verify check failed."""
-
-
 class BuildError(SparkforgeError):
     """An image build, tag or smoke test failed."""
 

@@ -9,6 +9,7 @@ and no message repeats the user and password of a URL (errors.mask_secrets).
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import socket
 import ssl
 import threading
@@ -29,6 +30,18 @@ CHUNK = 1 << 20
 
 class FetchFailed(Exception):
     """The URL could not be read whole within its time (network, TLS, HTTP status, deadline)."""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST or HOST:PORT (or [IPv6]:PORT) is this machine: localhost or a loopback IP."""
+    name = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def tls_context(ca_cert: Path | None) -> ssl.SSLContext:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.distribute import ImageIdentity, NodeImage, same_image
-from sparkforge.stream import _TarIndex
+from sparkforge.distribute.deploy import ImageIdentity, NodeImage, same_image
+from sparkforge.distribute.stream import TarIndex
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -88,7 +88,7 @@ def test_the_tar_index_is_caught_from_the_stream_in_any_chunking(chunk: int) -> 
                          "Layers": ["blobs/sha256/" + "a" * 64]}]).encode()
     stream = _tar([("blobs/", b""), ("blobs/sha256/" + "a" * 64, blob), ("index.json", index),
                    ("manifest.json", saved), ("oci-layout", b"{}")])
-    sniff = _TarIndex()
+    sniff = TarIndex()
     for i in range(0, len(stream), chunk):
         sniff.feed(stream[i:i + chunk])
     assert sniff.manifest == saved_manifest()
@@ -112,13 +112,13 @@ def test_a_member_whose_size_only_a_pax_header_gives_is_skipped_right() -> None:
     at = next(i for i in range(0, len(data), 512) if data[i:i + len(blob_name) + 1] == blob_name.encode() + b"\0")
     assert data[at - 1024 + 156:at - 1024 + 157] == b"x"  # the PAX header and its one block of records
     data[at + 124:at + 136] = b"00000000000\0"
-    sniff = _TarIndex()
+    sniff = TarIndex()
     for i in range(0, len(data), 4096):
         sniff.feed(bytes(data[i:i + 4096]))
     assert sniff.manifest == saved_manifest()
 
 
 def test_a_tar_without_an_index_gives_no_manifest() -> None:
-    sniff = _TarIndex()
+    sniff = TarIndex()
     sniff.feed(_tar([("manifest.json", b"[]")]))
     assert sniff.manifest is None

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import distribute, push, stream
-from sparkforge.cluster import Node as ClusterNode
-from sparkforge.cluster import Registry as RegistrySpec
+from sparkforge.distribute import deploy, push, stream
+from sparkforge.distribute.cluster import Node as ClusterNode
+from sparkforge.distribute.cluster import Registry as RegistrySpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
@@ -76,7 +76,7 @@ def on_head(engines, monkeypatch):
 
 
 def test_the_head_keeps_built_layers_compressed_and_saves_them_under_their_own_digests(on_head) -> None:
-    image = distribute.image_on_head(TAG, MOVING)
+    image = deploy.image_on_head(TAG, MOVING)
     assert image is not None
     saved = subprocess.run(["docker", "save", TAG], capture_output=True, timeout=300).stdout
     with tarfile.open(fileobj=io.BytesIO(saved)) as tar:
@@ -93,23 +93,23 @@ def test_the_head_keeps_built_layers_compressed_and_saves_them_under_their_own_d
 def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, engines, on_head, registry,
                                                              tmp_path: Path) -> None:
     state = tmp_path / "state"
-    pushed = push.push_to(distribute.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
+    pushed = push.push_to(deploy.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
                           compression, state_dir=state)
     assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 3, pushed
-    image = distribute.image_on_head(TAG, MOVING, state)
+    image = deploy.image_on_head(TAG, MOVING, state)
     assert pushed.digest in image.identity.manifests
     for name in ("classic", "ctd"):
         node = engines[name]
         for ref in (TAG, MOVING):
             node.docker("rmi", "-f", f"{registry.address}/{ref}", ref, check=False)
         node.docker("image", "prune", "-af", check=False)
-    result = distribute.deploy_registry(image, [ClusterNode(n, engines[n].endpoint) for n in ("classic", "ctd")],
+    result = deploy.deploy_registry(image, [ClusterNode(n, engines[n].endpoint) for n in ("classic", "ctd")],
                                         registry.address)
     assert result.ok, result
     for name in ("classic", "ctd"):
         node = engines[name]
-        seen = distribute.NodeImage.from_inspect(json.loads(node.docker("image", "inspect", MOVING).stdout)[0])
-        assert distribute.same_image(image.identity, seen), (name, seen)
+        seen = deploy.NodeImage.from_inspect(json.loads(node.docker("image", "inspect", MOVING).stdout)[0])
+        assert deploy.same_image(image.identity, seen), (name, seen)
         run = node.docker("run", "--rm", "--network", "none", MOVING, "cat", "/one", "/two")
         assert run.stdout.split() == [b"one", b"two"], (name, run.stderr)
 
@@ -120,9 +120,9 @@ def test_stream_from_a_containerd_head_loads_on_both_stores(engines, on_head, tm
         for ref in (TAG, MOVING):
             engines[name].docker("rmi", "-f", ref, check=False)
         engines[name].docker("image", "prune", "-af", check=False)
-    result = stream.deploy_stream(distribute.image_on_head(TAG, MOVING, tmp_path), targets, state_dir=tmp_path)
+    result = stream.deploy_stream(deploy.image_on_head(TAG, MOVING, tmp_path), targets, state_dir=tmp_path)
     assert result.ok, result
-    image = distribute.image_on_head(TAG, MOVING, tmp_path)  # with the manifest digest recorded at save
+    image = deploy.image_on_head(TAG, MOVING, tmp_path)  # with the manifest digest recorded at save
     for name in ("classic", "ctd"):
-        seen = distribute.NodeImage.from_inspect(json.loads(engines[name].docker("image", "inspect", MOVING).stdout)[0])
-        assert distribute.same_image(image.identity, seen), (name, seen)
+        seen = deploy.NodeImage.from_inspect(json.loads(engines[name].docker("image", "inspect", MOVING).stdout)[0])
+        assert deploy.same_image(image.identity, seen), (name, seen)

@@ -21,9 +21,9 @@ import pytest
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS
 from tests.support.paths import ROOT
-from sparkforge import distribute, stream
-from sparkforge.cluster import Node as ClusterNode
-from sparkforge.plan import Layout, plan_variant
+from sparkforge.distribute import deploy, stream
+from sparkforge.distribute.cluster import Node as ClusterNode
+from sparkforge.recipe.plan import Layout, plan_variant
 from tests.infra.procs import processes, read_bytes
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
@@ -40,7 +40,7 @@ def plan(test_image):
 
 @pytest.fixture(scope="module")
 def head(plan, test_image):
-    image = distribute.head_image(plan)
+    image = deploy.head_image(plan)
     assert image.image_id == test_image.image_id
     return image
 
@@ -147,7 +147,7 @@ def test_push_puts_both_tags_in_the_registry(pushed, registry, test_image) -> No
 
 def ensure_current(head, registry, *nodes) -> None:
     """Make nodes current (a no-op when they are, as in the module's order)."""
-    assert distribute.deploy_registry(head, as_nodes(nodes), registry.address).ok
+    assert deploy.deploy_registry(head, as_nodes(nodes), registry.address).ok
 
 
 def failure_line(proc, node) -> str:
@@ -206,12 +206,12 @@ def test_node_dies_mid_pull_others_complete_and_it_keeps_its_old_image(
     make_stale(victim, test_image, old_ids)
     crashed = threading.Event()
 
-    def hook(p: distribute.Progress) -> None:
+    def hook(p: deploy.Progress) -> None:
         if p.node == victim.name and p.phase == "pull" and p.done > 0 and not crashed.is_set():
             crashed.set()
             victim.crash()  # SIGKILL its dockerd while the layers are downloading
 
-    result = distribute.deploy_registry(head, as_nodes(nodes), registry.address, hook)
+    result = deploy.deploy_registry(head, as_nodes(nodes), registry.address, hook)
     assert crashed.is_set()
     rows = by_name(result)
     assert not result.ok
@@ -257,14 +257,14 @@ def test_registry_dies_mid_deploy(nodes, head, registry, old_ids, test_image, pu
     make_stale(victim, test_image, old_ids)
     stopped = threading.Event()
 
-    def hook(p: distribute.Progress) -> None:
+    def hook(p: deploy.Progress) -> None:
         # The manifest is fetched and the layer downloads are starting: now the registry dies.
         if p.node == victim.name and p.phase == "pull" and not stopped.is_set():
             stopped.set()
             registry.stop()
 
     try:
-        result = distribute.deploy_registry(head, as_nodes(nodes), registry.address, hook)
+        result = deploy.deploy_registry(head, as_nodes(nodes), registry.address, hook)
     finally:
         registry.start()
     assert stopped.is_set()
@@ -298,7 +298,7 @@ def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_
     make_stale(victim, test_image, old_ids)
     cut = threading.Event()
 
-    def hook(p: distribute.Progress) -> None:
+    def hook(p: deploy.Progress) -> None:
         if p.phase == "load" and p.done > 50_000_000 and not cut.is_set():
             for pid in processes("save", head.tag, parent=os.getpid()):
                 os.kill(pid, signal.SIGKILL)  # the head's docker save dies mid-stream

@@ -15,8 +15,8 @@ import pytest
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, CA, VARIANTS, build_args, image_id
 
-from sparkforge.pipeline import LockPolicy, load_plan
-from sparkforge.plan import Layout
+from sparkforge.build.pipeline import LockPolicy, load_plan
+from sparkforge.recipe.plan import Layout
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkforge import sources
+from sparkforge.recipe import sources
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "sparkforge tests", "GIT_AUTHOR_EMAIL": "tests@sparkforge.invalid",
            "GIT_COMMITTER_NAME": "sparkforge tests", "GIT_COMMITTER_EMAIL": "tests@sparkforge.invalid",

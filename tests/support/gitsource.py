@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkforge import sources
+from sparkforge.recipe import sources
 from tests.support import gitserver
 from tests.support.paths import ROOT
 

@@ -9,8 +9,8 @@ import difflib
 import re
 import sys
 
-from sparkforge.plan import Layout, plan_variant
-from sparkforge.render import render_dockerfile
+from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.build.render import render_dockerfile
 from tests.support.paths import IMAGES, ROOT
 
 GOLDEN = ROOT / "tests" / "golden"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 
-from sparkforge import sources
+from sparkforge.recipe import sources
 
 FILE = "vllm/transformers_utils/chat_templates/registry.py"
 ADDED = '"colpali": CHAT_TEMPLATES_DIR / "template_basic.jinja",'

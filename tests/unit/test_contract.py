@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import views
+from sparkforge.cli import views
 from sparkforge.inimage.contract import (
     SCHEMA,
     BuildRecord,
@@ -23,8 +23,8 @@ from sparkforge.inimage.contract import (
     WheelNote,
     WheelOrigin,
 )
-from sparkforge.plan import Layout, plan_variant
-from sparkforge.render import context_files
+from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.build.render import context_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from sparkforge import inimage, sources
-from sparkforge.config import load_mod
-from sparkforge.outdated import outdated
-from sparkforge.plan import Layout, Mod, digest_tree, plan_variant
+from sparkforge import inimage
+from sparkforge.recipe import sources
+from sparkforge.recipe.config import load_mod
+from sparkforge.repro.outdated import outdated
+from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network

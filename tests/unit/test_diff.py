@@ -10,9 +10,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from sparkforge.diff import SECTIONS, diff, diff_snapshots, from_plan
-from sparkforge.lock import lock_path, make_lock, write_lock
-from sparkforge.plan import Component, Layout, Plan, Vllm, WheelFile, plan_variant, rehash
+from sparkforge.repro.diff import SECTIONS, diff, diff_snapshots, from_plan
+from sparkforge.recipe.lock import lock_path, make_lock, write_lock
+from sparkforge.recipe.plan import Component, Layout, Plan, Vllm, WheelFile, plan_variant, rehash
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ROOT / "tests" / "variants"

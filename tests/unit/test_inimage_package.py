@@ -6,8 +6,8 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from sparkforge.plan import Layout, digest_tooling, plan_variant
-from sparkforge.render import context_files
+from sparkforge.recipe.plan import Layout, digest_tooling, plan_variant
+from sparkforge.build.render import context_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import net, wheels
-from sparkforge.download import sha256_of
+from sparkforge import net
+from sparkforge.build import wheels
+from sparkforge.recipe.download import sha256_of
 from sparkforge.files import NotRegularFile, read_regular
 from tests.support import fileserver
 from tests.support.gitserver import serve_https
@@ -484,3 +485,14 @@ def test_one_mod_writing_one_dest_twice_is_refused(project: Path) -> None:
     meta = project / "mods" / "drop-in" / "mod.yaml"
     meta.write_text(meta.read_text().replace("files:\n", "files:\n  - {src: hello.txt, dest: /opt/hello.txt}\n"))
     error_line(run(project, "show", "good"), 2, "good.yaml", "mod drop-in writes /opt/hello.txt twice")
+
+
+@pytest.mark.parametrize("address,loopback", [
+    ("127.0.0.1:5000", True), ("127.0.0.1", True), ("127.8.9.10:443", True), ("localhost:5000", True),
+    ("localhost", True), ("[::1]", True), ("::1", True), ("10.0.0.1:5000", False),
+    ("registry.example:5000", False), ("localhost.example", False), ("0.0.0.0:5000", False),
+])
+def test_one_loopback_check(address, loopback):
+    """Plain HTTP for a registry on this machine, TLS elsewhere: the lock's digest lookup and the cluster
+    file's registry ask the same function."""
+    assert net.is_loopback(address) is loopback

@@ -263,7 +263,7 @@ def test_scan_refuses_bad_input_in_one_line(tmp_path):
 def test_the_table_shows_archs_and_a_verdict_per_gpu():
     from rich.console import Console
 
-    from sparkforge.views import kernels_table
+    from sparkforge.cli.views import kernels_table
 
     paths = [FIXTURES / "sm120a.so", FIXTURES / "mixed_compressed.so", FIXTURES / "sm90.so"]
     record = kernels.scan(paths, ["12.1", "9.0"], ["sm90"])
@@ -413,7 +413,7 @@ def test_a_vllm_without_device_code_fails_when_gpus_are_listed():
 def test_the_table_shows_missing_partial_and_unreadable(tmp_path):
     from rich.console import Console
 
-    from sparkforge.views import kernels_table
+    from sparkforge.cli.views import kernels_table
 
     broken = tmp_path / "broken.so"
     broken.write_bytes((FIXTURES / "sm120.so").read_bytes()[:40])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.archlist import cuda_archs, loose_intersection, sm12x_warnings
+from sparkforge.recipe.archlist import cuda_archs, loose_intersection, sm12x_warnings
 
 RECIPE = """\
 base:

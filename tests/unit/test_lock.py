@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.diff import diff, diff_snapshots, from_plan
-from sparkforge.lock import Pinned, apply_lock, compare, lock_path, make_lock, read_lock, write_lock
-from sparkforge.outdated import check_components, newer_releases
-from sparkforge.plan import Layout, plan_variant
-from sparkforge.render import context_files
-from sparkforge.resolve import MANIFEST_TYPES, registry_digest, split_repository
-from sparkforge.repro import compare as compare_images
-from sparkforge.repro import read_digests
+from sparkforge.repro.diff import diff, diff_snapshots, from_plan
+from sparkforge.recipe.lock import Pinned, apply_lock, compare, lock_path, make_lock, read_lock, write_lock
+from sparkforge.repro.outdated import check_components, newer_releases
+from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.build.render import context_files
+from sparkforge.recipe.resolve import MANIFEST_TYPES, registry_digest, split_repository
+from sparkforge.repro.repro import compare as compare_images
+from sparkforge.repro.repro import read_digests
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "ab" * 32

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from sparkforge import inimage
-from sparkforge import sources
-from sparkforge.checkmods import check_variant
-from sparkforge.plan import Layout, plan_variant
+from sparkforge.recipe import sources
+from sparkforge.repro.checkmods import check_variant
+from sparkforge.recipe.plan import Layout, plan_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 MOD = "hostile-mod"
@@ -310,7 +310,7 @@ def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> 
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(tree / rel, root / rel)
     folder = ROOT / "mods" / "fix-qwen35-tp4-marlin"
-    from sparkforge.config import load_mod
+    from sparkforge.recipe.config import load_mod
     spec = load_mod(ROOT / "mods", folder.name)[0].model_dump(mode="json")
     assert inimage.apply_mod(spec, folder, root).state == "applied"
     assert inimage.apply_mod(spec, folder, root).state == "already"

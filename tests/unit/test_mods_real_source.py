@@ -20,10 +20,11 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from sparkforge import inimage, sources
-from sparkforge.checkmods import apply_in_scratch, applies_ranges, matrix
-from sparkforge.config import load_mod
-from sparkforge.plan import Layout, Mod, digest_tree, plan_variant
+from sparkforge import inimage
+from sparkforge.recipe import sources
+from sparkforge.repro.checkmods import apply_in_scratch, applies_ranges, matrix
+from sparkforge.recipe.config import load_mod
+from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network

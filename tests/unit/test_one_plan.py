@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparkforge.errors import ConfigError
-from sparkforge.pipeline import LockPolicy, load_plan
-from sparkforge.plan import Layout, plan_variant
+from sparkforge.build.pipeline import LockPolicy, load_plan
+from sparkforge.recipe.plan import Layout, plan_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKED = sorted(p.name.removesuffix(".lock.json") for p in (ROOT / "images").glob("*.lock.json"))

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sparkforge import inimage, sources
+from sparkforge import inimage
+from sparkforge.recipe import sources
 from sparkforge.inimage import ModFailure
 from sparkforge.inimage.contract import ModState
 from sparkforge.inimage.patch import plan_patch as _plan_patch

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.config import load_variant
-from sparkforge.pipeline import load_plan
-from sparkforge.plan import Layout, plan_variant
-from sparkforge.render import context_files, render_dockerfile
+from sparkforge.recipe.config import load_variant
+from sparkforge.build.pipeline import load_plan
+from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.build.render import context_files, render_dockerfile
 from tests.support import golden
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from sparkforge.distribute import HeadImage, ImageIdentity
+from sparkforge.distribute.deploy import HeadImage, ImageIdentity
 from sparkforge.errors import DistributeError
-from sparkforge.push import LAYER_TYPES, STORED_TYPES, Layer, _saved_image, _stored_compression
+from sparkforge.distribute.push import LAYER_TYPES, STORED_TYPES, Layer, saved_image, stored_compression
 
 D1, D2 = "1" * 64, "2" * 64  # diff IDs (uncompressed digests)
 G2 = "9" * 64  # the gzip blob of the second layer, as the containerd store keeps it
@@ -29,14 +29,14 @@ def zstd(hexname: str) -> Layer:
 
 def test_classic_store_layers_are_their_diff_ids_in_order() -> None:
     layers = {D1: zstd(D1), D2: zstd(D2)}
-    config, order = _saved_image(IMAGE, saved([f"blobs/sha256/{D1}", f"blobs/sha256/{D2}"]), {"c" * 64: CONFIG},
+    config, order = saved_image(IMAGE, saved([f"blobs/sha256/{D1}", f"blobs/sha256/{D2}"]), {"c" * 64: CONFIG},
                                  layers)
     assert config == CONFIG and order == [layers[D1], layers[D2]]
 
 
 def test_containerd_store_gzip_layers_go_as_they_are_kept() -> None:
     stored = Layer(f"sha256:{G2}", 7, STORED_TYPES["gzip"], as_stored=True)
-    _, order = _saved_image(IMAGE, saved([f"blobs/sha256/{D1}", f"blobs/sha256/{G2}"]), {"c" * 64: CONFIG},
+    _, order = saved_image(IMAGE, saved([f"blobs/sha256/{D1}", f"blobs/sha256/{G2}"]), {"c" * 64: CONFIG},
                             {D1: zstd(D1), G2: stored})
     assert order[1] is stored and order[1].media_type.endswith("+gzip")
 
@@ -51,10 +51,10 @@ def test_containerd_store_gzip_layers_go_as_they_are_kept() -> None:
 ])
 def test_a_saved_image_that_does_not_match_the_engine_is_refused_in_one_line(manifest: bytes, why: str) -> None:
     with pytest.raises(DistributeError, match=why):
-        _saved_image(IMAGE, manifest, {"c" * 64: CONFIG}, {D1: zstd(D1), D2: zstd(D2)})
+        saved_image(IMAGE, manifest, {"c" * 64: CONFIG}, {D1: zstd(D1), D2: zstd(D2)})
 
 
 def test_stored_compression_by_magic_number() -> None:
-    assert _stored_compression(b"\x1f\x8b\x08\x00") == "gzip"
-    assert _stored_compression(b"\x28\xb5\x2f\xfd") == "zstd"
-    assert _stored_compression(b"{\"ar") is None and _stored_compression(b"bin/") is None
+    assert stored_compression(b"\x1f\x8b\x08\x00") == "gzip"
+    assert stored_compression(b"\x28\xb5\x2f\xfd") == "zstd"
+    assert stored_compression(b"{\"ar") is None and stored_compression(b"bin/") is None

@@ -9,8 +9,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from sparkforge.config import load_mod
-from sparkforge.plan import Layout, plan_variant
+from sparkforge.recipe.config import load_mod
+from sparkforge.recipe.plan import Layout, plan_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 

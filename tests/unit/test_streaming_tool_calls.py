@@ -21,10 +21,11 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from sparkforge import inimage, sources
-from sparkforge.checkmods import matrix
-from sparkforge.config import load_mod
-from sparkforge.plan import Layout, Mod, digest_tree
+from sparkforge import inimage
+from sparkforge.recipe import sources
+from sparkforge.repro.checkmods import matrix
+from sparkforge.recipe.config import load_mod
+from sparkforge.recipe.plan import Layout, Mod, digest_tree
 
 pytestmark = pytest.mark.network
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from sparkforge import config
-from sparkforge.config import ModFile, ModVerify, field_path
-from sparkforge.plan import parse_image_ref
+from sparkforge.recipe import config
+from sparkforge.recipe.config import ModFile, ModVerify, field_path
+from sparkforge.recipe.plan import parse_image_ref
 from sparkforge.errors import ConfigError
 
 # Every pattern-validated type of config.py, with the pattern its valid values come from.

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import download, wheels
+from sparkforge.recipe import download
+from sparkforge.build import wheels
 from sparkforge.errors import ConfigError
-from sparkforge.plan import Layout, Pin, plan_variant
+from sparkforge.recipe.plan import Layout, Pin, plan_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -75,7 +76,7 @@ def test_bad_wheel_recipes_are_one_line(tmp_path: Path, vllm: str, field: str, m
 
 
 def test_mod_new_finds_no_check_in_a_patch_of_blank_lines() -> None:
-    from sparkforge.remote import verify_check
+    from sparkforge.recipe.remote import verify_check
 
     blank = b"--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,2 @@\n a = 1\n+\n"
     assert verify_check(blank, "vllm") is None
@@ -303,8 +304,8 @@ def test_wheels_prune_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...
 @pytest.mark.network  # a real vLLM release from the package index
 def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path: Path, monkeypatch) -> None:
     """A wheel holding the real vLLM 0.17.0 package (from the release sdist): the ng17 install mods apply to it."""
-    from sparkforge import sources
-    from sparkforge.checkmods import APPLIED, check_variant
+    from sparkforge.recipe import sources
+    from sparkforge.repro.checkmods import RowState, check_variant
 
     tree = sources.release_tree("vllm", "0.17.0")
     images = tmp_path / "images"
@@ -319,5 +320,6 @@ def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path:
                                    f"  sha256: {download.sha256_of(wheel)}\n  version: \"0.17.0\"\n"
                                    "mods: [uf17-eager-allreduce, fix-qwen35-tp4-marlin]\n")
     rows = check_variant(plan_variant(_layout(images), "w"), tmp_path)
-    assert [(r.mod, r.state) for r in rows] == [("uf17-eager-allreduce", APPLIED), ("fix-qwen35-tp4-marlin", APPLIED)]
+    assert [(r.mod, r.state) for r in rows] == [("uf17-eager-allreduce", RowState.APPLIED),
+                                                ("fix-qwen35-tp4-marlin", RowState.APPLIED)]
     assert rows[0].source.startswith(f"vllm wheel {NAME}")

@@ -1,0 +1,287 @@
+"""Build stage: a rendered context becomes an image through BuildKit (`docker buildx build`).
+
+The build itself sets no tag. The immutable and moving tags are set by `promote` after the
+smoke tests pass, so a failed build or smoke test never moves a tag; an image that fails its
+smoke test gets only a candidate tag, for a look inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from ..errors import BuildError
+from ..recipe.plan import Plan
+from . import dockercli
+from .render import Context
+
+_STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
+_CACHED = re.compile(r"^#(\d+) CACHED$")
+_DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
+_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+_MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
+_FETCH_FAILED = re.compile(r"gitfetch: (\S+ \S+: .*)$")  # gitfetch.py's one line when a ref cannot be fetched
+_BASE_FAILED = re.compile(r"failed to resolve source metadata for (\S+?):? (.*)$")  # BuildKit cannot get FROM
+
+
+@dataclass
+class Step:
+    """One step of the build as BuildKit reported it."""
+
+    number: int
+    name: str  # e.g. "runtime 5/12"
+    command: str
+    cached: bool = False
+    seconds: float | None = None
+    error: str | None = None
+
+    @property
+    def stage(self) -> str:
+        return self.name.split(" ")[0]
+
+    @property
+    def ran(self) -> bool:
+        """Whether the step was executed rather than taken from the cache."""
+        return (not self.cached and self.seconds is not None and not self.command.startswith("FROM ")
+                and not self.name.startswith(("internal", "context ")))  # BuildKit's own, and named contexts
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    network: str | None = None
+    ca_cert: Path | None = None
+    no_cache: bool = False
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+    source_date_epoch: int | None = None
+    log_dir: Path = Path("build/logs")
+    builder: str | None = None
+    # Instead of --load: a buildx --output, e.g. type=docker,dest=X.tar,rewrite-timestamp=true.
+    output: str | None = None
+    # The Docker engine to build on (DOCKER_HOST), e.g. unix:///run/other/docker.sock.
+    docker_host: str | None = None
+    # Named build contexts (--build-context NAME=DIR), e.g. the folder of a wheel to install.
+    contexts: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    image_id: str
+    candidate: str
+    log_path: Path
+    seconds: float
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def ran(self) -> list[Step]:
+        return [s for s in self.steps if s.ran]
+
+
+def candidate_tag(plan: Plan) -> str:
+    return f"{plan.tag}-candidate"
+
+
+def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None,
+                   target: str | None = None) -> list[str]:
+    """The exact `docker buildx build` command for a rendered context (of one stage, with target)."""
+    cmd = ["docker", "buildx", "build", "--progress=plain", *(["--output", opts.output] if opts.output else ["--load"]),
+           "--file", str(context.dockerfile)]
+    if target:
+        cmd += ["--target", target]
+    for name, folder in opts.contexts:
+        cmd += ["--build-context", f"{name}={folder}"]
+    if tag:
+        cmd += ["--tag", tag]
+    if opts.builder:
+        cmd += ["--builder", opts.builder]
+    if opts.network:
+        cmd += ["--network", opts.network]
+    if opts.no_cache:
+        cmd.append("--no-cache")
+    if opts.ca_cert:
+        cmd += ["--secret", f"id=ca,src={opts.ca_cert}"]
+    build = plan.build
+    cmd += ["--build-arg", f"TORCH_CUDA_ARCH_LIST={build.torch_cuda_arch_list}",
+            "--build-arg", f"MAX_JOBS={opts.max_jobs or build.max_jobs}",
+            "--build-arg", f"NVCC_THREADS={opts.nvcc_threads or build.nvcc_threads}"]
+    epoch = opts.source_date_epoch if opts.source_date_epoch is not None else plan.source_date_epoch
+    if epoch is not None:
+        cmd += ["--build-arg", f"SOURCE_DATE_EPOCH={epoch}"]
+    cmd.append(str(context.path))
+    return cmd
+
+
+def require_engine(host: str | None) -> None:
+    """Raise BuildError, in one line, unless the engine at host (None: the CLI's own) answers in time."""
+    problem = dockercli.engine_problem(host)
+    if problem:
+        raise BuildError(problem, field="docker")
+
+
+def check_engine() -> None:
+    """Fail early, with what to do, when there is no Docker engine with buildx."""
+    problem = dockercli.engine_problem()
+    if problem:
+        raise BuildError(problem, field="docker")
+    if dockercli.run(["buildx", "version"], check=False).returncode != 0:
+        raise BuildError("the buildx plugin of the docker CLI is not installed (docker-buildx-plugin)",
+                         field="docker")
+
+
+@dataclass
+class _BuildLog:
+    """What the plain-progress output of a build says: its steps and the failures sparkforge explains."""
+
+    progress: Callable[[Step, float], None]
+    start: float = field(default_factory=time.monotonic)
+    steps: dict[int, Step] = field(default_factory=dict)
+    mod_failures: list[tuple[str, str]] = field(default_factory=list)
+    fetch_failures: list[str] = field(default_factory=list)
+    base_failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def feed(self, line: str) -> None:
+        if m := _STEP.match(line):
+            n = int(m.group(1))
+            if n not in self.steps:
+                self.steps[n] = Step(n, m.group(2), m.group(3))
+                self.progress(self.steps[n], time.monotonic() - self.start)
+        elif (m := _CACHED.match(line)) and int(m.group(1)) in self.steps:
+            self.steps[int(m.group(1))].cached = True
+        elif (m := _DONE.match(line)) and int(m.group(1)) in self.steps:
+            self.steps[int(m.group(1))].seconds = float(m.group(2))
+        elif (m := _ERROR.match(line)) and int(m.group(1)) in self.steps:
+            self.steps[int(m.group(1))].error = m.group(2)
+        if m := _MOD_FAILED.search(line):
+            self.mod_failures.append((m.group(1), m.group(2)))
+        elif m := _FETCH_FAILED.search(line):
+            self.fetch_failures.append(m.group(1))
+        elif m := _BASE_FAILED.search(line):
+            self.base_failures.append((m.group(1), m.group(2)))
+
+    def failure(self, plan: Plan, code: int, log_path: Path) -> BuildError:
+        """The one line that explains a failed build best."""
+        tail = f"(build log: {log_path})"
+        if self.mod_failures:
+            name, reason = self.mod_failures[0]
+            return BuildError(f"mod {name} failed: {reason} {tail}", field=f"mods: {name}")
+        if self.fetch_failures:
+            return BuildError(f"cannot fetch the source: {self.fetch_failures[0]} {tail}", field=plan.variant)
+        if self.base_failures:
+            ref, reason = self.base_failures[0]
+            return BuildError(f"the base image {ref} cannot be pulled from here ({reason[-160:]}); build on a base "
+                              f"this engine has with --base IMAGE, or pull it where the registry is reachable {tail}",
+                              field="base")
+        failed = next((s for s in self.steps.values() if s.error), None)
+        where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
+        return BuildError(f"build failed at {where} {tail}", field=plan.variant)
+
+
+def build_image(plan: Plan, context: Context, opts: BuildOptions,
+                progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
+    """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
+    log_path = _log_path(plan, opts, "")
+    metadata = log_path.with_suffix(".json")
+    cmd = buildx_command(plan, context, opts)
+    cmd[-1:-1] = ["--metadata-file", str(metadata)]
+    reader = _buildx(plan, cmd, opts, log_path, progress)
+    try:
+        image_id = json.loads(metadata.read_text())["containerimage.config.digest"]
+    except (OSError, ValueError, KeyError):
+        raise BuildError(f"the build finished but wrote no image ID to {metadata}", field="docker") from None
+    return BuildResult(plan, image_id, candidate_tag(plan), log_path, time.monotonic() - reader.start,
+                       sorted(reader.steps.values(), key=lambda s: s.number))
+
+
+def export_stage(plan: Plan, context: Context, opts: BuildOptions, target: str, dest: Path,
+                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
+    """Build one stage of a context and write its files to dest (BuildKit's local exporter); no image."""
+    log_path = _log_path(plan, opts, f"-{target}")
+    cmd = buildx_command(plan, context, replace(opts, output=f"type=local,dest={dest}"), target=target)
+    reader = _buildx(plan, cmd, opts, log_path, progress)
+    return BuildResult(plan, "", "", log_path, time.monotonic() - reader.start,
+                       sorted(reader.steps.values(), key=lambda s: s.number))
+
+
+def _log_path(plan: Plan, opts: BuildOptions, suffix: str) -> Path:
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}{suffix}.log"
+
+
+def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
+            progress: Callable[[Step, float], None]) -> _BuildLog:
+    """Run a buildx command, its log to log_path and each step to progress; a failure is one BuildError."""
+    if opts.ca_cert and not opts.ca_cert.is_file():
+        raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
+    require_engine(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
+    reader = _BuildLog(progress)
+    env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        # No time limit: a cold compile takes as long as it takes; Ctrl-C or SIGTERM stops it.
+        proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
+        try:
+            for line in proc.stdout or ():
+                log.write(line)
+                reader.feed(line.rstrip("\n"))
+        except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the build stops too
+            dockercli.stop(proc)
+            dockercli.finish(proc)
+            raise
+        code = dockercli.finish(proc)
+    if code != 0:
+        if not reader.steps:
+            check_engine()  # explains a missing engine or buildx; otherwise fall through
+        raise reader.failure(plan, code, log_path)
+    return reader
+
+
+def image_ids(*refs: str) -> dict[str, str | None]:
+    """The image ID each tag points to now (None where the tag does not exist), in one call.
+
+    The docker CLI, not the SDK, on this path: a cached rebuild should cost little more than
+    BuildKit itself, and importing the SDK alone takes longer than this call.
+    """
+    proc = dockercli.run(["image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", *refs],
+                         what="docker image inspect", check=False)
+    unexplained = [line for line in proc.stderr.splitlines() if line.strip() and "No such image" not in line]
+    if proc.returncode != 0 and unexplained:
+        raise dockercli.EngineError(unexplained[-1].strip(), field="docker image inspect")
+    found: dict[str, str | None] = {ref: None for ref in refs}
+    for line in proc.stdout.splitlines():
+        ident, _, tags = line.partition(" ")
+        for ref in refs:
+            if ref in json.loads(tags or "[]"):
+                found[ref] = ident
+    return found
+
+
+def current_image(ref: str) -> str | None:
+    """The image ID a tag points to now, or None."""
+    return image_ids(ref)[ref]
+
+
+def promote(result: BuildResult, now: dict[str, str | None]) -> list[str]:
+    """After the smoke tests passed: point the immutable tag, then the moving tag, at the image.
+    `now` is what image_ids() said of both tags; tags already in place are left alone."""
+    refs = (result.plan.tag, result.plan.moving_tag)
+    for ref in refs:
+        if now.get(ref) != result.image_id:
+            dockercli.run(["tag", result.image_id, ref])
+    if now.get(result.candidate):
+        dockercli.run(["image", "rm", "--no-prune", result.candidate], check=False)
+    return list(refs)
+
+
+def keep_candidate(result: BuildResult) -> str:
+    """Tag an image that failed its smoke test, so that it can be looked into; no other tag moves."""
+    dockercli.run(["tag", result.image_id, result.candidate])
+    return result.candidate

@@ -1,0 +1,172 @@
+"""The Docker CLI as sparkforge runs it: a time limit on every call, one-line errors, no orphans.
+
+Every call names what it was doing, so a wedged or missing engine becomes one line such as
+"docker image inspect: no answer within 10 s (is the Docker engine wedged or unreachable?)" instead
+of a hang or a traceback. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
+stops them with the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import SparkforgeError
+
+QUICK = 10.0    # seconds: calls that only ask the engine something (info, inspect, tag)
+LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
+
+_children: set[subprocess.Popen] = set()
+_lock = threading.Lock()
+
+
+class EngineError(SparkforgeError):
+    """The Docker engine is missing, does not answer in time, or refused a call."""
+
+    exit_code = 1
+
+
+def _env(host: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: `env` (default: ours), pointed at `host` when one is given."""
+    env = dict(os.environ if env is None else env)
+    if host:
+        env["DOCKER_HOST"] = host
+    return env
+
+
+def last_line(text: str | bytes | None, fallback: str) -> str:
+    """The last non-blank line of a child's output, or fallback."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else fallback
+
+
+def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
+        check: bool = True, text: bool = True, **kw) -> subprocess.CompletedProcess:
+    """Run `docker ARGS` and return it; raise EngineError on a timeout, a missing CLI or (with check) a failure."""
+    what = what or "docker " + " ".join(args[:2])
+    if shutil.which("docker") is None:
+        raise EngineError("the docker CLI is not installed", field=what)
+    kw.setdefault("capture_output", "stdin" not in kw and "stdout" not in kw)
+    try:
+        proc = subprocess.run(["docker", *args], env=_env(host, kw.pop("env", None)), timeout=timeout, text=text, **kw)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"no answer within {timeout:.0f} s (is the Docker engine wedged or "
+                          "unreachable?)", field=what) from None
+    if check and proc.returncode != 0:
+        raise EngineError(last_line(proc.stderr, f"exit code {proc.returncode}"), field=what)
+    return proc
+
+
+def _unix_socket(host: str | None) -> str | None:
+    """The engine's unix socket when the CLI would use one without a context; else None."""
+    host = host or os.environ.get("DOCKER_HOST")
+    if not host:
+        if os.environ.get("DOCKER_CONTEXT") or _current_context() not in (None, "default"):
+            return None
+        return "/var/run/docker.sock"
+    return host.removeprefix("unix://") if host.startswith("unix://") else None
+
+
+def _current_context() -> str | None:
+    config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("currentContext")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _ping(path: str, timeout: float) -> str | None:
+    """GET /_ping on a unix socket: None when the engine answers OK, else why not."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            head = sock.recv(64)
+    except FileNotFoundError:
+        return f"no engine listens on {path} (is Docker started?)"
+    except PermissionError:
+        return f"no permission to use {path} (add your user to the docker group, then log in again)"
+    except TimeoutError:
+        return f"the engine on {path} did not answer within {timeout:.0f} s (is it wedged?)"
+    except OSError as exc:
+        return f"cannot reach the engine on {path}: {exc.strerror or exc}"
+    return None if head.split(b" ")[1:2] == [b"200"] else f"the engine on {path} answered {head[:40]!r}"
+
+
+def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | None:
+    """Why no engine can be used (no CLI, not answering), or None when one answers.
+
+    A local unix socket is asked directly (about a millisecond); anything else through `docker info`.
+    """
+    path = _unix_socket(host)
+    if path is not None:
+        problem = _ping(path, timeout)
+        return f"the Docker engine does not answer: {problem}" if problem else None
+    try:
+        run(["info", "--format", "{{.ServerVersion}}"], what="docker info", timeout=timeout, host=host)
+    except EngineError as exc:
+        return f"the Docker engine does not answer: {exc.detail}"
+    return None
+
+
+def start(args: Sequence[str], *, host: str | None = None, **kw) -> subprocess.Popen:
+    """Start `docker ARGS` in the background; it is stopped with the CLI if the CLI is interrupted."""
+    if shutil.which("docker") is None:
+        raise EngineError("the docker CLI is not installed", field="docker " + " ".join(args[:2]))
+    return track(subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw))
+
+
+def track(proc: subprocess.Popen) -> subprocess.Popen:
+    """Have a child started elsewhere stopped with the CLI, like those from start(); returns it."""
+    with _lock:
+        _children.add(proc)
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float | None = None) -> int:
+    """Wait for a child from start() and forget it; on a timeout, stop it and raise EngineError."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise EngineError(f"took longer than {timeout:.0f} s and was stopped", field=" ".join(map(str, proc.args[:3])))
+    finally:
+        with _lock:
+            _children.discard(proc)
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a child: SIGTERM, then SIGKILL after `grace` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stop_all() -> None:
+    """Stop every child still running (on Ctrl-C or SIGTERM)."""
+    with _lock:
+        children = list(_children)
+        _children.clear()
+    for proc in children:
+        stop(proc)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so that `finally` blocks and subprocess.run stop their children."""
+    def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)

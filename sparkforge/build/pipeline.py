@@ -1,0 +1,368 @@
+"""One library entry per verb of the build stage (list, show, render, build, test, lock): the command line, the
+benchmarks and the tests call these; the checking verbs (check-mods, verify-repro, outdated) are in repro.verbs.
+
+Every verb starts from `load_plan`, so `show`, `build`, `test`, `push`, `deploy` and `status`
+always resolve a variant to the same plan, and so to the same tag: the recipe chain, the base a
+`--base` swaps in, then the lock beside the recipe when it agrees with the recipe.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from ..errors import BuildError, ConfigError
+from ..files import locked
+from ..recipe.config import list_variants
+from ..recipe.lock import (
+    BuiltFrom,
+    Lock,
+    apply_lock,
+    check_lock,
+    compare,
+    existing_epoch,
+    lock_path,
+    make_lock,
+    pinned_plan,
+    read_lock,
+    write_lock,
+)
+from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
+from ..recipe.resolve import resolve_pins, today_epoch
+from . import wheels
+from .builder import (
+    BuildOptions,
+    BuildResult,
+    Step,
+    build_image,
+    buildx_command,
+    current_image,
+    export_stage,
+    image_ids,
+    keep_candidate,
+    promote,
+    require_engine,
+)
+from .render import Context, render_context
+from .smoke import DEFAULT_SERVE_MODEL, TIERS, TierResult, run_static, run_tier
+from .wheels import WheelInput
+
+
+class LockPolicy(str, enum.Enum):
+    """How a verb treats the lock beside a recipe (images/VARIANT.lock.json)."""
+
+    AUTO = "auto"  # use it when it agrees with the recipe; otherwise ignore it, with a warning
+    LOCKED = "locked"  # require it, and refuse a recipe changed after locking
+    IGNORE = "ignore"  # the recipe alone (what `lock` starts from)
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    """A variant's plan as every verb sees it, with the lock it came from and what to tell the user."""
+
+    plan: Plan
+    lock: Path | None  # the lock file applied, or None
+    warnings: tuple[str, ...] = ()  # e.g. a lock that was not used because the recipe changed
+    unresolved: tuple[tuple[str, str], ...] = ()  # (field, why) the applied lock leaves open
+
+
+def load_plan(layout: Layout, variant: str, *, base: str | None = None,
+              lock_policy: LockPolicy = LockPolicy.AUTO) -> LoadedPlan:
+    """The one way from a variant name to its plan: recipe chain, `--base`, then the lock.
+
+    Raises ConfigError when the recipe is bad, or (LOCKED) when there is no lock or the recipe
+    changed after it was locked.
+    """
+    plan = plan_variant(layout, variant, base=base)
+    path = lock_path(layout.images_dir, variant)
+    if lock_policy is LockPolicy.IGNORE:
+        return LoadedPlan(plan, None)
+    if not path.exists():
+        if lock_policy is LockPolicy.LOCKED:
+            raise ConfigError(f"no lock file: run `python build.py lock {variant}` first", path=path,
+                              field="--locked")
+        return LoadedPlan(plan, None)
+    lock = read_lock(path)
+    if lock_policy is LockPolicy.LOCKED:
+        check_lock(plan, lock, path)
+    else:
+        stale = compare(plan, lock)
+        if stale:
+            first = stale[0]
+            return LoadedPlan(plan, None, (f"{path.name} not used: {first.field}: recipe says {first.recipe}, lock "
+                                           f"says {first.lock} (lock again, or pass --locked to refuse)",))
+    return LoadedPlan(apply_lock(plan, lock), path, (), tuple(lock.unresolved()))
+
+
+def with_epoch(plan: Plan, epoch: int) -> Plan:
+    """The plan built with SOURCE_DATE_EPOCH=epoch (part of its identity, so of its tag)."""
+    return plan if plan.source_date_epoch == epoch else rehash(replace(plan, source_date_epoch=epoch))
+
+
+def context_dir(plan: Plan) -> Path:
+    """Where a build of the plan renders its context: one folder per plan, reused by rebuilds."""
+    return PROJECT_ROOT / "build" / "contexts" / f"{plan.variant}-{plan.plan_hash[:12]}"
+
+
+# How long a build waits for another build of the same plan (which renders the same context folder and
+# moves the same tags) before it gives up: longer than a cold compile on a GB10.
+SAME_PLAN_WAIT = 6 * 3600
+
+
+def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None):
+    """Held from render to tags: a second build of one plan waits for the first, then finds its cache."""
+    ctx = context_dir(plan)
+    lock = ctx.parent / f"{ctx.name}.lock"
+    return locked(lock, timeout=SAME_PLAN_WAIT, what=f"builds {plan.tag}",
+                  on_wait=lambda: say(f"waiting for another build of {plan.tag} to finish (lock {lock})"))
+
+
+def list_plans(layout: Layout) -> list[LoadedPlan]:
+    """Every variant of the recipe folder, as `show` sees it."""
+    return [load_plan(layout, name) for name in list_variants(layout.images_dir)]
+
+
+def render_variant(plan: Plan, layout: Layout, output: Path | None = None, *,
+                   ca_cert: Path | None = None) -> Context:
+    """`render`: write the context to output (default build/VARIANT). An output that is a file,
+    lies below one, or cannot be written is refused before anything is written. ca_cert is the CA
+    bundle for patches named by URL."""
+    out_dir = (output or PROJECT_ROOT / "build" / plan.variant).absolute()
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError("is a file, not a folder: choose a new or empty folder", path=existing, field="--output")
+    # The context is staged beside out_dir and swapped in, so it is the folder above that is written.
+    above = next(p for p in out_dir.parents if p.exists())
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ConfigError("cannot write here (permission denied): choose another folder", path=above,
+                          field="--output")
+    return render_context(plan, layout, out_dir, ca_cert=ca_cert)
+
+
+NETWORKS = ("host", "none", "default")
+
+
+def build_options(*, network: str = "host", ca_cert: Path | None = None, **options) -> BuildOptions:
+    """BuildOptions from the command line's words: `--network default` is BuildKit's own network."""
+    if network not in NETWORKS:
+        raise ConfigError(f"unknown network {network!r}; choose {', '.join(NETWORKS)}", field="--network")
+    if ca_cert is not None and not ca_cert.is_file():
+        raise ConfigError("CA bundle not found", path=ca_cert, field="--ca-cert")
+    return BuildOptions(network=None if network == "default" else network, ca_cert=ca_cert, **options)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What `build` would do, computed without writing a file or asking Docker."""
+
+    tag: str
+    moving_tag: str
+    command: tuple[str, ...]
+    context: Path
+    note: str = ""  # what the command does not show
+
+
+def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
+    """The command of a build; for a git source, the compiling one (the wheel cache is looked at by the build)."""
+    ctx = Context(context_dir(plan), ())
+    note = ""
+    if plan.vllm.source == "wheel":
+        opts = with_wheel(opts, wheels.planned_wheel(plan))
+    elif plan.vllm.source == "git" and wheel_cache:
+        note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
+                "command of --no-wheel-cache, which compiles inside the image build")
+    return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts)), ctx.path, note)
+
+
+def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
+    """The options of a build that installs `wheel`: its folder is the named build context vllm-wheel."""
+    return replace(opts, contexts=((wheels.CONTEXT, str(wheel.folder)),)) if wheel else opts
+
+
+@dataclass(frozen=True)
+class WheelNote:
+    """Which vLLM wheel a build installed: compiled, from the wheel cache, or the recipe's; and why."""
+
+    origin: str  # "compiled", "cache", "recipe", or "release" (pypi)
+    sha256: str | None = None
+    key: str | None = None  # the wheel cache key, where the source is git and the key could be made
+    why_compiled: str = ""  # origin "compiled": why the cache did not give the wheel
+    stored: bool = False  # origin "compiled": the wheel went into the cache
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """A build that finished: the image, its smoke tier (None when skipped) and what was tagged."""
+
+    result: BuildResult
+    static: TierResult | None
+    smoke_already_passed: bool
+    tagged: tuple[str, ...]
+    wheel: WheelNote = WheelNote("release")
+
+
+def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: Path | None,
+                  say: Callable[[str], None] = lambda line: None,
+                  progress: Callable[[Step, float], None] = lambda step, elapsed: None,
+                  ) -> tuple[WheelInput | None, WheelNote]:
+    """The vLLM wheel the image build installs, made ready before it runs.
+
+    A wheel source: the recipe's wheel, fetched and checked. A git source with a wheel cache: the
+    cached wheel of this build's inputs, or else the compile runs now (BuildKit, the wheel-export
+    stage) and its wheel goes into the cache first; either way the image build installs it from
+    the cache, so that its Dockerfile, and so its cached layers, are the same on a hit and a miss.
+    None: the image build compiles (no cache, or a key cannot be made) or installs a release."""
+    if plan.vllm.source == "wheel":
+        wheel = wheels.recipe_wheel(plan, layout, ca_cert=opts.ca_cert)
+        say(f"vLLM wheel: {wheel.wheel}, sha256 {wheel.sha256[:12]} (checked)")
+        return wheel, WheelNote("recipe", wheel.sha256)
+    if plan.vllm.source != "git":
+        return None, WheelNote("release")
+    if wheel_cache is None:
+        return None, WheelNote("compiled", why_compiled="the wheel cache is off")
+    found = wheels.lookup(plan, wheel_cache, opts.docker_host)
+    if found.wheel:
+        say(f"vLLM wheel: from the wheel cache ({found.key[:12]}, compiled for {found.wheel.compiled_for}); "
+            "no compile")
+        return found.wheel, WheelNote("cache", found.wheel.sha256, found.key)
+    if found.inputs is None:
+        say(f"vLLM wheel: compiled in the image build, without the wheel cache: {found.why_not}")
+        return None, WheelNote("compiled", why_compiled=found.why_not)
+    say(f"vLLM wheel: compiling, because {found.why_not}")
+    ctx = render_context(plan, layout, context_dir(plan), ca_cert=opts.ca_cert)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        wheels.claim(wheel_cache)
+        export = Path(tempfile.mkdtemp(prefix=".export.", dir=wheel_cache))
+    except OSError as exc:
+        raise BuildError(f"cannot write the wheel cache: {exc.strerror or exc} (build with --no-wheel-cache, or give "
+                         "a writable --wheel-cache)", path=wheel_cache, field="--wheel-cache") from None
+    try:
+        compiled = export_stage(plan, ctx, opts, "wheel-export", export, progress)
+        entry = wheels.store(wheel_cache, found.inputs, export, f"{plan.variant}-{plan.plan_hash[:12]} at {stamp}")
+    except OSError as exc:
+        raise BuildError(f"cannot store the compiled wheel in the wheel cache: {exc.strerror or exc}",
+                         path=wheel_cache, field="--wheel-cache") from None
+    finally:
+        shutil.rmtree(export, ignore_errors=True)
+    say(f"vLLM wheel: compiled and stored in the wheel cache ({entry.key[:12]}, sha256 {entry.sha256[:12]}) in "
+        f"{compiled.seconds:.1f}s; compile log: {compiled.log_path}")
+    return wheels.as_input(entry), WheelNote("compiled", entry.sha256, entry.key, why_compiled=found.why_not,
+                                             stored=True)
+
+
+def kept_message(plan: Plan, before: str | None) -> str:
+    """Where the moving tag still points after a failure."""
+    if before:
+        return f"{plan.moving_tag} still points to {before[:19]}"
+    return f"{plan.moving_tag} was not created"
+
+
+def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool = True,
+                  wheel_cache: Path | None = None,
+                  progress: Callable[[Step, float], None] = lambda step, elapsed: None,
+                  on_smoke: Callable[[TierResult], None] = lambda result: None,
+                  say: Callable[[str], None] = lambda line: None) -> BuildOutcome:
+    """Render, build, run the static smoke tier, then tag: the immutable tag and the moving tag
+    move only after the tier passes. A failure raises BuildError saying where the tags still are;
+    an image that fails its smoke test keeps only a candidate tag.
+
+    With a wheel cache, a git source installs the wheel of its inputs from the cache, compiled
+    first (and stored) only when the cache lacks it (prepare_wheel). Nothing is written (context, log,
+    wheel) before the engine has answered."""
+    require_engine(opts.docker_host)
+    with same_plan_lock(plan, say):
+        return _build_locked(plan, layout, opts, smoke, wheel_cache, progress, on_smoke, say)
+
+
+def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, wheel_cache: Path | None,
+                  progress: Callable[[Step, float], None], on_smoke: Callable[[TierResult], None],
+                  say: Callable[[str], None]) -> BuildOutcome:
+    try:
+        wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
+        ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
+        result = build_image(plan, ctx, with_wheel(opts, wheel), progress=progress)
+    except BuildError as exc:
+        exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
+        raise
+    now = image_ids(plan.tag, plan.moving_tag, result.candidate)
+    static = None
+    already = smoke and now[plan.tag] == result.image_id
+    if smoke and not already:
+        static = run_static(result.image_id)
+        on_smoke(static)
+        if not static.ok:
+            first = next(c for c in static.checks if c.state == "failed")
+            raise BuildError(f"static smoke tier failed ({first.name}: {first.detail}); image left as "
+                             f"{keep_candidate(result)}; "
+                             f"{kept_message(plan, now[plan.moving_tag])}", field=plan.variant)
+    return BuildOutcome(result, static, already, tuple(promote(result, now)), note)
+
+
+def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
+                 model: str = DEFAULT_SERVE_MODEL) -> list[TierResult]:
+    """Run smoke tiers inside the variant's built image (or `image`)."""
+    for tier in tiers:
+        if tier not in TIERS:
+            raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
+    ref = image or plan.tag
+    if current_image(ref) is None:
+        raise BuildError(f"image {ref} not found; build it first with `python build.py build {plan.variant}`",
+                         field="--image" if image else plan.variant)
+    return [run_tier(t, ref, model) for t in tiers]
+
+
+# ------------------------------------------------------------------ lock
+
+
+def image_id_of(ref: str) -> str:
+    """The image ID of a reference, or the reference itself when it is an ID or unknown."""
+    return ref if ref.startswith("sha256:") else (image_ids(ref)[ref] or ref)
+
+
+def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int | None = None,
+                 no_build: bool = False, image: str | None = None,
+                 say: Callable[[str], None] = lambda line: None,
+                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> tuple[Path, Lock]:
+    """Resolve what the recipe leaves open and write images/VARIANT.lock.json.
+
+    `plan` is the recipe's plan without a lock (LockPolicy.IGNORE). The installed packages come
+    from a real build of the pinned plan, or from `image`; with `no_build` they are marked
+    unresolved. Nothing is written until everything that can be resolved was.
+    """
+    from .inspect import read_record
+
+    if no_build and image:
+        raise ConfigError("--no-build and --image exclude each other", field="--image")
+    path = lock_path(layout.images_dir, plan.variant)
+    sde = epoch or existing_epoch(path) or today_epoch()
+    pins = resolve_pins(plan, say=say)
+    packages = built_from = unresolved = None
+    if no_build:
+        unresolved = (f"not taken from a real build (lock --no-build): this needs a build of {plan.variant} on its "
+                      f"real base, e.g. on a GB10 machine that reaches its registry and GitHub; run `python build.py "
+                      f"lock {plan.variant}` there")
+    else:
+        if image is None:
+            to_build = pinned_plan(plan, pins, sde)
+            say(f"building {to_build.tag} to see what it installs")
+            with same_plan_lock(to_build, say):
+                wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
+                ctx = render_context(to_build, layout, context_dir(to_build), wheel, ca_cert=opts.ca_cert)
+                image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
+                                    progress=progress).image_id
+        record, _ = read_record(image)
+        if record.packages is None:
+            raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
+                              "build it again", field="--image")
+        packages = record.packages
+        built_from = BuiltFrom(image_id_of(image), record.plan_hash)
+    lock = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from)
+    write_lock(path, lock)
+    return path, lock

@@ -1,0 +1,169 @@
+"""Render stage: a Plan becomes a build context (Dockerfile, plan.json, mods, the image-side package).
+
+Rendering is deterministic: the same Plan always gives byte-identical files. It never touches
+Docker. The context is written to a temporary sibling and swapped in whole, so a failed render
+never leaves a half-written directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from ..errors import ConfigError, SparkforgeError
+from ..inimage.contract import SCHEMA
+from ..recipe.plan import Layout, Plan
+from ..recipe.remote import materialize
+from ..recipe.sources import cache_dir
+from .wheels import WheelInput, planned_wheel
+
+DOCKERFILE = "Dockerfile"
+MANAGED_MARK = ".sparkforge-context"
+
+
+@dataclass(frozen=True)
+class Context:
+    """A rendered build context on disk."""
+
+    path: Path
+    files: tuple[str, ...]
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.path / DOCKERFILE
+
+
+def _environment(template_dir: Path) -> jinja2.Environment:
+    # Compiling the template costs more than rendering it; keep the bytecode between runs.
+    cache = cache_dir() / "jinja"
+    cache.mkdir(parents=True, exist_ok=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        bytecode_cache=jinja2.FileSystemBytecodeCache(str(cache)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = None) -> str:
+    """The Dockerfile of a plan. A git source compiles unless `wheel` (from the wheel cache) is given;
+    a wheel source installs the recipe's wheel."""
+    env = _environment(layout.template.parent)
+    template = env.get_template(layout.template.name)
+    cutlass = next((c for c in plan.components if c.name == "cutlass" and c.kind == "git"), None)
+    if wheel is None and plan.vllm.source == "wheel":
+        wheel = planned_wheel(plan)
+    compiles = plan.vllm.source == "git" and wheel is None
+    text = template.render(
+        plan=plan,
+        compiles=compiles,
+        wheel=wheel,
+        # A wheel from the host is mounted alone (not its folder), at a path of its own name.
+        wheel_path="/wheels/vllm-*.whl" if compiles or wheel is None else "/wheels/" + shlex.quote(
+            wheel.wheel.rpartition("/")[2]),
+        git_components=[c for c in plan.components if c.kind == "git"],
+        pip_components=[c for c in plan.components if c.kind == "pip"],
+        cutlass_dest=cutlass.dest if cutlass else None,
+        source_mods=plan.mods_in("source"),
+        install_mods=plan.mods_in("install"),
+        # What the kernel scan reads: the installed distributions' libraries, and the git components' trees.
+        scan_dists=["vllm"] + [c.package.split("[")[0] for c in plan.components if c.kind == "pip"],
+        scan_roots=[c.dest for c in plan.components if c.kind == "git"],
+        mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),
+    )
+    # Collapse runs of blank lines left by template conditionals.
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.strip() == "" and (not lines or lines[-1] == ""):
+            continue
+        lines.append(line.rstrip())
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *,
+                  ca_cert: Path | None = None) -> dict[str, bytes]:
+    """Every file of the build context, by relative path. A patch a mod names by URL is fetched
+    into the cache the first time (with ca_cert), and is then in the context like a local one."""
+    files: dict[str, bytes] = {
+        DOCKERFILE: render_dockerfile(plan, layout, wheel).encode(),
+        "plan.json": plan.to_json().encode(),
+        "sparkforge/gitfetch.py": layout.gitfetch.read_bytes(),
+        MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
+    }
+    for rel, path in layout.inimage_files():
+        files[f"sparkforge/inimage/{rel}"] = path.read_bytes()
+    if plan.pins:
+        files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
+    for mod in plan.mods:
+        spec, folder = materialize(mod, ca_cert)
+        for rel, body in mod_files(mod.name, folder).items():
+            files[f"mods/{mod.name}/{rel}"] = body
+        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec | {"schema": SCHEMA}, indent=2, sort_keys=True)
+                                              + "\n").encode()
+    return dict(sorted(files.items()))
+
+
+def mod_files(name: str, folder: Path) -> dict[str, bytes]:
+    """The files of a mod folder that go into the context, read without following any link.
+
+    A link in a mod folder is refused, wherever it points: following it could carry any host file
+    into the context and the image."""
+    found: dict[str, bytes] = {}
+    for parent, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" or Path(parent, d).is_symlink())
+        for entry in dirs + sorted(names):
+            path = Path(parent) / entry
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                raise ConfigError(f"{rel} is a link; a mod folder holds only regular files (copy the file in)",
+                                  path=folder, field=f"mods.{name}")
+            if entry in dirs or rel == "mod.yaml":
+                continue
+            if not path.is_file():
+                raise ConfigError(f"{rel} is not a regular file", path=folder, field=f"mods.{name}")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                found[rel] = fh.read()
+    return found
+
+
+def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput | None = None, *,
+                   ca_cert: Path | None = None) -> Context:
+    """Write the build context to out_dir, replacing a context that sparkforge rendered there before.
+    `wheel` is as for render_dockerfile; ca_cert fetches patches named by URL."""
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANAGED_MARK).exists():
+        raise SparkforgeError("exists and was not rendered by sparkforge; choose an empty or new folder",
+                              path=out_dir)
+    files = context_files(plan, layout, wheel, ca_cert=ca_cert)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for rel, body in files.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(body)
+            mode = 0o755 if rel.endswith(".py") and body.startswith(b"#!") else 0o644
+            os.chmod(target, mode)
+        os.chmod(staging, 0o755)
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+            os.replace(out_dir, old / "ctx")
+            os.replace(staging, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Context(out_dir, tuple(files))

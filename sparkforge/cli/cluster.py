@@ -1,0 +1,211 @@
+"""The cluster verbs of the command line: push, deploy and status, registered on the one typer app.
+
+Only flags and printing live here; what to do on the nodes is decided in the distribute package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..distribute.cluster import PULL_STALL_TIMEOUT, STALL_TIMEOUT
+from ..errors import SparkforgeError, visible
+from ..imageref import ImageRef
+from . import views
+from .app import BASE_HELP, app, emit, err, out, plan_of
+
+CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
+NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
+              "comma-separated or repeated. Default: every node of the cluster file.")
+REGISTRY_HELP = "Registry as HOST:PORT, e.g. 127.0.0.1:5000 (default: registry: of the cluster file)."
+
+
+def _cluster_path(cluster: Optional[Path]) -> Optional[Path]:
+    if cluster is not None:
+        return cluster
+    default = Path("cluster.yaml")
+    return default if default.is_file() else None
+
+
+def _distribute_printer():
+    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move."""
+    from ..distribute.deploy import Progress, human_bytes
+
+    last: dict[str, tuple[str, float]] = {}
+
+    def show(p: Progress) -> None:
+        import time
+
+        now = time.monotonic()
+        phase, when = last.get(p.node, ("", 0.0))
+        if p.phase == phase and now - when < 2.0:
+            return
+        last[p.node] = (p.phase, now)
+        moved = f" {human_bytes(p.done)}" + (f" / {human_bytes(p.total)}" if p.total else "") if p.done else ""
+        err.print(f"  {p.node:<14} {p.phase:<7}{moved}  {p.detail}".rstrip(), markup=False)
+
+    return show
+
+
+@app.command()
+def push(
+    variant: str = typer.Argument(..., help="The variant whose built image to push, e.g. ng17e."),
+    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    compression: str = typer.Option("zstd", "--compression", help="zstd: layers compressed on every core "
+                                    "(Docker 23+ pulls them, both image stores); none: uncompressed, for a fast "
+                                    "LAN; gzip: the engine's own push (one core, any Docker)."),
+) -> None:
+    """Push a built image's immutable tag and moving tag to a registry.
+
+    Example: python build.py push ng17e --registry 127.0.0.1:5000
+    """
+    from ..distribute.cluster import push_registry
+    from ..distribute.deploy import head_image, human_bytes
+    from ..distribute.push import push_to
+
+    plan = plan_of(variant, base)
+    reg = push_registry(registry, _cluster_path(cluster))
+    image = head_image(plan)
+    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}, layers {compression}")
+    result = push_to(image, reg, compression, progress=_distribute_printer())
+    for ref in result.refs:
+        out.print(f"pushed {ref}")
+    out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
+              f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
+
+
+@app.command()
+def deploy(
+    variant: str = typer.Argument(..., help="The variant whose built image to deploy, e.g. ng17e."),
+    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    mode: str = typer.Option("registry", "--mode", help="registry: nodes pull what they lack (push first); "
+                             "stream: docker save piped into each node's docker load, no registry needed."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    to: Optional[str] = typer.Option(None, "--to", help="Deploy this older build instead (an immutable tag, "
+                                     "see `history`); the moving tag goes back to it."),
+    previous: bool = typer.Option(False, "--previous", help="Deploy the build the nodes ran before their "
+                                  "current one (from the head's deploy record)."),
+    stall: Optional[float] = typer.Option(None, "--stall", metavar="SECONDS", min=1,
+                                          help="Stop a node's transfer after this many seconds without "
+                                          "progress (its docker pull prints nothing, or its docker load takes no "
+                                          f"data); that node fails alone and keeps its old image. Default: "
+                                          f"{PULL_STALL_TIMEOUT:.0f} for a pull (a containerd-store node prints "
+                                          f"nothing while it unpacks a layer), {STALL_TIMEOUT:.0f} for a stream."),
+) -> None:
+    """Put a built image on every node, in parallel, and check that every node has the head's image.
+
+    A node that already has the image is skipped. On each node the moving tag is set last, only
+    after the image ID matches the head's; a node that fails keeps its old image. Exits 1 when
+    any node failed.
+
+    Examples:
+
+      python build.py push ng17e --registry 127.0.0.1:5000
+
+      python build.py deploy ng17e --cluster cluster.yaml
+
+      python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
+    """
+    from ..distribute.cluster import resolve_cluster
+    from ..distribute.deploy import deploy_registry, head_image, rollback_tag
+    from ..distribute.stream import deploy_stream
+
+    if mode not in ("registry", "stream"):
+        raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")
+    plan = plan_of(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, registry)
+    if mode == "registry" and not target.registry:
+        raise SparkforgeError("registry mode needs a registry: pass --registry HOST:PORT, set registry: in the "
+                              "cluster file, or use --mode stream", field="--registry")
+    image = head_image(plan, tag=rollback_tag(plan, to, previous, target.nodes) if to or previous else None)
+    where = f"from {target.registry}" if mode == "registry" else "by docker save | docker load"
+    out.print(f"deploying {image.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
+    show = _distribute_printer()
+    if mode == "registry":
+        result = deploy_registry(image, target.nodes, target.registry_spec or target.registry or "", show,
+                                 stall_timeout=stall or PULL_STALL_TIMEOUT)
+    else:
+        result = deploy_stream(image, target.nodes, show, stall_timeout=stall or STALL_TIMEOUT)
+    out.print(views.deploy_table(result))
+    emit(views.deploy_lines(plan, result))
+    if not result.ok:
+        raise typer.Exit(1)
+    out.print(f"every node runs {plan.moving_tag} = {image.image_id}")
+
+
+@app.command()
+def status(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """Show which image each node's moving tag points to; exit 1 unless all match (and match the head).
+
+    Example: python build.py status ng17e --cluster cluster.yaml
+    """
+    from ..distribute.cluster import resolve_cluster
+    from ..distribute.deploy import cluster_status
+
+    plan = plan_of(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, None)
+    st = cluster_status(plan, target.nodes)
+    head_id = st.image.image_id if st.image else None
+    out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
+    out.print(views.status_table(st, ImageRef.parse(plan.tag).tag or ""))
+    if st.all_match:
+        out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
+        return
+    out.print(f"[bold red]nodes differ[/]: {len(st.ids)} distinct images across {len(st.nodes)} nodes"
+              + ("" if not any(n.error for n in st.nodes) else "; some nodes did not answer"))
+    raise typer.Exit(1)
+
+
+@app.command("registry")
+def registry_cmd(
+    action: str = typer.Argument(..., help="start, stop or status."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+) -> None:
+    """Start, stop or check the registry the cluster file describes (address, TLS or insecure).
+
+    Without a cluster file (or without registry: in it): a plain-HTTP registry on 127.0.0.1:5000.
+
+    Example: python build.py registry start --cluster cluster.yaml
+    """
+    from ..distribute.cluster import registry_to_run, run_registry
+
+    proc = run_registry(action, registry_to_run(_cluster_path(cluster)))
+    sys.stdout.write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
+    sys.stderr.write(visible(proc.stderr))
+    if proc.returncode != 0:
+        raise typer.Exit(proc.returncode)
+
+
+@app.command()
+def history(
+    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
+    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+) -> None:
+    """List the builds of a variant on this machine, newest first, with vLLM, mods and the nodes running each.
+
+    Go back to one with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
+    """
+    from ..distribute.deploy import builds
+
+    plan = plan_of(variant, base)
+    table = Table(box=None, pad_edge=False)
+    for col in ("tag", "built (UTC)", "vLLM", "mods", "last deployed to"):
+        table.add_column(col)
+    for b in builds(plan):
+        table.add_row(escape(ImageRef.parse(b.tag).tag or ""), b.created, escape(b.vllm), escape(b.mods),
+                      ", ".join(b.nodes) or "-")
+    out.print(table)

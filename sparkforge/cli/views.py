@@ -1,0 +1,362 @@
+"""What the command line prints: results of the library turned into Rich tables and lines.
+
+Every value that came from a file, an image or a remote is shown as plain text (a `Text`, never
+markup), so a description holding `[bold]` prints as written instead of being eaten or crashing.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Iterable, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from ..build.pipeline import LoadedPlan
+from ..inimage.contract import BuildRecord, WheelOrigin
+from ..recipe.plan import Plan
+from ..repro.checkmods import RowState, applies_ranges
+
+STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
+               RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
+CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
+OUTCOME_STYLE = {"updated": "green", "current": "cyan", "failed": "bold red"}  # distribute.deploy's outcomes
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    table = Table(box=None, pad_edge=False, title=title)
+    for col in columns:
+        table.add_column(col)
+    return table
+
+
+def _styled(text: str, style: str) -> Text:
+    return Text(text, style=style)
+
+
+def _line(*parts: str | tuple[str, str]) -> Text:
+    """A line of plain text; (text, style) pairs are styled, nothing is read as markup."""
+    return Text.assemble(*parts)
+
+
+def variants_table(plans: Iterable[Plan]) -> Table:
+    """`list`: a row per variant."""
+    table = _table("variant", "parent", "vllm", "mods", "unpinned")
+    for plan in plans:
+        name, parent = plan.variant, plan.chain[1] if len(plan.chain) > 1 else "-"
+        vllm = plan.vllm.version + (f" ({plan.vllm.ref})" if plan.vllm.ref else " (pypi)")
+        mods = ", ".join(m.name for m in plan.mods) or "-"
+        table.add_row(Text(name), Text(parent), Text(vllm), Text(mods), str(len(plan.unpinned())))
+    return table
+
+
+def plan_lines(loaded: LoadedPlan) -> list[Text]:
+    """The resolved plan of `show`, one fact a line."""
+    plan = loaded.plan
+    v, b = plan.vllm, plan.build
+    lines = [
+        _line((plan.variant, "bold"), f"  {plan.description}"),
+        _line(f"  chain       {' <- '.join(plan.chain)}"),
+        _line(f"  tag         {plan.tag}  (moving: {plan.moving_tag})"),
+        _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
+        _line(f"  base        {plan.base.ref}"),
+    ]
+    if v.source == "git":
+        src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
+    elif v.wheel:
+        src = f"wheel {v.wheel.url or v.wheel.path} sha256:{v.wheel.sha256[:12]}"
+    else:
+        src = "pypi release"
+    lines.append(_line(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})"))
+    for c in plan.components:
+        if c.kind == "pip":
+            lines.append(_line(f"  {c.name:<11} pip {c.requirement}"))
+        else:
+            lines.append(_line(f"  {c.name:<11} git {c.repo} {c.ref} @ {c.commit.value or 'UNPINNED'} -> {c.dest}"))
+    lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
+                       f"NVCC_THREADS={b.nvcc_threads}"))
+    lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
+    lines.append(_line(f"  gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"))
+    lines += [_line(f"  not needed  {name}: {reason}") for name, reason in plan.kernels_not_needed]
+    lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
+    lines += [_line(f"  env         {k}={val}") for k, val in plan.env]
+    lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}"
+                    + (f"; patch {_patch_origin(m.spec.patch.model_dump(exclude_none=True))}"
+                       if m.spec.patch is not None and not isinstance(m.spec.patch, str) else ""))
+              for i, m in enumerate(plan.mods, 1)]
+    lines += [_line("  ", ("UNPINNED", "yellow"), f"    {fld}: {reason}") for fld, reason in plan.unpinned()]
+    lines += [_line("  ", ("UNRESOLVED", "yellow"), f"  {fld} (in the lock): {reason}")
+              for fld, reason in loaded.unresolved]
+    return lines
+
+
+def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
+    """check-mods: a row per variant and mod."""
+    table = _table("variant", "mod", "result", "checked against", "detail")
+    for row in rows:
+        table.add_row(Text(row.variant), Text(row.mod), _styled(row.state, STATE_STYLE[row.state]),
+                      Text(row.source), Text(row.detail))
+    for plan in plans:
+        if not plan.mods:
+            table.add_row(Text(plan.variant), "-", "no mods", "", "")
+    return table
+
+
+def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[str], title: str) -> Table:
+    """Releases down, mods across: applies, fails or unverified, with ! where that differs from the declared range."""
+    table = _table("vllm", *mods, title=title)
+    for version in versions:
+        marks = []
+        for name in mods:
+            cell = next(c for c in cells if c.mod == name and c.version == version)
+            if cell.state == RowState.UNVERIFIED:
+                marks.append(_styled("unverified", "yellow"))
+                continue
+            ok = cell.state in (RowState.APPLIED, RowState.ALREADY)
+            marks.append(_line(("applies", "green") if ok else ("fails", "red"), "!" if ok != cell.declared else ""))
+        table.add_row(Text(version), *marks)
+    return table
+
+
+def smoke_table(results: Iterable[Any]) -> Table:
+    """Smoke tiers: a row per check, and one for a tier skipped whole."""
+    table = _table("tier", "check", "result", "detail")
+    for res in results:
+        if res.skipped:
+            table.add_row(res.tier, "(whole tier)", _styled("skipped", "yellow"), Text(res.skipped))
+        for c in res.checks:
+            name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
+            table.add_row(res.tier, Text(name), _styled(c.state, CHECK_STYLE[c.state]), Text(c.detail))
+    return table
+
+
+def kernels_table(kernels: dict) -> Table:
+    """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
+    what it runs there (a cubin, or PTX it must JIT-compile), NONE, how many kernels it cannot run
+    (`90 missing`), `partial?` (kernel names unreadable), `not needed` or `unreadable`."""
+    from ..inimage.kernels import exempt, verdicts
+
+    gpus = list(kernels.get("gpus") or [])
+    table = _table("extension", "SASS", "PTX", *(f"GPU {g}" for g in gpus),
+                   title=f"CUDA extensions (shared libraries without device code: {kernels.get('without_device_code', 0)})")
+    for ext in kernels.get("extensions", []):
+        path = ext["path"]
+        short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
+        runs = verdicts(ext, gpus)
+        not_needed = exempt(path, kernels.get("not_needed") or [])
+        cells = [_styled(label, "green") if state == "ok"
+                 else _styled("not needed", "yellow") if not_needed and state != "unreadable"
+                 else _styled(label, "bold red") for state, label in runs.values()]
+        sass = " ".join(n.removeprefix("sm_") for n in ext["cubins"]) or "-"
+        ptx = " ".join(n.removeprefix("compute_") for n in ext["ptx"]) or "-"
+        if ext.get("error"):
+            sass, ptx = "unreadable", ext["error"]
+        table.add_row(Text(short), Text(sass), Text(ptx), *cells)
+    return table
+
+
+def _patch_origin(patch: dict) -> str:
+    """A patch named by URL or pull request, as mod.yaml pins it."""
+    return f"{patch.get('url') or patch.get('pr')} sha256 {patch['sha256'][:12]}"
+
+
+def record_lines(image: str, record: BuildRecord, labels: dict) -> list[Text]:
+    """`inspect`: the build record of an image, one fact a line."""
+    base, v, installed = record.base, record.vllm, record.installed
+    lines = [
+        _line((image, "bold"), f"  variant {record.variant} ({' <- '.join(record.chain)})"),
+        _line(f"  tag          {record.tag}"),
+        _line(f"  built        {record.built_at} by sparkforge {record.tool_version}"),
+        _line(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}"),
+        _line(f"  vllm         {v['version']} ({v['source']}) commit "
+              f"{v['commit']['value'] or v.get('built_commit') or '-'}; installed {installed.get('vllm')}"),
+    ]
+    wheel = record.wheel
+    if wheel:
+        where = {WheelOrigin.CACHE: f"from the wheel cache, key {(wheel.cache_key or '')[:12]}, compiled for "
+                                    f"{wheel.compiled_for}", WheelOrigin.RECIPE: "the recipe's prebuilt wheel",
+                 WheelOrigin.COMPILED: "compiled in the image build"}[wheel.origin]
+        lines.append(_line(f"  vllm wheel   {wheel.filename} sha256 {wheel.sha256}; {where}"))
+    for c in record.components:
+        pin = (c["version"]["value"] or "UNPINNED") if c["kind"] == "pip" else (c["commit"]["value"] or "UNPINNED")
+        name = (c.get("package") or c["name"]).split("[")[0]
+        lines.append(_line(f"  {c['name']:<12} {c['kind']} {c.get('package') or c.get('repo')} {pin}; "
+                           f"installed {installed.get(name, installed.get(c['name']))}"))
+    lines.append(_line(f"  arch list    {record.build['torch_cuda_arch_list']}"))
+    lines += [_line(f"  mod          {m.name} ({m.phase.value}) {m.digest[:19]} -> "
+                    f"{m.result.value if m.result else 'not recorded'}"
+                    + (f"; patch {_patch_origin(m.patch)}" if m.patch else ""))
+              for m in record.mods]
+    lines += [_line(f"  protected    {name} {version}") for name, version in sorted(record.protected.items())]
+    lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u['field']}: {u['reason']}") for u in record.unpinned]
+    lines += [_line(f"  label        {key}={labels[key]}") for key in sorted(labels)]
+    return lines
+
+
+def repro_lines(result: Any) -> list[Text]:
+    """verify-repro: both builds, and where they differ."""
+    lines = [_line(f"build {n}: manifest {img.manifest}  image ID {img.config}  ({len(img.layers)} layers)")
+             for n, img in ((1, result.first), (2, result.second))]
+    if result.identical:
+        return lines + [_line(f"identical: both builds give manifest {result.first.manifest}")]
+    lines.append(_line(("DIFFERENT", "bold red"), f": {len(result.layers)} of {len(result.first.layers)} layers differ"))
+    for layer in result.layers:
+        lines.append(_line(f"  layer {layer.index} [{layer.step}]: {len(layer.files)} files differ"))
+        lines += [_line(f"    {f.path}: {', '.join(f.what)}") for f in layer.files[:15]]
+        if len(layer.files) > 15:
+            lines.append(_line(f"    ... and {len(layer.files) - 15} more"))
+    if result.config_fields:
+        lines.append(_line(f"  config: {', '.join(result.config_fields[:12])}"))
+    return lines
+
+
+def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
+    """diff: each section's changes, or what stayed the same; a section not listed only when it changed."""
+    lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
+    for section in (*sections, *(s for s in d.sections if s not in sections)):
+        changes = d.in_section(section)
+        if not changes:
+            lines.append(_line(f"  {section:<11} {summary(d, section)}"))
+            continue
+        for i, change in enumerate(changes):
+            lines.append(_line(f"  {section if i == 0 else '':<11} {change.line()}"))
+    lines += [_line(f"  note: {note}") for note in d.notes]
+    count = len(d.changes)
+    lines.append(_line(f"{count} change{'s' if count != 1 else ''}"))
+    return lines
+
+
+def outdated_table(components: Iterable[Any]) -> Table:
+    table = _table("component", "pinned", "newest", "newer releases", "note")
+    for c in components:
+        newer = (", ".join(c.newer) if len(c.newer) <= 6
+                 else f"{', '.join(c.newer[:3])}, ... {c.newer[-1]} ({len(c.newer)})")
+        table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(newer or "up to date"),
+                      Text(c.note))
+    return table
+
+
+def applies_lines(names: Iterable[str], runs_of, declared: dict[str, str] | None = None,
+                  prefix: str = "applies to vllm") -> list[Text]:
+    """Where each mod applies, as runs of releases, and (check-mods) what it declares."""
+    lines = []
+    for name in names:
+        runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in runs_of(name)) or "none"
+        tail = f"; declares {declared[name]}" if declared else ""
+        lines.append(_line(f"{name}: {prefix} {runs}{tail}"))
+    return lines
+
+
+def build_lines(plan: Plan, done: Any) -> list[Text]:
+    """`build`: the image built, how much came from the cache, and the tags that moved."""
+    result = done.result
+    ran = len(result.ran)
+    lines = [_line(f"built {result.image_id[:19]} in {result.seconds:.1f}s: {ran} steps ran, "
+                   f"{len(result.steps) - ran} cached; log: {result.log_path}")]
+    if done.smoke_already_passed:
+        lines.append(_line(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})"))
+    lines += wheel_lines(done.wheel)
+    return lines + [_line(f"tagged {ref}") for ref in done.tagged]
+
+
+def wheel_lines(note: Any) -> list[Text]:
+    """Where the vLLM wheel of a build came from, with its hash; for a compile, why it ran."""
+    if note.origin == "cache":
+        return [_line(f"vllm wheel: from the wheel cache, key {note.key[:12]}, sha256 {note.sha256}; "
+                      "the compile did not run")]
+    if note.origin == "recipe":
+        return [_line(f"vllm wheel: the recipe's prebuilt wheel, sha256 {note.sha256}")]
+    if note.origin != "compiled":
+        return []
+    if note.stored:
+        return [_line(f"vllm wheel: compiled ({note.why_compiled}) and stored in the wheel cache, key {note.key[:12]}, "
+                      f"sha256 {note.sha256}")]
+    return [_line(f"vllm wheel: compiled in the image build ({note.why_compiled})")]
+
+
+def dry_run_lines(d: Any) -> list[Text]:
+    """`build --dry-run`: the tags, the context and the exact command, quoted for a shell."""
+    lines = [_line(f"tag         {d.tag}"), _line(f"moving tag  {d.moving_tag}"),
+             _line(f"context     {d.context} (not written)")]
+    if d.note:
+        lines.append(_line(f"vllm wheel  {d.note}"))
+    return lines + [_line(shlex.join(d.command))]
+
+
+def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
+    """`lock`: what was pinned, and what could not be resolved from here."""
+    lines = [
+        _line(f"locked {variant} -> {path}"),
+        _line(f"  base      {lock.base.repository}:{lock.base.tag} @ {lock.base.digest.show()}"),
+        _line(f"  packages  {len(lock.packages)} installed" if lock.packages_unresolved is None
+              else "  packages  unresolved"),
+        _line(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in lock.mods) or '-'}"),
+        _line(f"  epoch     SOURCE_DATE_EPOCH={lock.source_date_epoch}"),
+    ]
+    return lines + [_line("  ", ("UNRESOLVED", "yellow"), f" {fld}: {reason}") for fld, reason in lock.unresolved()]
+
+
+def check_summary(report: Any) -> Text:
+    """check-mods: one line of counts."""
+    failed, unverified = len(report.in_state(RowState.FAILED)), len(report.in_state(RowState.UNVERIFIED))
+    total = len(report.rows)
+    return _line(f"{total} checked: {total - failed - unverified} ok, {failed} failed, {unverified} unverified "
+                 "(source not reachable from here)")
+
+
+def check_matrix(report: Any) -> list[Any]:
+    """check-mods --matrix: releases down, mods across, then where each mod applies."""
+    names = [m.name for m in report.mods]
+    return [matrix_table(report.cells, names, report.versions, "mods x vLLM releases (! = differs from the mod's "
+                         "targets)"),
+            *applies_lines(names, lambda n: applies_ranges(list(report.cells), n),
+                           {m.name: m.spec.targets.versions for m in report.mods})]
+
+
+def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
+    """`outdated`: the components, then (when mods were tried) the newer releases they apply to."""
+    shown: list[Any] = [outdated_table(report.components)]
+    if not report.cells:
+        if tried_mods and report.mods and report.components[0].newer:
+            shown.append(_line("no newer vLLM release to try the mods on"))
+        return shown
+    versions = list(dict.fromkeys(c.version for c in report.cells))
+    return shown + [matrix_table(report.cells, list(report.mods), versions,
+                                 "vLLM mods on the newer releases (! = differs from the mod's targets)"),
+                    *applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm")]
+
+
+def deploy_table(result: Any) -> Table:
+    """`deploy`: a row per node, with what it moved and how long it took."""
+    from ..distribute.deploy import FAILED, human_bytes  # the distribute package loads only for its verbs
+
+    table = _table("node", "result", "image ID", "moved", "time", "detail")
+    for r in result.results:
+        detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
+        table.add_row(Text(r.node.name), _styled(r.outcome, OUTCOME_STYLE[r.outcome]), (r.image_id or "-")[:19],
+                      human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", Text(detail))
+    return table
+
+
+def deploy_lines(plan: Plan, result: Any) -> list[Text]:
+    """`deploy`: where each failed node's moving tag stayed, then the counts."""
+    from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
+
+    lines = [_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on {(r.previous_id or 'nothing')[:19]}")
+             for r in result.results if r.outcome == FAILED]
+    counts = {k: sum(1 for r in result.results if r.outcome == k) for k in (UPDATED, CURRENT, FAILED)}
+    lines.append(_line(f"{len(result.results)} nodes: {counts[UPDATED]} updated, {counts[CURRENT]} current, "
+                       f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s"))
+    return lines
+
+
+def status_table(status: Any, tag_column: str) -> Table:
+    """`status`: a row per node: its moving tag's image, its immutable tag, and whether it is the head's."""
+    table = _table("node", "image ID", tag_column, "matches head", "detail")
+    head_id = status.image.image_id if status.image else None
+    for n in status.nodes:
+        match = "-" if head_id is None or n.error else _styled("yes", "green") if n.current else _styled("no", "red")
+        table.add_row(Text(n.node.name), (n.moving_id or "-")[:19], n.tag_state or "-", match,
+                      Text(n.error or n.node.endpoint))
+    return table
+

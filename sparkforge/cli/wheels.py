@@ -1,0 +1,108 @@
+"""The `wheels` verbs of the command line: show and clean the wheel cache (sparkforge/build/wheels.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import ConfigError
+from .app import WHEEL_CACHE_HELP, app, out
+
+wheels_app = typer.Typer(
+    help="Show and clean the wheel cache: the vLLM wheels git-source builds compiled, by their inputs.\n\n"
+    "  python build.py wheels list\n\n"
+    "  python build.py wheels prune --older-than 30",
+    no_args_is_help=True,
+)
+app.add_typer(wheels_app, name="wheels")
+
+CacheOption = typer.Option(None, "--wheel-cache", envvar="SPARKFORGE_WHEEL_CACHE", help=WHEEL_CACHE_HELP)
+
+
+def _root(folder: Optional[Path]) -> Path:
+    from ..build.wheels import default_root
+
+    return folder or default_root()
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+@wheels_app.command("list")
+def list_wheels(
+    wheel_cache: Optional[Path] = CacheOption,
+    as_json: bool = typer.Option(False, "--json", help="Print every entry with all its inputs as JSON."),
+) -> None:
+    """List the cached wheels: key, vLLM version and commit, arch list, source-phase mods, size, last use."""
+    from ..build.wheels import scan
+
+    root = _root(wheel_cache)
+    if root.exists() and not root.is_dir():
+        raise ConfigError("is not a folder", path=root, field="--wheel-cache")
+    found, damaged = scan(root)
+    if as_json:
+        sys.stdout.write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
+                                      "created": e.created, "inputs": e.inputs} for e in found]
+                                    + [{"folder": name, "damaged": why} for name, why in damaged],
+                                    indent=2, sort_keys=True) + "\n")
+        return
+    for name, why in damaged:
+        out.print(f"damaged entry {name[:64]}: {why}; it is never used (`wheels prune` leaves it; delete the folder)",
+                  markup=False)
+    if not found:
+        out.print(f"the wheel cache {root} " + ("holds no whole wheel" if damaged else "is empty"), markup=False)
+        return
+    table = Table("key", "vllm", "commit", "arch", "source mods", "size", "created", "last used", box=None,
+                  header_style="bold")
+    for e in found:
+        vllm = e.inputs.get("vllm", {})
+        mods = ", ".join(m["name"] for m in e.inputs.get("source_mods", [])) or "-"
+        used = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.last_used))
+        table.add_row(*(Text(str(x)) for x in (e.key[:12], vllm.get("version"), str(vllm.get("commit"))[:12],
+                                              e.inputs.get("torch_cuda_arch_list"), mods, _size(e.size),
+                                              e.created, used)))
+    out.print(table)
+    out.print(f"{len(found)} wheels, {_size(sum(e.size for e in found))}, in {root}", markup=False)
+
+
+@wheels_app.command("prune")
+def prune_wheels(
+    wheel_cache: Optional[Path] = CacheOption,
+    older_than: Optional[float] = typer.Option(None, "--older-than", min=0, metavar="DAYS",
+                                               help="Remove wheels no build has used for DAYS days."),
+    key: Optional[str] = typer.Option(None, "--key", help="Remove the wheel whose key starts with this."),
+    everything: bool = typer.Option(False, "--all", help="Remove every wheel."),
+    dry: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+) -> None:
+    """Remove wheels from the cache: by age of last use, by key, or all. A later build compiles again.
+
+    Each prune also removes what killed builds left in the cache (compile exports, half-stored entries)
+    once no one has touched it for a day."""
+    from ..build.wheels import folder_size, leftovers, prune, remove_leftovers
+
+    if not (everything or older_than is not None or key):
+        raise ConfigError("say what to remove: --older-than DAYS, --key KEY or --all", field="wheels prune")
+    if everything and (older_than is not None or key):
+        raise ConfigError("--all removes every wheel; leave out --older-than and --key", field="--all")
+    root = _root(wheel_cache)
+    gone = prune(root, older_than_days=older_than, key=key, dry_run=dry)
+    verb = "would remove" if dry else "removed"
+    for e in gone:
+        out.print(f"{verb} {e.key[:12]} vllm {e.inputs.get('vllm', {}).get('version')} ({_size(e.size)})",
+                  markup=False)
+    out.print(f"{verb} {len(gone)} wheels, {_size(sum(e.size for e in gone))}, from {root}", markup=False)
+    stale = leftovers(root)
+    if stale:
+        sizes = {f: folder_size(f) for f in stale}
+        if not dry:
+            stale = remove_leftovers(stale)
+        out.print(f"{verb} {len(stale)} folders that interrupted builds left, {_size(sum(sizes[f] for f in stale))}",
+                  markup=False)

@@ -1,0 +1,492 @@
+"""Distribute stage: get the tagged image onto every node, and prove they all run the same one.
+
+Two ways to move an image, both parallel over the nodes and both skipping a node that already
+has the head's image:
+
+- registry: the head pushes the immutable and the moving tag to a registry (:mod:`.push`);
+  every node pulls the immutable tag, so only the layers it lacks move (:func:`deploy_registry`).
+- stream: for clusters without a registry, one ``docker save`` on the head is piped into
+  ``docker load`` on every node that needs it, one writer per node (:mod:`.stream`).
+
+"The same image" is decided by what every image store agrees on (:func:`same_image`): the
+ordered layer diff IDs, and the config digest or a manifest digest recorded on the head. An
+image ID alone is not enough: the classic store's ID is the config digest, the containerd
+store's is the manifest digest. On a node, the moving tag is set last, only after the image
+there is the head's; a node that fails keeps its moving tag on its old image.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..build.dockercli import last_line
+from ..errors import DistributeError
+from ..imageref import ImageRef
+from ..recipe.plan import PROJECT_ROOT, Plan
+from .cluster import (
+    CONTROL_TIMEOUT,
+    PULL_STALL_TIMEOUT,
+    Node,
+    NodeFailure,
+    Registry,
+    layer_sizes,
+    one_line,
+    pull,
+    run_docker,
+    run_dockers,
+    run_nodes,
+)
+
+UPDATED = "updated"
+CURRENT = "current"
+FAILED = "failed"
+
+TRANSFER_TIMEOUT = 3600.0  # seconds a whole push or docker save may take
+CHUNK = 1 << 20  # bytes read at a time from a docker save
+STATE_DIR = PROJECT_ROOT / "build" / "distribute"
+
+__all__ = ["NodeFailure"]
+
+
+@dataclass(frozen=True)
+class ImageIdentity:
+    """What names one image on every image store: config digest, manifest digests, layer diff IDs."""
+
+    config: str | None  # the config digest (the image ID on a classic-store engine)
+    manifests: frozenset[str]  # manifest digests it is known by: registry pushes, docker save
+    layers: tuple[str, ...]  # RootFS.Layers, in order
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """One image as an engine's `docker image inspect` shows it."""
+
+    id: str
+    digests: frozenset[str]  # the digest part of each RepoDigests entry
+    layers: tuple[str, ...]
+
+    @classmethod
+    def from_inspect(cls, data: dict) -> "NodeImage":
+        digests = frozenset(ImageRef.parse(d).digest for d in data.get("RepoDigests") or [] if "@" in d)
+        return cls(data["Id"], digests, tuple((data.get("RootFS") or {}).get("Layers") or ()))
+
+
+def same_image(head: ImageIdentity, node: NodeImage) -> bool:
+    """True when a node's image is the head's, on either image store; never by image ID alone."""
+    if not head.layers or node.layers != head.layers:
+        return False
+    if head.config is not None and node.id == head.config:  # classic store: the ID is the config digest
+        return True
+    # containerd store: the ID is a manifest digest (pulled: the registry's; loaded: the tarball's)
+    return node.id in head.manifests or bool(node.digests & head.manifests)
+
+
+@dataclass(frozen=True)
+class HeadImage:
+    """The image on the head (the engine that built it), the two names it goes by, and its identity."""
+
+    tag: str  # immutable, e.g. sparkforge/vllm:ng17e-0123456789ab
+    moving_tag: str  # e.g. sparkforge/vllm:ng17e
+    image_id: str
+    size: int  # uncompressed bytes, as the engine reports
+    identity: ImageIdentity
+
+    @property
+    def repository(self) -> str:
+        return ImageRef.parse(self.tag).repository
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report of one node, sent from that node's worker thread."""
+
+    node: str
+    phase: str  # check, pull, load, verify, done, failed
+    done: int = 0  # bytes moved so far
+    total: int | None = None  # bytes to move, when known
+    detail: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """What a deploy did on one node."""
+
+    node: Node
+    outcome: str  # updated, current or failed
+    image_id: str | None  # the node's own ID of the image its moving tag points to after the deploy
+    bytes_moved: int
+    seconds: float
+    error: str | None = None
+    previous_id: str | None = None  # where the moving tag pointed before
+
+
+@dataclass(frozen=True)
+class Deployment:
+    image: HeadImage
+    mode: str  # registry or stream
+    source: str  # the registry reference pulled, or "docker save"
+    results: tuple[NodeResult, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(r.outcome != FAILED for r in self.results)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(r.bytes_moved for r in self.results)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: Node
+    moving_id: str | None  # the node's own ID of what the moving tag points to
+    tag_id: str | None  # the node's own ID of what the immutable tag points to
+    error: str | None = None
+    current: bool = False  # the moving tag points to the head's image (by identity)
+    tag_current: bool = False  # the immutable tag does
+
+    @property
+    def tag_state(self) -> str | None:
+        """Where the immutable tag points: "yes" (the head's image, or the moving tag's), "other", "no" (absent);
+        None when the node did not answer."""
+        if self.error:
+            return None
+        if self.tag_current or (self.tag_id and self.tag_id == self.moving_id):
+            return "yes"
+        return "other" if self.tag_id else "no"
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    image: HeadImage | None  # None when the head does not have the image
+    tag: str
+    moving_tag: str
+    nodes: tuple[NodeStatus, ...]
+
+    @property
+    def ids(self) -> set[str | None]:
+        return {n.moving_id for n in self.nodes}
+
+    @property
+    def all_match(self) -> bool:
+        """Every node answered and its moving tag points to the head's image (or, without it, one ID)."""
+        if not self.nodes or any(n.error or n.moving_id is None for n in self.nodes):
+            return False
+        if self.image is None:
+            return len(self.ids) == 1
+        return all(n.current for n in self.nodes)
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def _state_file(state_dir: Path | None, repository: str) -> Path:
+    return (state_dir or STATE_DIR) / (repository.replace("/", "_") + ".json")
+
+
+def read_state(state_dir: Path | None, repository: str) -> dict:
+    """The head's record of a repository: manifest digests per tag, and deploys per node."""
+    path = _state_file(state_dir, repository)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"manifests": {}, "deploys": {}}
+    except (OSError, ValueError) as exc:
+        raise DistributeError(f"unreadable deploy record: {exc}", path=path) from None
+    data.setdefault("manifests", {})
+    data.setdefault("deploys", {})
+    return data
+
+
+def update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
+    path = _state_file(state_dir, repository)
+    data = read_state(state_dir, repository)
+    change(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)  # a crash never leaves half a record
+
+
+def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config: str | None = None,
+                    head_id: str | None = None) -> None:
+    """Remember a manifest digest the image of tag is known by (from a push or a docker save) and, with
+    head_id, its config digest: on a containerd-store head the image ID is a manifest digest, and a
+    classic-store node knows the image only by its config digest."""
+    repo = ImageRef.parse(tag).repository
+
+    def add(data: dict) -> None:
+        known = data["manifests"].setdefault(tag, [])
+        if digest and digest not in known:
+            known.append(digest)
+        if config and head_id:
+            data.setdefault("configs", {})[tag] = {"head_id": head_id, "config": config}
+
+    update_state(state_dir, repo, add)
+
+
+def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[NodeResult]) -> None:
+    """Append, per node that now runs it, the tag deployed and when."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def add(data: dict) -> None:
+        for r in results:
+            if r.outcome == FAILED:
+                continue
+            past = data["deploys"].setdefault(r.node.name, [])
+            if not past or past[-1]["tag"] != image.tag:
+                past.append({"tag": image.tag, "at": now})
+
+    update_state(state_dir, image.repository, add)
+
+
+# ------------------------------------------------------------------------------------ head
+
+
+def _inspect_head(ref: str) -> dict | None:
+    try:
+        proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=CONTROL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise DistributeError(f"the local Docker engine gave no answer within {CONTROL_TIMEOUT:.0f}s",
+                              field="docker") from None
+    except OSError as exc:
+        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
+    if proc.returncode != 0:
+        text = proc.stderr.decode(errors="replace")
+        if "No such image" in text:
+            return None
+        raise DistributeError(f"cannot reach the local Docker engine: {one_line(text)[:200]}", field="docker")
+    return json.loads(proc.stdout)[0]
+
+
+def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
+    """The image of a plan (or an older build, by its tag) on the head engine; it must be here."""
+    tag = tag or plan.tag
+    image = image_on_head(tag, plan.moving_tag, state_dir)
+    if image is None:
+        raise DistributeError(f"image {tag} is not on this machine; build it first with "
+                              f"`python build.py build {plan.variant}`", field=plan.variant)
+    return image
+
+
+def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> HeadImage | None:
+    """The image tagged `tag` on the head engine with every name recorded for it, or None when there is none."""
+    data = _inspect_head(tag)
+    if data is None:
+        return None
+    own = NodeImage.from_inspect(data)
+    state = read_state(state_dir, ImageRef.parse(tag).repository)
+    recorded = state["manifests"].get(tag, [])
+    # The head's ID is its config digest on the classic store, a manifest digest on containerd:
+    # either way a node showing it has the same image, so it goes in both places. A config digest
+    # learnt at a push or save of this very image (same head ID) is the better config.
+    learnt = (state.get("configs") or {}).get(tag) or {}
+    config = learnt.get("config") if learnt.get("head_id") == own.id else None
+    identity = ImageIdentity(config or own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
+    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One immutable tag of a variant on the head: when it was built, its vLLM and mods, where it went."""
+
+    tag: str
+    image_id: str
+    created: str
+    vllm: str
+    mods: str
+    nodes: tuple[str, ...]  # nodes whose last recorded deploy was this tag
+
+
+def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
+    """The builds of a variant on the head, newest first (by creation time)."""
+    repo = plan.image
+    prefix = f"{repo}:{plan.variant}-"
+    try:
+        proc = subprocess.run(["docker", "images", repo, "--format", "{{.Repository}}:{{.Tag}}"],
+                              capture_output=True, text=True, timeout=CONTROL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise DistributeError("the local Docker engine gave no answer", field="docker") from None
+    tags = [t for t in proc.stdout.split() if t.startswith(prefix) and t[len(prefix):].isalnum()]
+    deploys = read_state(state_dir, repo)["deploys"]
+    last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
+    found = []
+    for tag in tags:
+        data = _inspect_head(tag)
+        if data is None:
+            continue
+        labels = (data.get("Config") or {}).get("Labels") or {}
+        found.append(Build(tag, data["Id"], data.get("Created", "")[:19].replace("T", " "),
+                           labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),
+                           tuple(sorted(n for n, t in last.items() if t == tag))))
+    return sorted(found, key=lambda b: b.created, reverse=True)
+
+
+def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],
+                 state_dir: Path | None = None) -> str:
+    """The tag a `deploy --to TAG` or `--previous` goes to; refused unless it is a build on the head."""
+    repo = plan.image
+    if to:
+        tag = to if ":" in to else f"{repo}:{to}"
+        if _inspect_head(tag) is None:
+            raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
+                                  field="--to")
+        return tag
+    deploys = read_state(state_dir, repo)["deploys"]
+    # The tag the nodes ran before their current one, from the head's deploy record.
+    befores = set()
+    for node in nodes:
+        tags = [d["tag"] for d in deploys.get(node.name, [])]
+        if len(tags) >= 2:
+            befores.add(tags[-2])
+    if len(befores) != 1:
+        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG "
+                              f"(see `python build.py history {plan.variant}`)", field="--previous")
+    return befores.pop()
+
+
+def find_head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage | None:
+    try:
+        return head_image(plan, state_dir)
+    except DistributeError:
+        return None
+
+
+def registry_ref(registry: str, ref: str) -> str:
+    return f"{registry}/{ref}"
+
+# ----------------------------------------------------------------------------------- nodes
+
+
+def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
+    """The image each reference names on a node (None where there is none), in one call to the node."""
+    proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
+    # docker prints what it found and names on stderr, one line each, what it did not find.
+    missing = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
+    if proc.returncode != 0 and not all("No such image" in ln or "not found" in ln.lower() for ln in missing):
+        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {last_line(proc.stderr, 'no message')}")
+    try:
+        found = [(NodeImage.from_inspect(d), d) for d in json.loads(proc.stdout or b"[]")]
+    except ValueError:
+        raise NodeFailure(f"inspect of {' '.join(refs)} gave no JSON: {last_line(proc.stdout, 'no output')}") from None
+    if len(found) == len(refs):
+        return dict(zip(refs, (image for image, _ in found)))
+    # Some were missing: tell the others apart by the tags they carry.
+    return {ref: next((image for image, data in found if ref in (data.get("RepoTags") or [])), None) for ref in refs}
+
+
+def set_tags(node: Node, node_id: str, image: HeadImage) -> None:
+    """Point the immutable tag, then (last) the moving tag, at the node's copy of the image."""
+    proc = run_dockers(node, [("tag", node_id, image.tag), ("tag", node_id, image.moving_tag)],
+                       timeout=CONTROL_TIMEOUT)
+    if proc.returncode != 0:
+        raise NodeFailure(f"tagging {image.tag}, then {image.moving_tag}, failed: "
+                          f"{last_line(proc.stderr, 'no message')}")
+
+
+def verify_and_tag(node: Node, image: HeadImage, ref: str) -> NodeImage:
+    """Check that ref on the node is the head's image, then move the tags to it."""
+    got = inspect(node, ref)[ref]
+    if got is None or not same_image(image.identity, got):
+        shown = got.id[:19] if got else "missing"
+        raise NodeFailure(f"{ref} on the node is {shown}, not the head's image {image.image_id[:19]} "
+                          "(layers or digests differ); moving tag left where it was")
+    set_tags(node, got.id, image)
+    return got
+
+
+def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
+    """(the image the moving tag points to, the head's image when either tag names it), in one call."""
+    found = inspect(node, image.moving_tag, image.tag)
+    have = next((i for i in found.values() if i is not None and same_image(image.identity, i)), None)
+    return found[image.moving_tag], have
+
+
+def failed(node: Node, t0: float, exc: BaseException, previous: str | None, moved: int,
+           progress: ProgressFn) -> NodeResult:
+    reason = str(exc) if isinstance(exc, DistributeError) else one_line(f"{type(exc).__name__}: {exc}")
+    progress(Progress(node.name, FAILED, moved, None, reason))
+    return NodeResult(node, FAILED, previous, moved, time.monotonic() - t0, reason, previous)
+
+
+def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Registry,
+                    progress: ProgressFn = lambda p: None, state_dir: Path | None = None,
+                    stall_timeout: float = PULL_STALL_TIMEOUT) -> Deployment:
+    """Every node pulls the immutable tag from the registry in parallel; see the module docstring.
+
+    A node whose docker pull prints nothing for stall_timeout seconds is stopped and fails alone.
+    """
+    t0 = time.monotonic()
+    reg = registry if isinstance(registry, Registry) else Registry(registry, "")
+    source = registry_ref(reg.address, image.tag)
+    sizes = layer_sizes(reg, image.tag)
+
+    def one(node: Node) -> NodeResult:
+        start, previous, moved = time.monotonic(), None, 0
+        try:
+            progress(Progress(node.name, "check"))
+            before, have = check_node(node, image)
+            previous = before.id if before else None
+            if have is not None:
+                set_tags(node, have.id, image)
+                progress(Progress(node.name, "done", 0, 0, "already current"))
+                return NodeResult(node, CURRENT, have.id, 0, time.monotonic() - start, None, previous)
+
+            def seen(done: int, detail: str) -> None:
+                nonlocal moved
+                moved = done
+                progress(Progress(node.name, "pull", done, sum(sizes.values()) or None, detail))
+
+            moved = pull(node, source, sizes, seen, stall_timeout)
+            progress(Progress(node.name, "verify", moved, moved))
+            got = verify_and_tag(node, image, source)
+            progress(Progress(node.name, "done", moved, moved, "updated"))
+            return NodeResult(node, UPDATED, got.id, moved, time.monotonic() - start, None, previous)
+        except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
+            return failed(node, start, exc, previous, moved, progress)
+
+    results = run_nodes(nodes, one)
+    record_deploy(state_dir, image, results)
+    return Deployment(image, "registry", source, results, time.monotonic() - t0)
+
+
+
+def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = None) -> ClusterStatus:
+    """Which image each node's tags point to, compared with the head's (when it has it)."""
+    image = find_head_image(plan, state_dir)
+
+    def one(node: Node) -> NodeStatus:
+        try:
+            found = inspect(node, plan.moving_tag, plan.tag)
+            moving, tagged = found[plan.moving_tag], found[plan.tag]
+        except DistributeError as exc:
+            return NodeStatus(node, None, None, str(exc))
+        ident = image.identity if image else None
+        return NodeStatus(node, moving.id if moving else None, tagged.id if tagged else None, None,
+                          bool(ident and moving and same_image(ident, moving)),
+                          bool(ident and tagged and same_image(ident, tagged)))
+
+    return ClusterStatus(image, plan.tag, plan.moving_tag, run_nodes(nodes, one))
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{n} B"

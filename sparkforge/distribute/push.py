@@ -1,0 +1,374 @@
+"""Push stage of distribution: the head puts both tags of an image in a registry.
+
+Two ways: the engine's own push (gzip on one core, any Docker; :func:`push_image`), or by blobs
+(:func:`push_blobs`): one `docker save`, each layer compressed with zstd on every core (or not at
+all) and streamed to the registry, then the manifest under the immutable tag and, last, the
+moving tag. Either way the manifest digest the registry stored is recorded on the head, as one
+more name of the image (:func:`.distribute.record_manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..build import dockercli
+from ..build.dockercli import last_line
+from ..errors import DistributeError
+from ..imageref import ImageRef
+from .cluster import CONTROL_TIMEOUT, Registry, one_line, registry_context
+from .deploy import (
+    CHUNK,
+    TRANSFER_TIMEOUT,
+    HeadImage,
+    Progress,
+    ProgressFn,
+    human_bytes,
+    read_state,
+    record_manifest,
+    registry_ref,
+    update_state,
+)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    refs: tuple[str, ...]
+    digest: str | None  # the manifest digest the registry stored
+    layers_pushed: int
+    layers_present: int
+    bytes_pushed: int  # as the engine reports its upload progress
+    seconds: float
+
+
+def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = None,
+               state_dir: Path | None = None) -> PushResult:
+    """Push the immutable tag, then the moving tag, to registry (HOST:PORT); record the manifest digest."""
+    import docker
+
+    t0 = time.monotonic()
+    refs, digest = [], None
+    pushed: dict[str, int] = {}
+    present: set[str] = set()
+    try:
+        client = docker.from_env(timeout=TRANSFER_TIMEOUT)
+        for ref in (image.tag, image.moving_tag):
+            full = registry_ref(registry, ref)
+            ref = ImageRef.parse(full)
+            repo, tag = ref.repository, ref.tag
+            client.api.tag(image.image_id, repo, tag, force=True)
+            for ev in client.api.push(repo, tag=tag, stream=True, decode=True):
+                if "error" in ev:
+                    raise DistributeError(f"push of {full} failed: {one_line(ev['error'])}", field="--registry")
+                status, lid = ev.get("status", ""), ev.get("id")
+                if status == "Pushing" and lid:
+                    detail = ev.get("progressDetail") or {}
+                    pushed[lid] = max(pushed.get(lid, 0), int(detail.get("current") or 0))
+                elif status in ("Layer already exists", "Mounted from") and lid:
+                    present.add(lid)
+                aux = ev.get("aux") or {}
+                if aux.get("Digest"):
+                    digest = aux["Digest"]
+                elif m := _PUSHED_DIGEST.search(status):  # the containerd image store sends no aux, only this line
+                    digest = m.group(1)
+                if progress and status:
+                    progress(Progress(registry, "push", sum(pushed.values()), None, f"{ref}: {status}"))
+            refs.append(full)
+    except docker.errors.DockerException as exc:
+        raise DistributeError(f"push to {registry} failed: {_sdk_reason(exc)}", field="--registry") from None
+    present -= set(pushed)  # the moving tag's push finds every layer the first push sent
+    if digest:
+        record_manifest(state_dir, image.tag, digest)
+    return PushResult(tuple(refs), digest, len(pushed), len(present), sum(pushed.values()),
+                      time.monotonic() - t0)
+
+
+_PUSHED_DIGEST = re.compile(r": digest: (sha256:[0-9a-f]{64}) size: [0-9]+\Z")
+
+
+def _sdk_reason(exc: BaseException) -> str:
+    explanation = getattr(exc, "explanation", None)
+    text = one_line(explanation or str(exc)) or type(exc).__name__
+    for marker in ("Connection refused", "timed out", "certificate", "Connection reset"):
+        if marker in text:
+            return f"{marker.lower()}: {text[:200]}"
+    return text[:300]
+
+
+def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", progress: ProgressFn | None = None,
+            state_dir: Path | None = None) -> PushResult:
+    """Push both tags: gzip through the engine (any Docker), zstd or none by blobs (:func:`push_blobs`)."""
+    if compression == "gzip":
+        return push_image(image, registry.address, progress, state_dir)
+    return push_blobs(image, registry, compression, progress, state_dir)
+
+# ------------------------------------------------------------------- push by blobs (zstd or none)
+
+LAYER_TYPES = {"zstd": "application/vnd.oci.image.layer.v1.tar+zstd", "none": "application/vnd.oci.image.layer.v1.tar"}
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
+               progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
+    """Push without the engine: `docker save`, layers compressed with zstd on every core (or not at all).
+
+    The engine's own push gzips on one core, which bounds a cold deploy. Here each uncompressed
+    layer of the saved image is compressed by `zstd -T0` and streamed to the registry; a layer the
+    registry already holds (by the digest recorded for it at an earlier push) is not sent again.
+    A layer the engine keeps compressed (the containerd image store keeps what BuildKit built as
+    gzip) is sent as it is, under its own digest. The saved manifest.json says which blob is the
+    config and the order of the layers, on both stores.
+    """
+    import hashlib
+    import tarfile
+
+    if compression not in LAYER_TYPES:
+        raise DistributeError(f"unknown compression {compression!r}; choose gzip, zstd or none", field="--compression")
+    if compression == "zstd" and shutil.which("zstd") is None:
+        raise DistributeError("the zstd command is not installed here (package zstd); install it, or push with "
+                              "--compression gzip or none", field="--compression")
+    t0 = time.monotonic()
+    repo = image.repository
+    diff_ids = set(image.identity.layers)
+    known = read_state(state_dir, repo).setdefault("blobs", {})
+    layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
+    uploaded: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size), for the state
+    small: dict[str, bytes] = {}  # blobs that are not layers: config, manifests
+    saved_manifest: bytes | None = None
+    sent = present = 0
+    save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE))
+    watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
+            for member in tar:
+                if member.isfile() and member.name == "manifest.json":
+                    saved_manifest = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    continue
+                hexname = member.name.rpartition("/")[2]
+                if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
+                    continue
+                data = tar.extractfile(member)
+                stored = stored_compression(data.peek(4)[:4])  # type: ignore[union-attr]
+                digest = f"sha256:{hexname}"
+                if stored is not None:  # a compressed layer: sent as it is
+                    if _blob_exists(registry, repo, digest):
+                        present += 1
+                    else:
+                        _upload_layer(registry, repo, data, "none", digest, None)
+                        sent += member.size
+                    layers[hexname] = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
+                elif digest in diff_ids:  # an uncompressed layer: its name is its diff id
+                    again = (known.get(digest) or {}).get(compression)
+                    if again and _blob_exists(registry, repo, again[0]):
+                        blob, size = again[0], again[1]
+                        present += 1
+                    else:
+                        blob, size = _upload_layer(registry, repo, data, compression, digest, hashlib.sha256())
+                        sent += size
+                    uploaded[digest] = (blob, size)
+                    layers[hexname] = Layer(blob, size, LAYER_TYPES[compression])
+                elif member.size <= SMALL_BLOB:
+                    small[hexname] = data.read()  # type: ignore[union-attr]
+                    continue
+                else:
+                    continue
+                if progress:
+                    blob = layers[hexname]
+                    progress(Progress(registry.address, "push", sent, None,
+                                      f"layer {blob.digest[:19]} ({human_bytes(blob.size)})"))
+        code = save.wait(timeout=CONTROL_TIMEOUT)
+    except (OSError, tarfile.TarError, urllib.error.URLError, subprocess.TimeoutExpired) as exc:
+        save.kill()
+        save.wait()
+        raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}", field="--registry") from None
+    finally:
+        watchdog.cancel()
+    if code != 0 or saved_manifest is None:
+        raise DistributeError(f"docker save {image.tag} failed: {last_line(save.stderr.read() if save.stderr else b'', 'no message')}",
+                              field="docker")
+    config, order = saved_image(image, saved_manifest, small, layers)
+    try:
+        refs, digest = _put_manifest(image, registry, repo, config, order)
+    except (OSError, urllib.error.URLError) as exc:
+        raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}",
+                              field="--registry") from None
+
+    def remember(data: dict) -> None:
+        blobs = data.setdefault("blobs", {})
+        for d, (blob, size) in uploaded.items():
+            blobs.setdefault(d, {})[compression] = [blob, size]
+
+    update_state(state_dir, repo, remember)
+    record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
+    distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
+    return PushResult(tuple(refs), digest, distinct - present, present, sent, time.monotonic() - t0)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer as the registry holds it."""
+
+    digest: str
+    size: int
+    media_type: str
+    as_stored: bool = False  # sent as the engine keeps it (compressed), so not named by its diff ID
+
+
+SMALL_BLOB = 16 << 20  # a saved image's config and manifests: JSON of a few kB, a config with a long history more
+STORED_TYPES = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": LAYER_TYPES["zstd"]}
+_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
+
+
+def stored_compression(head: bytes) -> str | None:
+    """gzip or zstd when a blob starts with that format's magic number; None for a plain tar or JSON."""
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return "zstd"
+    return None
+
+
+def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes],
+                 layers: dict[str, Layer]) -> tuple[bytes, list[Layer]]:
+    """The config and the ordered layers of the saved image, as its manifest.json names them; checked against
+    the diff IDs the head's engine reports, so a push never publishes another image under this tag."""
+    def fail(why: str) -> DistributeError:
+        return DistributeError(f"docker save {image.tag}: {why}", field="docker")
+
+    try:
+        entries = json.loads(saved_manifest)
+        entry = next((e for e in entries if image.tag in (e.get("RepoTags") or [])), entries[0])
+        config_name, layer_names = entry["Config"], entry["Layers"]
+        if not isinstance(config_name, str) or not isinstance(layer_names, list):
+            raise TypeError
+    except (ValueError, LookupError, TypeError, AttributeError):
+        raise fail("its manifest.json is not the one of a saved image") from None
+    config = small.get(config_name.rpartition("/")[2])
+    if config is None:
+        raise fail(f"the config {config_name} is not in the saved image")
+    try:
+        diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+        if not isinstance(diff_ids, list):
+            raise TypeError
+    except (ValueError, LookupError, TypeError):
+        raise fail(f"the config {config_name} names no layers") from None
+    if diff_ids != list(image.identity.layers) or len(layer_names) != len(diff_ids):
+        raise fail("its layers differ from the ones the engine reports for the image (was the tag moved meanwhile?)")
+    order = []
+    for name, diff_id in zip(layer_names, diff_ids):
+        hexname = str(name).rpartition("/")[2]
+        layer = layers.get(hexname)
+        if layer is None:
+            raise fail(f"the layer {name} is not in the saved image")
+        if not layer.as_stored and f"sha256:{hexname}" != diff_id:  # an uncompressed layer is its diff ID
+            raise fail(f"the layer {name} stands where the engine reports {diff_id}")
+        order.append(layer)
+    return config, order
+
+
+def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes,
+                  layers: list[Layer]) -> tuple[list[str], str | None]:
+    """Upload the config, then the manifest under the immutable tag and (last) the moving tag."""
+    config_digest = _put_blob(registry, repo, config)
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": layer.media_type, "digest": layer.digest, "size": layer.size} for layer in layers],
+    }, separators=(",", ":")).encode()
+    refs, digest = [], None
+    for ref in (image.tag, image.moving_tag):
+        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ImageRef.parse(ref).tag}", manifest,
+                          {"Content-Type": OCI_MANIFEST}).headers.get("Docker-Content-Digest")
+        refs.append(registry_ref(registry.address, ref))
+    return refs, digest
+
+
+def _request(registry: Registry, method: str, url: str, body=None, headers: dict | None = None):
+    full = url if url.startswith("http") else f"{registry.url}{url}"
+    req = urllib.request.Request(full, data=body, method=method, headers=headers or {})
+    return urllib.request.urlopen(req, timeout=TRANSFER_TIMEOUT, context=registry_context(registry))
+
+
+def _blob_exists(registry: Registry, repo: str, digest: str) -> bool:
+    try:
+        return _request(registry, "HEAD", f"/v2/{repo}/blobs/{digest}").status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+def _start_upload(registry: Registry, repo: str) -> str:
+    location = _request(registry, "POST", f"/v2/{repo}/blobs/uploads/", b"").headers["Location"]
+    return location if location.startswith("http") else f"{registry.url}{location}"
+
+
+def _finish(location: str, digest: str) -> str:
+    return f"{location}{'&' if '?' in location else '?'}digest={digest}"
+
+
+def _put_blob(registry: Registry, repo: str, data: bytes) -> str:
+    import hashlib
+
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if not _blob_exists(registry, repo, digest):
+        _request(registry, "PUT", _finish(_start_upload(registry, repo), digest), data,
+                 {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
+    return digest
+
+
+def _upload_layer(registry: Registry, repo: str, data, compression: str, diff_id: str, hasher) -> tuple[str, int]:
+    """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (digest, size)."""
+    size = 0
+    if compression == "none":
+        def chunks():
+            nonlocal size
+            while block := data.read(CHUNK):
+                size += len(block)
+                yield block
+        zstd = None
+        source = chunks()
+    else:
+        # zstd on every core; a thread feeds it the layer while this one uploads what comes out.
+        zstd = dockercli.track(subprocess.Popen(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE))
+
+        def feed() -> None:
+            try:
+                while block := data.read(CHUNK):
+                    zstd.stdin.write(block)  # type: ignore[union-attr]
+            finally:
+                zstd.stdin.close()  # type: ignore[union-attr]
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+
+        def compressed():
+            nonlocal size
+            while block := zstd.stdout.read1(CHUNK):  # type: ignore[union-attr]
+                hasher.update(block)
+                size += len(block)
+                yield block
+        source = compressed()
+    location = _start_upload(registry, repo)
+    resp = _request(registry, "PATCH", location, source, {"Content-Type": "application/octet-stream"})
+    if zstd is not None:
+        feeder.join()
+        if zstd.wait(timeout=CONTROL_TIMEOUT) != 0:
+            raise DistributeError(f"zstd failed on layer {diff_id[:19]}", field="--compression")
+    digest = diff_id if compression == "none" else "sha256:" + hasher.hexdigest()
+    after = resp.headers["Location"]
+    after = after if after.startswith("http") else f"{registry.url}{after}"
+    _request(registry, "PUT", _finish(after, digest), b"", {"Content-Length": "0"})
+    return digest, size
+

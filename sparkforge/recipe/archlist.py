@@ -1,0 +1,138 @@
+"""What a TORCH_CUDA_ARCH_LIST gives a GB10 once vLLM's CMake has filtered it.
+
+vLLM does not compile for the arch list as written. Its CMakeLists.txt first intersects the list
+with the archs the CUDA toolkit supports (`CUDA_SUPPORTED_ARCHS`), then intersects the result
+with each kernel's own list; a kernel whose intersection is empty is left out of the build
+without an error, and the image fails at run time with "no kernel image is available". This
+module re-states, in Python, `cuda_archs_loose_intersection` of vLLM 0.30.0's
+`cmake/utils.cmake`, and the two lists that decide what an SM12x GPU gets there
+(`CMakeLists.txt` of 0.30.0, CUDA 13.0 or newer, as in the NGC 26.xx bases):
+
+- `CUDA_SUPPORTED_ARCHS` "7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0" (13.4 adds 10.7): the archs of
+  the kernels built for every arch (the generic kernels);
+- "12.0f": the list of every SM12x-only kernel (CUTLASS scaled_mm, FP4, MoE data, Marlin's
+  SM12x part, DSV3 fused A GEMM, qutlass SM120), each written `12.0f` under CUDA 13.
+
+With CUDA 13, `12.1a` gives generic kernels for sm_120 and SM12x kernels for sm_120f (both run on
+a 12.1); `12.0a;12.1a` gives sm_120a for both, which a 12.1 cannot run.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..inimage.kernels import Target, runs_on
+
+# vLLM 0.30.0, CMakeLists.txt, CUDA_SUPPORTED_ARCHS for CUDA >= 13.0 (and < 13.4).
+SUPPORTED_CUDA13 = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "11.0", "12.0")
+# vLLM 0.30.0, the per-kernel list of its SM12x kernels under CUDA >= 13.0.
+SM12X_KERNELS = ("12.0f",)
+
+_SUFFIX = re.compile(r"[af]\Z")
+
+
+def _version(arch: str) -> tuple[int, int]:
+    """As CMake's VERSION_* comparisons read '12.1a': the numbers, the suffix ignored."""
+    major, minor = _SUFFIX.sub("", arch).split(".")
+    return int(major), int(minor)
+
+
+def _major(arch: str) -> str:
+    return arch.split(".")[0]
+
+
+def loose_intersection(src: list[str], tgt: list[str]) -> list[str]:
+    """vLLM 0.30.0's cuda_archs_loose_intersection(OUT, SRC, TGT), step by step."""
+    ptx = list(dict.fromkeys(a.removesuffix("+PTX") for a in src if a.endswith("+PTX")))
+    src = list(dict.fromkeys(a.removesuffix("+PTX") for a in src))
+    tgt = list(tgt)
+    out: list[str] = []
+    # An a/f source whose base arch is a target, exactly.
+    for arch in list(src):
+        if _SUFFIX.search(arch) and _SUFFIX.sub("", arch) in tgt:
+            src.remove(arch)
+            tgt.remove(_SUFFIX.sub("", arch))
+            out.append(arch)
+    # Then an a/f source against a suffixed target; a family source against any target of its major.
+    for arch in list(src):
+        if not _SUFFIX.search(arch):
+            continue
+        src.remove(arch)
+        base = _SUFFIX.sub("", arch)
+        if base + "a" in tgt:
+            tgt.remove(base + "a")
+            out.append(base + "a")
+        elif base + "f" in tgt:
+            tgt.remove(base + "f")
+            out.append(base + "f")
+        elif arch.endswith("f"):
+            for target in list(tgt):
+                if _major(_SUFFIX.sub("", target)) == _major(base):
+                    tgt.remove(target)
+                    out.append(target)
+                    break
+    # A suffixed target whose base arch is a source keeps its suffix.
+    for target in list(tgt):
+        if _SUFFIX.search(target) and _SUFFIX.sub("", target) in src:
+            tgt.remove(target)
+            src.remove(_SUFFIX.sub("", target))
+            out.append(target)
+    # Every other target takes the highest source at or below it, of its major unless that source is PTX.
+    src.sort(key=_version)
+    for target in tgt:
+        best = None
+        for arch in src:
+            if _version(arch) > _version(target):
+                break
+            if arch in ptx or _major(arch) == _major(target):
+                best = arch
+        if best:
+            out.append(best)
+    out = list(dict.fromkeys(out))
+    return [a + "+PTX" if a in ptx else a for a in out]
+
+
+def cuda_archs(arch_list: str) -> list[str]:
+    """The archs vLLM 0.30.0's generic kernels are built for under CUDA 13, from TORCH_CUDA_ARCH_LIST."""
+    wanted = sorted(dict.fromkeys(a.removesuffix("+PTX") for a in arch_list.split(";")), key=_version)
+    return loose_intersection(list(SUPPORTED_CUDA13), wanted)
+
+
+def _runs(archs: list[str], gpu: str) -> bool:
+    for arch in archs:
+        plain = arch.removesuffix("+PTX")
+        number = plain.replace(".", "")
+        if runs_on(Target.parse(f"sm_{number}"), gpu) or (plain != arch and runs_on(Target.parse(f"compute_{number}"), gpu)):
+            return True
+    return False
+
+
+def sm12x_warnings(arch_list: str, gpus: tuple[str, ...]) -> list[str]:
+    """Why this arch list cannot give a listed SM12x GPU vLLM 0.30.0's kernels under CUDA 13 (empty when it can)."""
+    generic = cuda_archs(arch_list)
+    sm12x = loose_intersection(list(SM12X_KERNELS), generic)
+    out = []
+    for gpu in gpus:
+        if not gpu.startswith("12."):
+            continue
+        missing = [what for what, archs in (("generic kernels", generic), ("SM12x kernels", sm12x))
+                   if not _runs(archs, gpu)]
+        if missing:
+            built = f"generic kernels for {';'.join(generic) or 'nothing'}, SM12x kernels for {';'.join(sm12x) or 'nothing'}"
+            out.append(f"TORCH_CUDA_ARCH_LIST={arch_list} gives GPU {gpu} no {' and no '.join(missing)} "
+                       f"under vLLM 0.30.0's CMake with CUDA 13 ({built})")
+    return out
+
+
+def plan_warnings(plan) -> list[str]:
+    """`show`'s warnings for a plan: the rule above, for vLLM 0.30.0 and later. vLLM 0.17.0's
+    cuda_archs_loose_intersection lacks the step that keeps a suffixed target's suffix (12.0a with
+    a supported 12.0), so there both lists give plain sm_120; releases in between were not read."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if Version(plan.vllm.version) < Version("0.30.0"):
+            return []
+    except InvalidVersion:
+        return []
+    return sm12x_warnings(plan.build.torch_cuda_arch_list, plan.gpus)

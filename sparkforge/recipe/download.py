@@ -1,0 +1,166 @@
+"""Files a recipe or a mod names by URL and sha256: fetched once, checked, kept in the cache by hash.
+
+A remote patch and a prebuilt wheel are pinned the same way: the URL says where to get the file,
+the sha256 says which file it must be. The file is downloaded on the host (with the CA bundle the
+user gives, as for the build), checked against the hash, and stored under
+<cache>/downloads/<sha256>/<name>; the build and check-mods only ever read that copy, so no
+build step needs the network for it. A file already in the cache is never fetched again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import net
+from ..files import name_path, open_regular
+from ..net import tls_context  # noqa: F401 - the CA bundle's context, for callers of this module
+from .sources import cache_dir
+
+_HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
+_NAME = re.compile(r"\A[A-Za-z0-9._+-]+\Z")
+DEADLINE = 3600.0  # seconds a whole download may take (a vLLM wheel is some 400 MB); see net.stream
+CHUNK = 1 << 20
+
+
+class DownloadFailed(Exception):
+    """The file could not be had (network, TLS, HTTP status); the message says why in one line."""
+
+
+class HashMismatch(Exception):
+    """The file arrived, but its sha256 is not the one pinned."""
+
+    def __init__(self, url: str, wanted: str, got: str) -> None:
+        self.url, self.wanted, self.got = url, wanted, got
+        super().__init__(f"{url} has sha256 {got}, not the pinned {wanted}")
+
+
+def downloads_dir() -> Path:
+    return cache_dir() / "downloads"
+
+
+def cached(sha256: str, name: str) -> Path:
+    """Where the file with this hash is kept (it may not be there yet): always a file of <cache>/downloads/<sha256>/."""
+    if not (_HEX64.fullmatch(sha256) and _NAME.fullmatch(name)) or name in (".", ".."):
+        raise ValueError(f"not a sha256 and a plain file name: {sha256!r}, {name!r}")
+    return downloads_dir() / sha256 / name
+
+
+def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
+          progress: Callable[[int, int | None], None] = lambda done, total: None) -> Path:
+    """The file at url, from the cache or downloaded into it, whose sha256 is `sha256` (64 hex).
+
+    Raises DownloadFailed when it cannot be fetched and HashMismatch when what came is another file;
+    in both cases nothing is left in the cache.
+    """
+    return _keep(sha256, name, url, lambda out: _stream(url, out, ca_cert, progress))
+
+
+def _keep(sha256: str, name: str, origin: str, fill: Callable[[Any], str]) -> Path:
+    """The cached file of this hash, or one written by fill (which returns the sha256 of what it wrote)
+    and kept only when that is `sha256`; nothing is left behind when fill fails or the hash differs."""
+    target = cached(sha256, name)
+    if target.is_file():
+        if sha256_of(target) == sha256:  # checked on every use: the cache is a folder anyone may write
+            return target
+        target.unlink(missing_ok=True)
+    part = None
+    try:
+        fd, part = _part_file(target.parent, name)  # one of this process's own: others may fetch the same file
+        with os.fdopen(fd, "wb") as out:
+            got = fill(out)
+        if got != sha256:
+            raise HashMismatch(origin, sha256, got)
+        os.replace(part, target)  # a race's loser puts the same bytes in place
+    except BaseException as exc:
+        if part:
+            Path(part).unlink(missing_ok=True)
+        _drop_if_empty(target.parent)
+        name_path(exc, target)
+        raise
+    return target
+
+
+def _part_file(folder: Path, name: str) -> tuple[int, str]:
+    """A new temporary file in folder (made if need be), even while another process drops the empty folder."""
+    for _ in range(5):
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+        except FileNotFoundError:  # removed between the two calls by a process that found it empty
+            continue
+    return tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+
+
+def _drop_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (another process's file), gone already, or not ours to remove
+        pass
+
+
+def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path, str]:
+    """Download a file whose hash is not known yet (to pin it): (its place in the cache, its sha256).
+
+    Raises DownloadFailed; nothing is left behind when it does.
+    """
+    root = downloads_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=root)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            got = _stream(url, out, ca_cert, lambda done, total: None)
+        target = cached(got, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, target)
+    except BaseException as exc:
+        Path(part).unlink(missing_ok=True)
+        name_path(exc, root)
+        raise
+    return target, got
+
+
+def forget(sha256: str, name: str) -> None:
+    """Drop a cached file (one that came as pinned but cannot be used), and its folder when empty."""
+    target = cached(sha256, name)
+    target.unlink(missing_ok=True)
+    _drop_if_empty(target.parent)
+
+
+def _stream(url: str, out, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
+    """Copy url into out (https only, also through redirects; within DEADLINE); return the sha256 of what came."""
+    digest = hashlib.sha256()
+    try:
+        for chunk in net.stream(url, deadline=DEADLINE, ca_cert=ca_cert, progress=progress):
+            digest.update(chunk)
+            out.write(chunk)
+    except net.FetchFailed as exc:
+        raise DownloadFailed(str(exc)) from None
+    return digest.hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open_regular(path) as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def take_local(path: Path, sha256: str, name: str) -> Path:
+    """A local file pinned by hash, copied into the cache beside downloaded ones (a later edit of the
+    original cannot change what the build uses). Raises HashMismatch, or OSError when unreadable."""
+
+    def copy(out) -> str:  # the hash of the copy: what the build will read
+        digest = hashlib.sha256()
+        with open_regular(path, field="vllm.path") as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+        return digest.hexdigest()
+
+    return _keep(sha256, name, str(path), copy)

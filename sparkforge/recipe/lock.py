@@ -1,0 +1,469 @@
+"""Lock files: the model of images/<variant>.lock.json, read, written, compared and applied.
+
+A lock holds the base image digest (asked from its registry), the vLLM and component pins,
+every Python package a real build of the variant installed, each mod's content hash, and the
+SOURCE_DATE_EPOCH of builds. A field that cannot be resolved from where `lock` runs is written
+as {"unresolved": "<why>"}, never invented. A locked build (`build --locked`) first checks that
+the recipe still says what the lock was made from, then builds with the lock's pins.
+
+The lock is JSON, not YAML: it is written by this tool, and a `.yaml` file in images/ would be
+taken for a variant.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pydantic import Field, StringConstraints, ValidationError
+
+from ..errors import ConfigError, SparkforgeError
+from .config import (
+    AbsPath,
+    Commit,
+    Digest,
+    GitRef,
+    GitUrl,
+    ImageTag,
+    Name,
+    OsPackage,
+    Package,
+    PipVersion,
+    Repository,
+    Sha256,
+    Strict,
+    Text,
+    read_text,
+)
+from .plan import BaseImage, Pin, Plan, rehash
+
+LOCK_SUFFIX = ".lock.json"
+LOCK_FORMAT = 1
+MIN_EPOCH = 315532800  # 1980-01-01: zip (and so wheels) cannot store earlier times
+
+
+def lock_path(images_dir: Path, variant: str) -> Path:
+    return images_dir / f"{variant}{LOCK_SUFFIX}"
+
+
+# ------------------------------------------------------------------ lock data
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A value the lock pins, or the reason it could not be resolved."""
+
+    value: str | None
+    unresolved: str | None = None
+
+    def show(self) -> str:
+        return self.value if self.value is not None else f"unresolved ({self.unresolved})"
+
+    def to_json(self) -> Any:
+        return self.value if self.value is not None else {"unresolved": self.unresolved}
+
+
+@dataclass(frozen=True)
+class LockedBase:
+    repository: str
+    tag: str
+    digest: Pinned
+
+
+@dataclass(frozen=True)
+class LockedVllm:
+    source: str
+    version: str
+    ref: str | None
+    commit: Pinned | None  # None for a pypi or wheel source
+    install_deps: bool
+    sha256: str | None = None  # a wheel source: the wheel's hash
+
+
+@dataclass(frozen=True)
+class LockedComponent:
+    name: str
+    kind: str  # pip or git
+    package: str | None
+    version: Pinned | None  # pip
+    repo: str | None
+    ref: str | None
+    commit: Pinned | None  # git
+    dest: str | None
+
+
+@dataclass(frozen=True)
+class BuiltFrom:
+    """The build whose installed packages the lock records."""
+
+    image_id: str
+    plan_hash: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    variant: str
+    source_date_epoch: int
+    base: LockedBase
+    vllm: LockedVllm
+    components: tuple[LockedComponent, ...]
+    mods: tuple[tuple[str, str], ...]  # (name, content digest), in the recipe's order
+    protect: tuple[str, ...]
+    os_packages: tuple[str, ...]
+    packages: tuple[tuple[str, str], ...]  # every installed Python package: (normalized name, version)
+    packages_unresolved: str | None = None
+    built_from: BuiltFrom | None = None
+
+    def unresolved(self) -> list[tuple[str, str]]:
+        """Every field the lock could not resolve, with the reason."""
+        out = []
+        pins: list[tuple[str, Pinned | None]] = [("base.digest", self.base.digest), ("vllm.commit", self.vllm.commit)]
+        for c in self.components:
+            pins.append((f"components.{c.name}.{'version' if c.kind == 'pip' else 'commit'}",
+                         c.version if c.kind == "pip" else c.commit))
+        out += [(f, p.unresolved or "") for f, p in pins if p is not None and p.value is None]
+        if self.packages_unresolved:
+            out.append(("packages", self.packages_unresolved))
+        return out
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "sparkforge_lock": LOCK_FORMAT,
+            "variant": self.variant,
+            "source_date_epoch": self.source_date_epoch,
+            "base": {"repository": self.base.repository, "tag": self.base.tag, "digest": self.base.digest.to_json()},
+            "vllm": _drop_none({"source": self.vllm.source, "version": self.vllm.version, "ref": self.vllm.ref,
+                                "commit": self.vllm.commit.to_json() if self.vllm.commit else None,
+                                "sha256": self.vllm.sha256, "install_deps": self.vllm.install_deps}),
+            "components": {c.name: _drop_none({
+                "kind": c.kind, "package": c.package, "version": c.version.to_json() if c.version else None,
+                "repo": c.repo, "ref": c.ref, "commit": c.commit.to_json() if c.commit else None, "dest": c.dest})
+                for c in self.components},
+            "mods": [{"name": n, "digest": d} for n, d in self.mods],
+            "protect": list(self.protect),
+            "os_packages": list(self.os_packages),
+            "packages": ({"unresolved": self.packages_unresolved} if self.packages_unresolved
+                         else dict(self.packages)),
+        }
+        if self.built_from:
+            data["built_from"] = {"image_id": self.built_from.image_id, "plan_hash": self.built_from.plan_hash}
+        return json.dumps(data, indent=2) + "\n"
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+# ------------------------------------------------------------------ reading: strict schema
+
+
+class _Unresolved(Strict):
+    unresolved: Text
+
+
+class _Base(Strict):
+    repository: Repository
+    tag: ImageTag
+    digest: Union[Digest, _Unresolved]
+
+
+class _Vllm(Strict):
+    source: Literal["git", "pypi", "wheel"]
+    version: PipVersion
+    ref: Optional[GitRef] = None
+    commit: Union[Commit, _Unresolved, None] = None
+    sha256: Optional[Sha256] = None
+    install_deps: bool
+
+
+class _Component(Strict):
+    kind: Literal["pip", "git"]
+    package: Optional[Package] = None
+    version: Union[PipVersion, _Unresolved, None] = None
+    repo: Optional[GitUrl] = None
+    ref: Optional[GitRef] = None
+    commit: Union[Commit, _Unresolved, None] = None
+    dest: Optional[AbsPath] = None
+
+
+class _Mod(Strict):
+    name: Name
+    digest: Digest
+
+
+class _BuiltFrom(Strict):
+    image_id: Digest
+    plan_hash: Text
+
+
+class _LockFile(Strict):
+    sparkforge_lock: Literal[1]
+    variant: Name
+    source_date_epoch: int = Field(ge=MIN_EPOCH)
+    base: _Base
+    vllm: _Vllm
+    components: dict[Name, _Component]
+    mods: list[_Mod]
+    protect: list[Package]
+    os_packages: list[OsPackage]
+    packages: Union[dict[Package, InstalledVersion], _Unresolved]
+    built_from: Optional[_BuiltFrom] = None
+
+
+# Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
+InstalledVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_~:-]*$")]
+
+_BRANCHES = re.compile(r"^(str|_Unresolved|dict\[.*\]|function-.*|none|int|bool|\[key\])$")
+
+
+def _pin(raw: Any) -> Pinned | None:
+    if raw is None:
+        return None
+    if isinstance(raw, _Unresolved):
+        return Pinned(None, raw.unresolved)
+    return Pinned(raw)
+
+
+def read_lock(path: Path) -> Lock:
+    """Read and check a lock file; any fault is one line naming the file and the field."""
+    text = read_text(path, missing="no lock file: run `python build.py lock VARIANT` first")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        line = f"line {exc.lineno}, column {exc.colno}: " if hasattr(exc, "lineno") else ""
+        raise ConfigError(f"malformed lock file: {line}{getattr(exc, 'msg', exc)}", path=path) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("a lock file must be a JSON object", path=path)
+    try:
+        data = _LockFile.model_validate(raw)
+    except ValidationError as exc:
+        err = next((e for e in exc.errors() if not e["type"].endswith("_type")), exc.errors()[0])
+        loc = ".".join(str(p) for p in err["loc"] if not _BRANCHES.match(str(p)))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        raise ConfigError(f"{msg} (write the lock again with `python build.py lock`)", path=path,
+                          field=loc or None) from None
+    packages: tuple[tuple[str, str], ...] = ()
+    unresolved = None
+    if isinstance(data.packages, _Unresolved):
+        unresolved = data.packages.unresolved
+    else:
+        packages = tuple(sorted((canonicalize_name(k), v) for k, v in data.packages.items()))
+    return Lock(
+        variant=data.variant,
+        source_date_epoch=data.source_date_epoch,
+        base=LockedBase(data.base.repository, data.base.tag, _pin(data.base.digest) or Pinned(None, "")),
+        vllm=LockedVllm(data.vllm.source, data.vllm.version, data.vllm.ref, _pin(data.vllm.commit),
+                        data.vllm.install_deps, data.vllm.sha256),
+        components=tuple(LockedComponent(name, c.kind, c.package, _pin(c.version), c.repo, c.ref, _pin(c.commit),
+                                         c.dest) for name, c in sorted(data.components.items())),
+        mods=tuple((m.name, m.digest) for m in data.mods),
+        protect=tuple(data.protect),
+        os_packages=tuple(data.os_packages),
+        packages=packages,
+        packages_unresolved=unresolved,
+        built_from=BuiltFrom(data.built_from.image_id, data.built_from.plan_hash) if data.built_from else None,
+    )
+
+
+def write_lock(path: Path, lock: Lock) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(lock.to_json(), encoding="utf-8")
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------ recipe versus lock
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    field: str
+    recipe: str
+    lock: str
+
+
+def _plan_pin(pin: Pin) -> Pinned:
+    return Pinned(pin.value, pin.unknown)
+
+
+def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
+    """(field, value) in a fixed order; a Pinned value is a pin that the lock may fill in."""
+    out: list[tuple[str, Any]] = []
+    if plan is not None:
+        b, v = plan.base, plan.vllm
+        out += [("variant", plan.variant), ("base.repository", b.repository), ("base.tag", b.tag),
+                ("base.digest", _plan_pin(b.digest)), ("vllm.source", v.source), ("vllm.version", v.version),
+                ("vllm.ref", v.ref), ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
+                ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
+                ("components", [c.name for c in plan.components])]
+        for c in plan.components:
+            out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
+                    (f"components.{c.name}.version", _plan_pin(c.version) if c.kind == "pip" else None),
+                    (f"components.{c.name}.repo", c.repo), (f"components.{c.name}.ref", c.ref),
+                    (f"components.{c.name}.commit", _plan_pin(c.commit) if c.kind == "git" else None),
+                    (f"components.{c.name}.dest", c.dest)]
+        out += [("mods", [m.name for m in plan.mods])]
+        out += [(f"mods.{m.name}.digest", m.digest) for m in plan.mods]
+        out += [("protect", list(plan.protect)), ("os_packages", list(plan.os_packages))]
+    if lock is not None:
+        b, v = lock.base, lock.vllm
+        out += [("variant", lock.variant), ("base.repository", b.repository), ("base.tag", b.tag),
+                ("base.digest", b.digest), ("vllm.source", v.source), ("vllm.version", v.version),
+                ("vllm.ref", v.ref), ("vllm.commit", v.commit), ("vllm.sha256", v.sha256),
+                ("vllm.install_deps", v.install_deps),
+                ("components", [c.name for c in lock.components])]
+        for c in lock.components:
+            out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
+                    (f"components.{c.name}.version", c.version), (f"components.{c.name}.repo", c.repo),
+                    (f"components.{c.name}.ref", c.ref), (f"components.{c.name}.commit", c.commit),
+                    (f"components.{c.name}.dest", c.dest)]
+        out += [("mods", [n for n, _ in lock.mods])]
+        out += [(f"mods.{n}.digest", d) for n, d in lock.mods]
+        out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
+    return out
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, Pinned):
+        return value.value if value.value is not None else f"unknown ({value.unresolved})"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(value) + "]"
+    return str(value)
+
+
+def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
+    """Where the recipe (as planned now) and the lock disagree, in a fixed order.
+
+    A value the recipe pins must be the lock's; a value the recipe leaves unknown is the lock's
+    to fill in (or to mark unresolved).
+    """
+    recipe = dict(_fields(plan, None))
+    locked = dict(_fields(None, lock))
+    out = []
+    for name in dict.fromkeys([f for f, _ in _fields(plan, None)] + [f for f, _ in _fields(None, lock)]):
+        if name.startswith("components.") and name.count(".") == 2:
+            comp = name.split(".")[1]
+            if comp not in recipe["components"] or comp not in locked["components"]:
+                continue  # reported once, by the field "components"
+        if name.startswith("mods.") and name.split(".")[1] not in set(recipe["mods"]) & set(locked["mods"]):
+            continue  # reported by the field "mods"
+        a, b = recipe.get(name), locked.get(name)
+        if isinstance(a, Pinned) and a.value is None:
+            continue  # the recipe leaves it open: the lock fills it in
+        if isinstance(a, Pinned) or isinstance(b, Pinned):
+            same = (a.value if isinstance(a, Pinned) else a) == (b.value if isinstance(b, Pinned) else b)
+        else:
+            same = a == b
+        if not same:
+            out.append(Mismatch(name, _show(a), _show(b)))
+    return out
+
+
+def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
+    """Refuse, naming the first field, when the recipe was changed after it was locked."""
+    diffs = compare(plan, lock)
+    if diffs:
+        first = diffs[0]
+        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+        raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}; the recipe changed after it "
+                          f"was locked: run `python build.py lock {plan.variant}` again", path=path, field=first.field)
+
+
+def apply_lock(plan: Plan, lock: Lock) -> Plan:
+    """The plan with the lock's pins: base digest, commits and versions the recipe leaves open,
+    every installed package as a pip constraint, and the SOURCE_DATE_EPOCH."""
+    base = plan.base
+    if base.digest.value is None and lock.base.digest.value:
+        base = BaseImage(base.repository, base.tag, Pin(lock.base.digest.value))
+    vllm = plan.vllm
+    if vllm.source == "git" and vllm.commit.value is None and lock.vllm.commit and lock.vllm.commit.value:
+        vllm = replace(vllm, commit=Pin(lock.vllm.commit.value))
+    locked = {c.name: c for c in lock.components}
+    components = []
+    for c in plan.components:
+        lc = locked.get(c.name)
+        if lc and c.kind == "pip" and c.version.value is None and lc.version and lc.version.value:
+            c = replace(c, version=Pin(lc.version.value))
+        if lc and c.kind == "git" and c.commit.value is None and lc.commit and lc.commit.value:
+            c = replace(c, commit=Pin(lc.commit.value))
+        components.append(c)
+    return rehash(replace(plan, base=base, vllm=vllm, components=tuple(components),
+                          pins=constraints(lock.packages), source_date_epoch=lock.source_date_epoch))
+
+
+def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The installed packages that can be pip constraints: PEP 440 versions only (a Debian-built
+    distribution can carry a version pip cannot parse; pip would never install it anyway)."""
+    out = []
+    for name, version in packages:
+        try:
+            Version(version)
+        except InvalidVersion:
+            continue
+        out.append((name, version))
+    return tuple(out)
+
+
+def pinned_plan(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int) -> Plan:
+    """The plan to build for a lock: resolved digest and commits, the epoch; no package pins yet."""
+    lock = make_lock(plan, pins, source_date_epoch, packages=None, packages_unresolved="not built yet")
+    return apply_lock(plan, lock)
+
+
+def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
+              packages: dict[str, str] | None, packages_unresolved: str | None,
+              built_from: BuiltFrom | None = None) -> Lock:
+    """A Lock from the plan, the resolved pins and (from a real build) the installed packages."""
+    installed = {canonicalize_name(k): v for k, v in (packages or {}).items()}
+    comps = []
+    for c in plan.components:
+        if c.kind == "pip":
+            if c.version.value:
+                version = Pinned(c.version.value)
+            elif packages is not None:
+                got = installed.get(canonicalize_name(str(c.package).split("[")[0]))
+                version = Pinned(got) if got else Pinned(None, f"the build did not install {c.package}")
+            else:
+                version = Pinned(None, f"{packages_unresolved} (recipe: {c.version.unknown})")
+            comps.append(LockedComponent(c.name, "pip", c.package, version, None, None, None, None))
+        else:
+            comps.append(LockedComponent(c.name, "git", None, None, c.repo, c.ref,
+                                         pins.get(f"components.{c.name}.commit", _plan_pin(c.commit)), c.dest))
+    v = plan.vllm
+    return Lock(
+        variant=plan.variant,
+        source_date_epoch=source_date_epoch,
+        base=LockedBase(plan.base.repository, plan.base.tag, pins.get("base.digest", _plan_pin(plan.base.digest))),
+        vllm=LockedVllm(v.source, v.version, v.ref,
+                        pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps,
+                        v.wheel.sha256 if v.wheel else None),
+        components=tuple(comps),
+        mods=tuple((m.name, m.digest) for m in plan.mods),
+        protect=plan.protect,
+        os_packages=plan.os_packages,
+        packages=tuple(sorted(installed.items())),
+        packages_unresolved=None if packages is not None else packages_unresolved,
+        built_from=built_from,
+    )
+
+
+def existing_epoch(path: Path) -> int | None:
+    """The SOURCE_DATE_EPOCH of an existing lock, kept when locking again; None if there is none."""
+    if not path.exists():
+        return None
+    try:
+        return read_lock(path).source_date_epoch
+    except SparkforgeError:
+        return None

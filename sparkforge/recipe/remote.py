@@ -1,0 +1,237 @@
+"""Mods whose patch is named by URL (or by a GitHub pull request) and pinned by sha256.
+
+Such a mod is a folder like any other, but its mod.yaml says `patch: {url: ..., sha256: ...}` (or
+`{pr: OWNER/REPO#NUMBER, sha256: ...}`) instead of naming a file beside it. `materialize` makes it
+usable by the applier: the patch is downloaded once into the cache (download.fetch), checked
+against its hash, checked to be a unified diff whose paths stay inside the component tree, and
+put with the mod's own files into a cached folder. From there on the build context, check-mods
+and the image's applier read it exactly as a local patch.
+
+The plan never needs the network: the mod's content digest covers mod.yaml, and so the sha256.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import inimage
+from ..errors import ConfigError, DownloadError
+from . import download
+from .config import (
+    NAME_RE,
+    PATCH_URL_RE,
+    PR_RE,
+    REMOTE_PATCH_FILE,
+    RemotePatch,
+    mod_yaml_text,
+    pr_diff_url,
+    specifier_error,
+)
+from .plan import Mod
+from .sources import cache_dir
+
+
+def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[dict, Path]:
+    """The spec (as mod.json holds it) and the folder the applier reads for a mod.
+
+    A mod with a local patch (or any other kind) is returned as it is. For a patch named by URL,
+    the folder is a cached copy of the mod's files plus the fetched patch (as upstream.diff), and
+    the spec names that file, with where it came from under `patch_source`.
+
+    Raises ConfigError when the file that came has another hash or is not a diff that stays
+    inside its tree (nothing is left in the cache then), and DownloadError when it cannot be fetched.
+    """
+    spec = mod.spec.model_dump(mode="json")
+    remote = mod.spec.patch
+    if not isinstance(remote, RemotePatch):
+        return spec, Path(mod.folder)
+    spec = spec | {"patch": REMOTE_PATCH_FILE, "patch_source": source_of(remote)}
+    target = cache_dir() / "mods" / f"{mod.name}-{mod.digest.removeprefix('sha256:')[:12]}"
+    if target.is_dir():
+        return spec, target
+    meta = Path(mod.folder) / "mod.yaml"
+    fetched = fetch_patch(mod.name, remote, meta, ca_cert)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tree = staging / "mod"
+        shutil.copytree(mod.folder, tree, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copyfile(fetched, tree / REMOTE_PATCH_FILE)
+        try:
+            inimage.check_static(spec, tree)
+        except inimage.ModFailure as exc:
+            raise ConfigError(f"{remote.source_url}: {exc}", path=meta, field=_field(remote)) from None
+        try:
+            os.replace(tree, target)
+        except OSError:
+            if not target.is_dir():  # else: made at the same time by another run, from the same bytes
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return spec, target
+
+
+def source_of(remote: RemotePatch) -> dict[str, str]:
+    """Where a fetched patch came from, as mod.json in the image records it."""
+    return {"url": remote.source_url, "sha256": remote.sha256} | ({"pr": remote.pr} if remote.pr else {})
+
+
+def _field(remote: RemotePatch) -> str:
+    return "patch.url" if remote.url else "patch.pr"
+
+
+def fetch_patch(name: str, remote: RemotePatch, meta: Path, ca_cert: Path | None = None) -> Path:
+    """The pinned patch in the download cache, fetched when it is not there yet and checked to be a diff."""
+    url = remote.source_url
+    try:
+        path = download.fetch(url, remote.sha256, REMOTE_PATCH_FILE, ca_cert=ca_cert)
+    except download.HashMismatch as exc:
+        raise ConfigError(f"{url} sent a file with sha256 {exc.got}, not the pinned {remote.sha256}: the patch "
+                          f"changed upstream, or the URL is not the one meant; read what it sends now, and pin "
+                          f"its hash only if it is the patch you want", path=meta, field="patch.sha256") from None
+    except download.DownloadFailed as exc:
+        raise DownloadError(f"cannot fetch the patch of mod {name}: {exc}", path=meta, field=_field(remote)) from None
+    try:
+        check_diff(path.read_bytes())
+    except inimage.ModFailure as exc:
+        download.forget(remote.sha256, REMOTE_PATCH_FILE)
+        raise ConfigError(f"{url}: {exc}", path=meta, field=_field(remote)) from None
+    return path
+
+
+def check_diff(data: bytes) -> list[inimage.FilePatch]:
+    """The file changes of a unified diff; ModFailure when it is none, or names a path outside its tree."""
+    try:
+        return inimage.parse_diff(data)  # which also refuses a header naming a path outside the tree
+    except inimage.ModFailure as exc:
+        if str(exc) == "the patch file holds no file changes":
+            raise inimage.ModFailure("is not a unified diff (no '--- a/FILE' / '+++ b/FILE' header with a "
+                                       "hunk): is this the raw diff, e.g. a pull request's .diff URL?") from None
+        raise
+
+
+# ------------------------------------------------------------------ mod new
+
+
+@dataclass(frozen=True)
+class NewMod:
+    """A mod folder that `mod new` wrote."""
+
+    folder: Path
+    url: str
+    sha256: str
+    files: tuple[str, ...]  # the files the patch changes
+
+
+def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None, pr: str | None = None,
+            component: str = "vllm", phase: str = "install", ca_cert: Path | None = None) -> NewMod:
+    """Write mods/NAME/mod.yaml for the diff at url (or of pull request pr), with its sha256 filled in.
+
+    Every flag is checked before the download; the folder is written only after the download is
+    a diff that stays in its tree, so a failure leaves no folder behind.
+    """
+    if not NAME_RE.fullmatch(name):
+        raise ConfigError(f"{name!r} is not a mod name (lowercase letters, digits and '-')", field="NAME")
+    folder = mods_dir / name
+    if folder.exists():
+        raise ConfigError("already exists: choose another name, or edit that mod's mod.yaml", path=folder)
+    if (url is None) == (pr is None):
+        raise ConfigError("give either --from-url URL or --pr OWNER/REPO#NUMBER", field="--from-url")
+    if url is not None and not PATCH_URL_RE.fullmatch(url):
+        raise ConfigError(f"{url!r} is not an https URL of a patch", field="--from-url")
+    if pr is not None and not PR_RE.fullmatch(pr):
+        raise ConfigError(f"{pr!r} is not a pull request: write OWNER/REPO#NUMBER", field="--pr")
+    if not NAME_RE.fullmatch(component):
+        raise ConfigError(f"{component!r} is not a component name (vllm, image, or one a recipe lists)",
+                          field="--component")
+    if phase not in ("source", "install"):
+        raise ConfigError(f"unknown phase {phase!r}; choose install (the installed package) or source "
+                          f"(the vLLM tree before its compile)", field="--phase")
+    problem = specifier_error(versions)
+    if problem:
+        raise ConfigError(problem, field="--versions")
+    source = url or pr_diff_url(pr or "")
+    try:
+        path, sha256 = download.fetch_new(source, REMOTE_PATCH_FILE, ca_cert=ca_cert)
+    except download.DownloadFailed as exc:
+        raise DownloadError(f"cannot fetch the patch: {exc}", field="--pr" if pr else "--from-url") from None
+    try:
+        return _write_new_mod(folder, name, path, sha256, source, url=url, pr=pr, versions=versions,
+                              component=component, phase=phase)
+    except BaseException:
+        download.forget(sha256, REMOTE_PATCH_FILE)  # nothing of a failed `mod new` stays in the cache
+        raise
+
+
+def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str, *, url: str | None,
+                   pr: str | None, versions: str, component: str, phase: str) -> NewMod:
+    try:
+        data = path.read_bytes()
+        patches = check_diff(data)
+    except inimage.ModFailure as exc:
+        raise ConfigError(f"{source}: {exc}", field="--pr" if pr else "--from-url") from None
+    files = tuple(fp.path for fp in patches)
+    origin = f"pull request {pr} ({source})" if pr else source
+    check = verify_check(data, component)
+    if check is None:
+        raise ConfigError(f"{source}: the patch adds and removes no line a check could look for (only blank lines, "
+                          "or lines it moves); write this mod by hand", field="--pr" if pr else "--from-url")
+    text = mod_yaml_text({
+        "name": name,
+        "summary": f"Upstream patch: {pr or source}",
+        "description": (f"The diff of {origin}, pinned by its sha256.\n"
+                        f"It changes {', '.join(files)}.\n"
+                        "Written by `python build.py mod new`: say here what it fixes and why this image needs "
+                        "it, check the targets and the verify check, then add the mod to a variant and run "
+                        "check-mods.\n"),
+        "component": component,
+        "targets": {"versions": versions},
+        "phase": phase,
+        "kind": "patch",
+        "patch": ({"pr": pr} if pr else {"url": url}) | {"sha256": sha256},
+        "verify": [check],
+    }, path=folder / "mod.yaml")
+    folder.mkdir(parents=True)  # fails when the folder appeared meanwhile: nothing of another is touched
+    try:
+        part = folder / ".mod.yaml.part"
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, folder / "mod.yaml")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return NewMod(folder, source, sha256, files)
+
+
+def verify_check(diff: bytes, component: str) -> dict[str, str] | None:
+    """A check that the patch took effect: a line it adds, in the first file it changes (in the
+    component's package, when it changes one there). A patch that only removes lines gets a Python
+    check that the first removed line is gone; None when there is no such line."""
+    package = component.replace("-", "_") + "/"
+    added: dict[str, list[str]] = {}
+    removed: dict[str, list[str]] = {}
+    current = None
+    for raw in diff.decode("utf-8", "replace").splitlines():
+        if raw.startswith("+++ "):
+            current = raw[4:].split("\t")[0].removeprefix("b/")
+            added.setdefault(current, [])
+            removed.setdefault(current, [])
+        elif raw.startswith("--- ") or current is None:
+            continue
+        elif raw.startswith("+") and raw[1:].strip():
+            added[current].append(raw[1:].strip())
+        elif raw.startswith("-") and raw[1:].strip():
+            removed[current].append(raw[1:].strip())
+    order = sorted(added, key=lambda path: not path.startswith(package))
+    for path in order:
+        new = [line for line in added[path] if line not in removed[path]]
+        if new:
+            return {"file": path, "contains": new[0]}
+    for path in order:
+        gone = [line for line in removed[path] if line not in added[path]]
+        if gone and path != "/dev/null":
+            return {"python": f"import pathlib; assert {gone[0]!r} not in pathlib.Path({path!r}).read_text()"}
+    return None

@@ -1,0 +1,161 @@
+"""Resolvers: ask registries and git remotes for the pins a recipe leaves open.
+
+Each answer is either a full digest or commit, or `Unreachable` with the reason it could not be
+asked from here; nothing is ever guessed. `lock` records the answers through sparkforge/recipe/lock.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Callable
+
+from .. import gitfetch, net
+from ..imageref import ImageRef
+from .lock import Pinned
+from .plan import Plan
+from .sources import cache_dir
+
+# ------------------------------------------------------------------ resolving: registry and git
+
+
+class Unreachable(Exception):
+    """A fact cannot be asked from here; the message says why."""
+
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+
+
+def split_repository(repository: str) -> tuple[str, str]:
+    """(registry host, repository name on it), with Docker Hub's defaults."""
+    ref = ImageRef(repository)
+    if ref.registry is not None:
+        return ref.registry, ref.path
+    return "registry-1.docker.io", repository if "/" in repository else f"library/{repository}"
+
+
+def _bearer_token(challenge: str, timeout: float) -> str:
+    """An anonymous token for the scope a registry's 401 asks for (the Docker token flow)."""
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    realm = params.pop("realm", None)
+    if not realm or not challenge.lower().startswith("bearer"):
+        raise Unreachable(f"the registry asks for authentication this tool does not do ({challenge[:60]})")
+    url = realm + "?" + urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
+    try:
+        body = json.loads(net.get(url, deadline=timeout * 2, limit=1 << 20))
+    except (net.FetchFailed, ValueError) as exc:
+        raise Unreachable(f"cannot get a token from {realm}: {exc}") from None
+    if not isinstance(body, dict):
+        raise Unreachable(f"{realm} gave no token")
+    token = body.get("token") or body.get("access_token")
+    if not token:
+        raise Unreachable(f"{realm} gave no token")
+    return token
+
+
+def registry_digest(repository: str, tag: str, *, timeout: float = 15) -> str:
+    """The digest a registry gives for repository:tag (a multi-arch index when there is one),
+    over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise."""
+    host, name = split_repository(repository)
+    scheme = "http" if net.is_loopback(host) else "https"
+    url = f"{scheme}://{host}/v2/{name}/manifests/{tag}"
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    for attempt in (1, 2):
+        req = urllib.request.Request(url, headers=headers, method="HEAD")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                digest = resp.headers.get("Docker-Content-Digest")
+            if not digest:  # not every registry sends it on HEAD: hash the manifest itself
+                with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+                    digest = "sha256:" + hashlib.sha256(resp.read()).hexdigest()
+            if not re.match(r"^sha256:[0-9a-f]{64}$", digest):
+                raise Unreachable(f"{host} answered an unexpected digest {digest[:80]!r}")
+            return digest
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401 and attempt == 1:
+                challenge = exc.headers.get("WWW-Authenticate", "")
+                headers["Authorization"] = f"Bearer {_bearer_token(challenge, timeout)}"
+                continue
+            if exc.code == 404:
+                raise Unreachable(f"{host} has no {name}:{tag}") from None
+            raise Unreachable(f"{host} answered HTTP {exc.code} for {name}:{tag}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise Unreachable(f"cannot reach {host}: {getattr(exc, 'reason', exc)}") from None
+    raise Unreachable(f"{host} refused the token it issued for {name}:{tag}")
+
+
+def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
+    """The commit a branch, tag or short SHA names on a git remote (a tag is peeled to its commit).
+
+    A short SHA cannot be asked of a remote: it is looked up among the commits of every branch and
+    tag, in a blob-less mirror in the cache (sparkforge/gitfetch.py, as the image build does).
+    """
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
+    if gitfetch.SHORT.fullmatch(ref):
+        try:
+            return gitfetch.resolve(cache_dir() / "git", repo, ref)[1]
+        except gitfetch.FetchError as exc:
+            raise Unreachable(f"cannot resolve the short commit {ref} in {repo}: {exc}") from None
+    try:
+        proc = subprocess.run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unreachable(f"git ls-remote {repo}: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        raise Unreachable(f"cannot ask {repo} for {ref}: {tail.removeprefix('fatal: ')}")
+    refs = dict(reversed(line.split("\t", 1)) for line in proc.stdout.splitlines() if "\t" in line)
+    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
+        if name in refs:
+            return refs[name]
+    raise Unreachable(f"{repo} has no branch or tag {ref}")
+
+
+# ------------------------------------------------------------------ resolving a lock
+
+
+def today_epoch(now: float | None = None) -> int:
+    """Midnight UTC of the day the lock is made: nothing in a locked image claims to be newer."""
+    t = int(time.time() if now is None else now)
+    return t - t % 86400
+
+
+def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None) -> dict[str, Pinned]:
+    """Ask the registry for the base digest and the git remotes for the commits the recipe leaves open."""
+    pins: dict[str, Pinned] = {}
+    b = plan.base
+    if b.digest.value:
+        pins["base.digest"] = Pinned(b.digest.value)
+    else:
+        try:
+            pins["base.digest"] = Pinned(registry_digest(b.repository, b.tag))
+            say(f"base {b.repository}:{b.tag} is {pins['base.digest'].value}")
+        except Unreachable as exc:
+            pins["base.digest"] = Pinned(None, f"{exc}; lock again where the registry answers")
+            say(f"base {b.repository}:{b.tag}: unresolved: {exc}")
+    gits = [("vllm.commit", plan.vllm.repo, plan.vllm.ref, plan.vllm.commit)] if plan.vllm.source == "git" else []
+    gits += [(f"components.{c.name}.commit", c.repo, c.ref, c.commit) for c in plan.components if c.kind == "git"]
+    for name, repo, ref, pin in gits:
+        if pin.value:
+            pins[name] = Pinned(pin.value)
+            continue
+        try:
+            pins[name] = Pinned(git_commit(str(repo), str(ref)))
+        except Unreachable as exc:
+            pins[name] = Pinned(None, f"{exc} (recipe: {pin.unknown})")
+        say(f"{name}: {pins[name].show()}")
+    return pins
+
+

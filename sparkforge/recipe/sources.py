@@ -1,0 +1,311 @@
+"""Fetch the real source of a component at a pinned version, cached on disk.
+
+Releases come from a PyPI simple index (the sdist, or any wheel when a release has no sdist);
+every download is checked against the sha256 that the index gives. A commit that is not a
+release comes from git. Extracted trees stay pristine in the cache; mods are only
+ever applied to scratch copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import html.parser
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+import urllib.parse
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from .. import gitfetch, net
+from ..files import locked, name_path
+from ..inimage import version_file_commit
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+INDEX_TTL = 6 * 3600  # seconds a cached index page stays fresh
+GIT_LOCK_TIMEOUT = 1800.0  # seconds to wait for another process's fetch into the shared git mirror
+
+
+class SourceUnavailable(Exception):
+    """The source cannot be had from here (network, missing release); the message says why."""
+
+
+@dataclass(frozen=True)
+class Release:
+    project: str
+    version: str
+    filename: str
+    url: str
+    sha256: str | None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPARKFORGE_CACHE", Path.home() / ".cache" / "sparkforge"))
+
+
+def index_url() -> str:
+    return os.environ.get("SPARKFORGE_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data):
+        if self._href is not None:
+            self.links.append((data.strip(), self._href))
+            self._href = None
+
+
+def _get(url: str, deadline: float = 120) -> bytes:
+    try:
+        return net.get(url, deadline=deadline)
+    except net.FetchFailed as exc:
+        raise SourceUnavailable(f"cannot fetch {exc}") from None
+
+
+def project_files(project: str, *, refresh: bool = False) -> list[tuple[str, str]]:
+    """(filename, url) of every file a project has on the index; the page is cached for a while."""
+    name = canonicalize_name(project)
+    cached = cache_dir() / "index" / f"{name}.html"
+    if refresh or not cached.exists() or time.time() - cached.stat().st_mtime > INDEX_TTL:
+        page_url = f"{index_url()}/{name}/"
+        _write_whole(cached, _get(page_url))
+    else:
+        page_url = f"{index_url()}/{name}/"
+    parser = _Links()
+    parser.feed(cached.read_text(encoding="utf-8", errors="replace"))
+    return [(text, urllib.parse.urljoin(page_url, href)) for text, href in parser.links]
+
+
+def _parse(filename: str) -> tuple[str, Version, bool] | None:
+    """(project, version, is_sdist) of a distribution file name, or None for anything else."""
+    try:
+        if filename.endswith(".whl"):
+            name, version, _, _ = parse_wheel_filename(filename)
+            return name, version, False
+        if filename.endswith(".tar.gz"):
+            name, version = parse_sdist_filename(filename)
+            return name, version, True
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+    return None
+
+
+def release_versions(project: str) -> list[str]:
+    """Final releases of a project on the index, oldest first."""
+    versions = set()
+    for filename, _ in project_files(project):
+        parsed = _parse(filename)
+        if parsed and not parsed[1].is_prerelease and not parsed[1].is_devrelease:
+            versions.add(parsed[1])
+    return [str(v) for v in sorted(versions)]
+
+
+def find_release(project: str, version: str) -> Release:
+    """The sdist of project==version, or a wheel when the release has no sdist."""
+    wanted = Version(version)
+    sdist = wheel = None
+    for filename, url in project_files(project):
+        parsed = _parse(filename)
+        if not parsed or parsed[1] != wanted:
+            continue
+        if parsed[2]:
+            sdist = (filename, url)
+        elif wheel is None or "x86_64" in filename:
+            wheel = (filename, url)
+    chosen = sdist or wheel
+    if chosen is None:
+        raise SourceUnavailable(f"{project} {version} has no sdist or wheel on {index_url()}")
+    filename, url = chosen
+    base, _, fragment = url.partition("#")
+    sha = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
+    return Release(project, version, filename, base, sha)
+
+
+def download(release: Release) -> Path:
+    """The release file, downloaded once into the cache and checked against its sha256."""
+    target = cache_dir() / "sources" / canonicalize_name(release.project) / release.filename
+    if target.is_file():
+        return target
+    # Streamed to a file of this process's own, hashed on the way: a release wheel (0.15.x has no sdist)
+    # is hundreds of MB, so it is never held in memory.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in net.stream(release.url, deadline=3600):
+                digest.update(chunk)
+                out.write(chunk)
+        if release.sha256 and digest.hexdigest() != release.sha256:
+            raise SourceUnavailable(f"{release.filename}: sha256 does not match the index")
+        os.replace(tmp, target)
+    except net.FetchFailed as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise SourceUnavailable(f"cannot fetch {exc}") from None
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        name_path(exc, target)
+        raise
+    return target
+
+
+def _write_whole(target: Path, body: bytes) -> None:
+    """Put body at target by a rename from a temporary file of this process's own, so that other
+    processes sharing the cache see the old file or the new, never half of one; nothing is left on failure."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(body)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        name_path(exc, target)
+        raise
+
+
+def _package_dir(project: str) -> str:
+    return canonicalize_name(project).replace("-", "_")
+
+
+# Bumped when what a cached tree holds changes, so that older caches are extracted anew.
+TREE_FORMAT = "whole-1"
+
+
+def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
+    """Extract a whole sdist (without its top folder) or wheel once; return its root, which holds package/.
+
+    The whole tree, not only the package: a source-phase mod may touch setup.py, CMakeLists.txt or csrc/.
+    Only regular files and folders are extracted (no links, no devices), each confined to the root.
+    `name` names the tree in the cache (default: the archive's file name, unique on an index).
+    """
+    root = cache_dir() / "trees" / f"{TREE_FORMAT}-{name or archive.name}"
+    if (root / ".complete").exists():
+        return root
+    with _staged_tree(root, archive.name) as staging:
+        if archive.name.endswith(".whl"):
+            with zipfile.ZipFile(archive) as zf:
+                for info in zf.infolist():
+                    if not info.is_dir() and _confined(info.filename):
+                        zf.extract(info, staging)
+        else:
+            with tarfile.open(archive) as tf:
+                extract_files(tf, staging, strip_top=True)
+        if not (staging / package).is_dir():
+            raise SourceUnavailable(f"{archive.name} holds no {package}/ folder")
+    return root
+
+
+def extract_files(tf: tarfile.TarFile, dest: Path, *, strip_top: bool) -> None:
+    """Write the regular files of a tarball under dest; links, devices and names that climb out are skipped.
+
+    Written by hand rather than with extract(filter="data"), which Python 3.11 has only from 3.11.4 on.
+    """
+    for member in tf.getmembers():
+        name = member.name.split("/", 1)[1] if strip_top and "/" in member.name else member.name
+        if strip_top and "/" not in member.name or not member.isfile() or not _confined(name):
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = tf.extractfile(member)
+        assert source is not None  # a regular file always has content
+        with source, open(target, "wb") as out:
+            shutil.copyfileobj(source, out)
+        target.chmod(0o755 if member.mode & 0o111 else 0o644)
+
+
+def _confined(name: str) -> bool:
+    """A relative archive member name that stays inside the folder it is extracted to."""
+    return bool(name) and not name.startswith("/") and ".." not in name.split("/")
+
+
+@contextlib.contextmanager
+def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
+    """Fill a temporary sibling of root, then swap it into place whole; on failure, drop it."""
+    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
+    try:
+        yield staging
+        (staging / ".complete").write_text(marker + "\n")
+        if root.exists() and not (root / ".complete").exists():  # a half tree of an older sparkforge: set aside
+            _set_aside(root)
+        try:
+            os.replace(staging, root)
+        except OSError:  # another process put the same tree there first: its tree is used, this one dropped
+            if not (root / ".complete").exists():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        name_path(exc, root)
+        raise
+
+
+def _set_aside(folder: Path) -> None:
+    """Take a folder out of the way by a rename (a reader never sees it half deleted), then delete it."""
+    trash = folder.parent / f".trash.{os.getpid()}.{time.monotonic_ns()}"
+    try:
+        os.replace(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def recorded_commit(tree: Path, package: str = "vllm") -> str | None:
+    """The short commit a release records in <package>/_version.py (without setuptools-scm's 'g')."""
+    return version_file_commit(tree / package / "_version.py")
+
+
+def release_tree(project: str, version: str) -> Path:
+    """A cached, extracted tree of project==version from the index."""
+    return extract_tree(download(find_release(project, version)), _package_dir(project))
+
+
+def git_tree(repo: str, commit: str, package: str) -> Path:
+    """A cached tree of a whole commit, fetched into the same blob-less mirror the builds use."""
+    root = cache_dir() / "trees" / f"{TREE_FORMAT}-git-{hashlib.sha256(repo.encode()).hexdigest()[:12]}-{commit}"
+    if (root / ".complete").exists():
+        return root
+    try:
+        with locked(cache_dir() / "git" / ".lock", timeout=GIT_LOCK_TIMEOUT, what="fetches into the git mirror"):
+            mirror, full = gitfetch.resolve(cache_dir() / "git", repo, commit, commit)
+        with _staged_tree(root, commit) as staging:
+            gitfetch.export(mirror, full, staging)
+            if not (staging / package).is_dir():
+                raise SourceUnavailable(f"{repo} at {commit[:12]} holds no {package}/ folder")
+    except gitfetch.FetchError as exc:
+        raise SourceUnavailable(f"{repo} {commit[:12]}: {exc}") from None
+    return root
+
+
+def scratch_copy(tree: Path, dest: Path) -> Path:
+    """A full copy of a cached tree to edit. (Hard links would be faster, but one in-place write
+    would then corrupt the cache.)"""
+    shutil.copytree(tree, dest, symlinks=True, ignore=shutil.ignore_patterns(".complete"))
+    return dest

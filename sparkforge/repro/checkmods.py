@@ -1,0 +1,343 @@
+"""Check that each mod applies to the real source it targets, in a scratch copy.
+
+For every variant: fetch the pinned source of each component its mods edit, apply the mods
+in the variant's order with the same applier the image build uses, run each mod's file checks,
+and apply again to prove the second application is detected. Nothing here touches Docker.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Iterable
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .. import inimage
+from ..build import wheels
+from ..errors import DownloadError
+from ..recipe import sources
+from ..recipe.plan import Mod, Plan
+from ..recipe.remote import materialize
+
+
+class RowState(str, Enum):
+    """What check-mods found for a mod (a Row, or a cell of the release matrix) or an env name."""
+
+    APPLIED = "applied"
+    ALREADY = "already"  # the change is in the pristine source already
+    FAILED = "failed"
+    UNVERIFIED = "unverified"  # the source or a patch could not be fetched from here
+    READ = "read"  # an env name some .py file of the vllm package reads (the env check)
+
+    def __str__(self) -> str:  # printed as its word, as the strings before it were
+        return self.value
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    mod: str
+    state: RowState
+    detail: str
+    source: str  # what the mod was checked against
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """Where the source of a component at the variant's pin comes from."""
+
+    label: str
+    fetch: Callable[[], Path]
+
+
+def unavailable(label: str, reason: str) -> SourceRef:
+    """A source that cannot be fetched; checking against it reports the mods unverified, with reason."""
+
+    def fetch() -> Path:
+        raise sources.SourceUnavailable(reason)
+
+    return SourceRef(label, fetch)
+
+
+def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
+    """The vLLM tree at the variant's pin: the release's sdist when the pin is that release
+    (for git pins: when the release records a commit that the pinned commit starts with), else git;
+    for a wheel source, the wheel's own files (fetched with ca_cert)."""
+    v = plan.vllm
+    if v.wheel is not None:
+        wheel = v.wheel
+
+        def from_wheel() -> Path:
+            # Checked as the build checks it: a wrong wheel is bad input (exit 2); only an unreachable one unverified.
+            try:
+                path = wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+            except DownloadError as exc:
+                raise sources.SourceUnavailable(f"the recipe's wheel: {exc.detail}") from None
+            return sources.extract_tree(path, "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
+        return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
+    if v.source == "pypi":
+        return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
+    if v.commit.value is None:
+        return unavailable(f"vllm {v.ref} (commit unknown)", f"vllm.commit is not pinned ({v.commit.unknown})")
+    commit = v.commit.value
+    version = Version(v.version)
+    if not version.is_prerelease and not version.is_devrelease:
+        def from_release() -> Path:
+            tree = sources.release_tree("vllm", v.version)
+            recorded = sources.recorded_commit(tree)
+            if not recorded or not commit.startswith(recorded):
+                raise sources.SourceUnavailable(
+                    f"the vllm {v.version} release records commit {recorded}, not {commit[:12]}")
+            return tree
+        return SourceRef(f"vllm {v.version} (PyPI, commit {commit[:9]})", from_release)
+    return SourceRef(f"vllm {commit[:12]} (git)", lambda: sources.git_tree(v.repo or "", commit, "vllm"))
+
+
+def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
+                     patcher_timeout: float = inimage.PATCHER_TIMEOUT,
+                     ca_cert: Path | None = None) -> list[tuple[Mod, RowState, str]]:
+    """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
+
+    Each mod: apply, run its file checks, apply again (must be detected as already applied).
+    A failed mod leaves its files untouched, and the mods after it still run, so one broken mod
+    never hides the state of the next. A patch named by URL that cannot be fetched (with ca_cert)
+    leaves its mod unverified, as an unreachable source does.
+    """
+    if tree is not None:
+        sources.scratch_copy(tree, scratch)
+    else:
+        scratch.mkdir(parents=True)
+    results = []
+    for mod in mods:
+        try:
+            spec, folder = materialize(mod, ca_cert)
+        except DownloadError as exc:
+            results.append((mod, RowState.UNVERIFIED, exc.detail))
+            continue
+        first = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
+        if first.state == inimage.ModState.FAILED:
+            results.append((mod, RowState.FAILED, first.detail))
+            continue
+        bad = [c for c in inimage.verify_mod(spec, scratch, in_image=False) if c[1] == inimage.CheckState.FAILED]
+        if bad:
+            results.append((mod, RowState.FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
+            continue
+        second = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
+        if second.state != inimage.ModState.ALREADY:
+            results.append((mod, RowState.FAILED,
+                            f"second application was {second.state.value}, not detected as already applied"))
+            continue
+        state = RowState.APPLIED if first.state == inimage.ModState.APPLIED else RowState.ALREADY
+        results.append((mod, state, "" if state == RowState.APPLIED else "already present in the pristine source"))
+    return results
+
+
+def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
+                  ca_cert: Path | None = None) -> list[Row]:
+    """Rows for each mod of a variant, in the variant's order."""
+    rows: dict[str, Row] = {}
+    groups: dict[str, list[Mod]] = {}
+    for mod in plan.mods:
+        groups.setdefault(mod.spec.component, []).append(mod)
+    if plan.vllm.wheel is not None and "vllm" not in groups:
+        # The recipe's wheel is checked as the build checks it even when no mod reads its files.
+        try:
+            wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+        except DownloadError:
+            pass  # not reachable from here; no mod of this variant is checked against it
+    for component, mods in groups.items():
+        # Source-phase mods run before install-phase ones, as in the build.
+        mods = sorted(mods, key=lambda m: m.spec.phase != "source")
+        if component == "image":
+            ref, tree = SourceRef("an empty image root", lambda: None), None
+        elif component == "vllm":
+            ref = vllm_source(plan, ca_cert)
+        else:
+            ref = _component_source(plan, component)
+        try:
+            tree = ref.fetch()
+        except sources.SourceUnavailable as exc:
+            for mod in mods:
+                rows[mod.name] = Row(plan.variant, mod.name, RowState.UNVERIFIED, str(exc), ref.label)
+            continue
+        scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
+        try:
+            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout,
+                                                       ca_cert=ca_cert):
+                rows[mod.name] = Row(plan.variant, mod.name, state, detail, ref.label)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return [rows[m.name] for m in plan.mods]
+
+
+def _component_source(plan: Plan, component: str) -> SourceRef:
+    comp = next(c for c in plan.components if c.name == component)
+    if comp.kind == "pip" and comp.version.value:
+        project = (comp.package or "").split("[")[0]
+        return SourceRef(f"{project} {comp.version.value} (PyPI)",
+                         lambda: sources.release_tree(project, comp.version.value or ""))
+    if comp.kind == "git" and comp.commit.value:
+        package = component.replace("-", "_")
+        return SourceRef(f"{component} {comp.commit.value[:12]} (git)",
+                         lambda: sources.git_tree(comp.repo or "", comp.commit.value or "", package))
+    return unavailable(f"{component} (unpinned)", f"components.{component} is not pinned")
+
+
+# ------------------------------------------------------------------ the release matrix
+
+
+@dataclass(frozen=True)
+class MatrixCell:
+    mod: str
+    version: str
+    state: RowState
+    detail: str
+    declared: bool  # whether the mod's targets include this release
+
+
+def matrix(mods: list[Mod], versions: list[str], workdir: Path,
+           progress: Callable[[str], None] = lambda _: None, *, ca_cert: Path | None = None) -> list[MatrixCell]:
+    """Try each vLLM mod alone against each release: where does it start and stop applying?"""
+    cells = []
+    for version in versions:
+        progress(version)
+        try:
+            tree = sources.release_tree("vllm", version)
+        except sources.SourceUnavailable as exc:
+            cells += [MatrixCell(m.name, version, RowState.UNVERIFIED, str(exc), _declares(m, version)) for m in mods]
+            continue
+        for mod in mods:
+            scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{version}-", dir=workdir))
+            try:
+                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root", ca_cert=ca_cert)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            cells.append(MatrixCell(mod.name, version, state, detail, _declares(mod, version)))
+    return cells
+
+
+def _declares(mod: Mod, version: str) -> bool:
+    return SpecifierSet(mod.spec.targets.versions).contains(Version(version), prereleases=True)
+
+
+def applies_ranges(cells: list[MatrixCell], mod: str) -> list[tuple[str, str]]:
+    """Runs of consecutive releases where the mod applies, as (first, last)."""
+    runs: list[tuple[str, str]] = []
+    start = last = None
+    for cell in (c for c in cells if c.mod == mod):
+        if cell.state in (RowState.APPLIED, RowState.ALREADY):
+            start = start or cell.version
+            last = cell.version
+        elif start:
+            runs.append((start, last or start))
+            start = last = None
+    if start:
+        runs.append((start, last or start))
+    return runs
+
+
+# ------------------------------------------------------------------ env names the release reads
+
+# The namespace of vLLM's own settings: a name in it that vLLM does not read is a mistake. A name
+# outside it may be meant for another program in the image (NCCL, CUDA, PyTorch), which this
+# check cannot see into, so such a name is reported unverified instead of failed.
+VLLM_PREFIX = "VLLM_"
+
+
+def env_origins(plan: Plan) -> dict[str, str]:
+    """Each runtime env name of a variant, with where it comes from: a mod's toggle or the recipe."""
+    toggles = {m.spec.env.name: f"toggle of mod {m.name}" for m in plan.mods if m.spec.env}
+    return {name: toggles.get(name, "recipe env") for name, _ in plan.env}
+
+
+def names_read(tree: Path, names: Iterable[str], package: str = "vllm") -> set[str]:
+    """The names that a .py file of tree/package holds as a whole string literal.
+
+    A literal, found by Python's tokenizer: `os.environ.get("NAME")`, `os.getenv("NAME")` and the
+    `"NAME": lambda: ...` entries of vllm/envs.py count; a comment, a docstring's prose or a longer
+    name that contains NAME does not, nor a name built at run time (f-strings, concatenation).
+    """
+    wanted = set(names)
+    found: set[str] = set()
+    for path in sorted((tree / package).rglob("*.py")):
+        if found >= wanted:
+            break
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        candidates = {n for n in wanted - found if n.encode() in data}
+        if candidates:
+            found |= candidates & _string_literals(data)
+    return found
+
+
+def _string_literals(data: bytes) -> set[str]:
+    """The plain str literals of a Python file; a file that does not tokenize holds none."""
+    import ast
+    import io
+    import tokenize
+
+    out: set[str] = set()
+    try:
+        for tok in tokenize.tokenize(io.BytesIO(data).readline):
+            if tok.type != tokenize.STRING:
+                continue
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):
+                continue  # an f-string: its name is built at run time
+            if isinstance(value, str):
+                out.add(value)
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
+        return set()
+    return out
+
+
+def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
+              ca_cert: Path | None = None) -> list[Row]:
+    """A row per runtime env name of a variant: is it read by the pinned vLLM source, after the
+    variant's vLLM mods (a mod that adds a setting makes its name read)?
+
+    Read: some .py file of the vllm package holds it as a string literal (names_read). A VLLM_ name
+    that none holds fails, naming the name, the variant and the release; another name is unverified.
+    Where the source cannot be fetched, every name is unverified, as the mods are.
+    """
+    origins = env_origins(plan)
+    if not origins:
+        return []
+    ref = vllm_source(plan, ca_cert)
+    try:
+        tree = ref.fetch()
+    except sources.SourceUnavailable as exc:
+        return [Row(plan.variant, f"env {n}", RowState.UNVERIFIED, str(exc), ref.label) for n in origins]
+    mods = sorted((m for m in plan.mods if m.spec.component == "vllm"), key=lambda m: m.spec.phase != "source")
+    scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-env-", dir=workdir))
+    try:
+        if mods:
+            apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout, ca_cert=ca_cert)
+            tree = scratch / "root"
+        read = names_read(tree, origins)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    release = f"vllm {plan.vllm.version}"
+    after = " with its mods" if mods else ""
+    rows = []
+    for name, origin in origins.items():
+        if name in read:
+            rows.append(Row(plan.variant, f"env {name}", RowState.READ, f"{origin}; read by {release}{after}",
+                            ref.label))
+        elif name.startswith(VLLM_PREFIX):
+            rows.append(Row(plan.variant, f"env {name}", RowState.FAILED,
+                            f"{plan.variant} sets {name} ({origin}), which no .py file of {release}{after} reads",
+                            ref.label))
+        else:
+            rows.append(Row(plan.variant, f"env {name}", RowState.UNVERIFIED,
+                            f"{name} ({origin}) is read by no .py file of {release}{after}; a name outside "
+                            f"{VLLM_PREFIX}* may be meant for another program, which is not checked", ref.label))
+    return rows

@@ -1,0 +1,375 @@
+"""What changed between two variants, two locks or two built images.
+
+Each side becomes a Snapshot: every field of a plan, section by section (image, base, OS
+packages, vLLM, components, protect, build, env, mods, tooling, installed Python packages), read
+from a plan (with its lock's packages when the lock agrees with the recipe), a lock file, or the
+build record inside an image. A lock or a record does not hold every field; what a side does
+not know is marked so, and is never reported as the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..imageref import ImageRef
+from ..inimage.contract import BuildRecord
+from ..recipe.config import list_variants
+from ..recipe.lock import LOCK_SUFFIX, Lock, Pinned, read_lock
+from ..recipe.plan import Layout, Plan
+
+SECTIONS = ("image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods", "tooling",
+            "packages")
+
+# A section's entries: (name, text); text None means this side does not know the value.
+Entries = tuple[tuple[str, "str | None"], ...]
+
+# The fields of a plan's identity that the named sections above show; `other` shows the rest.
+_SHOWN = {"image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods",
+          "tooling_digest", "tool_version", "source_date_epoch", "pins", "gpus", "kernels_not_needed"}
+# What names the variant rather than what is in it: every two variants differ there.
+_NAMING = {"variant", "chain"}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One side of a diff: each section's entries, or None where the whole section is not known."""
+
+    label: str
+    image: Entries | None
+    base: Entries
+    os_packages: Entries | None
+    vllm: Entries
+    components: Entries
+    protect: Entries | None
+    build: Entries | None
+    env: Entries | None
+    mods: Entries
+    tooling: Entries | None
+    packages: Entries | None
+    other: Entries = ()  # every other field of a plan, as JSON: a field added to Plan is never missed
+    unknown: tuple[tuple[str, str], ...] = ()  # (section, why this side does not know it)
+
+    def section(self, name: str) -> Entries | None:
+        return getattr(self, name)
+
+    def why_unknown(self, section: str) -> str:
+        return dict(self.unknown).get(section, "")
+
+
+@dataclass(frozen=True)
+class Change:
+    section: str
+    kind: str  # added | removed | changed | order
+    name: str
+    old: str = ""
+    new: str = ""
+
+    def line(self) -> str:
+        mark = {"added": "+", "removed": "-", "changed": "~", "order": "~"}[self.kind]
+        if self.kind == "added":
+            return f"{mark} {self.name} {self.new}".rstrip()
+        if self.kind == "removed":
+            return f"{mark} {self.name} {self.old}".rstrip()
+        return f"{mark} {self.name}: {self.old or '(none)'} -> {self.new or '(none)'}"
+
+
+@dataclass(frozen=True)
+class Diff:
+    a: Snapshot
+    b: Snapshot
+    changes: tuple[Change, ...]
+    notes: tuple[str, ...]  # why a section could not be compared
+
+    def in_section(self, section: str) -> list[Change]:
+        return [c for c in self.changes if c.section == section]
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """The sections to show: all of SECTIONS, then any other that holds a change."""
+        extra = [c.section for c in self.changes if c.section not in SECTIONS]
+        return SECTIONS + tuple(dict.fromkeys(extra))
+
+
+# ------------------------------------------------------------------ snapshots
+
+
+def _pin(value: str | None, unknown: str = "UNPINNED") -> str:
+    return value if value else unknown
+
+
+def _commit(commit: str | None) -> str:
+    return commit or "UNPINNED"
+
+
+def _vllm_text(source: str, version: str, ref: str | None, commit: str | None) -> str:
+    if source in ("pypi", "wheel"):
+        return f"{version} ({source})"
+    return f"{version} ({source} {ref} @ {_commit(commit)})"
+
+
+def _component_text(kind: str, package: str | None, version: str | None, repo: str | None, ref: str | None,
+                    commit: str | None, dest: str | None) -> str:
+    if kind == "pip":
+        return f"pip {package}=={_pin(version)}"
+    return f"{kind} {repo} {ref} @ {_commit(commit)}, dest {dest}"
+
+
+def _os_packages(specs: tuple[str, ...] | list[str]) -> Entries:
+    """`name` or `name=version`, by name: a version added or changed reads as a change of that package."""
+    return tuple(sorted((name, version) for name, _, version in (s.partition("=") for s in specs)))
+
+
+def _names(names: tuple[str, ...] | list[str]) -> Entries:
+    return tuple((n, "") for n in sorted(names))
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _build(arch: str | None, max_jobs: Any, nvcc: Any, env: Any, epoch: int | None) -> Entries:
+    out: list[tuple[str, str | None]] = [
+        ("TORCH_CUDA_ARCH_LIST", arch), ("MAX_JOBS", None if max_jobs is None else str(max_jobs)),
+        ("NVCC_THREADS", None if nvcc is None else str(nvcc)),
+        ("SOURCE_DATE_EPOCH", str(epoch) if epoch is not None else "none")]
+    if env is not None:
+        out += [(f"env {k}", v) for k, v in env]
+    return tuple(out)
+
+
+def _kernels(gpus: Any, not_needed: Any) -> Entries:
+    """The kernel check's inputs: the GPUs, and the extensions not needed (names, then each reason;
+    a build record keeps the names only, so its reasons are not known)."""
+    out: list[tuple[str, str | None]] = [("gpus", None if gpus is None else " ".join(gpus))]
+    if not_needed is not None:
+        out.append(("kernels_not_needed", " ".join(name for name, _ in not_needed) or "none"))
+        out += [(f"kernels_not_needed {name}", reason) for name, reason in not_needed]
+    else:
+        out.append(("kernels_not_needed", None))
+    return tuple(out)
+
+
+def _other(plan: Plan) -> Entries:
+    identity = plan.identity()
+    return tuple((key, json.dumps(identity[key], sort_keys=True)) for key in sorted(identity)
+                 if key not in _SHOWN | _NAMING)
+
+
+def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snapshot:
+    """A plan; installed packages come from its lock (or the pins a lock gave the plan)."""
+    v = plan.vllm
+    comps: list[tuple[str, str | None]] = []
+    for c in plan.components:
+        comps.append((c.name, _component_text(c.kind, c.package, c.version.value, c.repo, c.ref, c.commit.value,
+                                              c.dest)))
+        if c.pip_install:
+            comps.append((f"{c.name}.pip_install", "yes"))
+    if lock is not None and not lock.packages_unresolved:
+        packages: Entries | None = lock.packages
+    else:
+        packages = plan.pins or None
+    unknown = ()
+    if packages is None:
+        note = lock_note or (f"lock: {lock.packages_unresolved}" if lock is not None else "no lock applied")
+        unknown = (("packages", note),)
+    b = plan.build
+    base = plan.base.ref + ("" if plan.base.digest.value else " (digest unknown)")
+    return Snapshot(
+        label=f"variant {plan.variant}",
+        image=(("image", plan.image),),
+        base=(("base", base),),
+        os_packages=_os_packages(plan.os_packages),
+        vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, v.commit.value)), ("repo", v.repo or "none"),
+              ("install_deps", _yes(v.install_deps)),
+              ("wheel", " ".join(x for x in (v.wheel.filename, v.wheel.url, v.wheel.path, f"sha256:{v.wheel.sha256}")
+                                 if x) if v.wheel else "none")),
+        components=tuple(comps),
+        protect=_names(plan.protect),
+        build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch)
+        + _kernels(plan.gpus, plan.kernels_not_needed),
+        env=tuple(plan.env),
+        mods=tuple((m.name, m.digest) for m in plan.mods),
+        tooling=(("template and tools", plan.tooling_digest), ("sparkforge", plan.tool_version)),
+        packages=packages,
+        other=_other(plan),
+        unknown=unknown,
+    )
+
+
+def _p(pin: Pinned | None) -> str | None:
+    return pin.value if pin else None
+
+
+def from_lock(lock: Lock, path: Path) -> Snapshot:
+    """A lock file: what it pins. It does not record the image, build options, env or tooling."""
+    v = lock.vllm
+    comps: list[tuple[str, str | None]] = []
+    for c in lock.components:
+        comps.append((c.name, _component_text(c.kind, c.package, _p(c.version), c.repo, c.ref, _p(c.commit),
+                                              c.dest)))
+        if c.kind == "git":
+            comps.append((f"{c.name}.pip_install", None))
+    base = f"{lock.base.repository}:{lock.base.tag}"
+    base += f"@{lock.base.digest.value}" if lock.base.digest.value else " (digest unknown)"
+    not_in_lock = "a lock file does not record it"
+    unknown = [(s, not_in_lock) for s in ("image", "env", "tooling")]
+    if lock.packages_unresolved:
+        unknown.append(("packages", f"unresolved: {lock.packages_unresolved}"))
+    return Snapshot(
+        label=f"lock {path}",
+        image=None,
+        base=(("base", base),),
+        os_packages=_os_packages(lock.os_packages),
+        vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
+              ("repo", "none" if v.source != "git" else None), ("install_deps", _yes(v.install_deps)),
+              ("wheel", None)),
+        components=tuple(comps),
+        protect=_names(lock.protect),
+        build=_build(None, None, None, None, lock.source_date_epoch) + _kernels(None, None),
+        env=None,
+        mods=lock.mods,
+        tooling=None,
+        packages=None if lock.packages_unresolved else lock.packages,
+        unknown=tuple(unknown),
+    )
+
+
+def from_record(image: str, record: BuildRecord) -> Snapshot:
+    """The build record inside an image. It does not list the OS packages or protect."""
+    b = record.base
+    base = f"{b['repository']}:{b['tag']}"
+    base += f"@{b['digest']['value']}" if b["digest"].get("value") else " (digest unknown)"
+    v = record.vllm
+    commit = v["commit"].get("value") or v.get("built_commit")
+    installed = record.installed
+    comps: list[tuple[str, str | None]] = []
+    for c in record.components:
+        if c["kind"] == "pip":
+            version = c["version"].get("value") or installed.get(c["package"].split("[")[0])
+            comps.append((c["name"], _component_text("pip", c["package"], version, None, None, None, None)))
+        else:
+            commit_c = installed.get(c["name"]) or c["commit"].get("value")
+            comps.append((c["name"], _component_text("git", None, None, c.get("repo"), c["ref"], commit_c,
+                                                     c["dest"])))
+            if c.get("pip_install"):
+                comps.append((f"{c['name']}.pip_install", "yes"))
+    bs = record.build or {}
+    packages = record.packages
+    not_in_record = "an image's build record does not list it"
+    unknown = [("os_packages", not_in_record), ("protect", not_in_record)]
+    if packages is None:
+        unknown.append(("packages", "the image's build record predates package lists; rebuild it"))
+    return Snapshot(
+        label=f"image {image}",
+        image=(("image", ImageRef.parse(record.tag).repository),),
+        base=(("base", base),),
+        os_packages=None,
+        vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
+              ("install_deps", _yes(bool(v.get("install_deps"))))),
+        components=tuple(comps),
+        protect=None,
+        build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),
+                     record.source_date_epoch)
+        + _kernels((record.kernels or {}).get("gpus"),
+                   [(n, None) for n in record.kernels.get("not_needed", [])] if record.kernels else None),
+        env=tuple((k, val) for k, val in record.env),
+        mods=tuple((m.name, m.digest) for m in record.mods),
+        tooling=(("template and tools", None), ("sparkforge", record.tool_version)),
+        packages=tuple(sorted(packages.items())) if packages is not None else None,
+        unknown=tuple(unknown),
+    )
+
+
+def snapshot(arg: str, layout: Layout) -> Snapshot:
+    """A variant name, a lock file, or an image in the local engine, in that order of preference."""
+    path = Path(arg)
+    if arg.endswith(LOCK_SUFFIX) or (path.suffix == ".json" and path.is_file()):
+        return from_lock(read_lock(path), path)
+    if arg in list_variants(layout.images_dir):
+        from ..build.pipeline import load_plan  # the plan every other command sees, lock applied
+
+        loaded = load_plan(layout, arg)
+        if loaded.lock is None:
+            note = loaded.warnings[0] if loaded.warnings else f"{arg} has no lock ({arg}{LOCK_SUFFIX})"
+            return from_plan(loaded.plan, None, note)
+        return from_plan(loaded.plan, read_lock(loaded.lock))
+    if ":" in arg or "/" in arg or "@" in arg:
+        from ..build.inspect import read_record
+
+        record, _ = read_record(arg)
+        return from_record(arg, record)
+    known = ", ".join(list_variants(layout.images_dir)) or "none"
+    raise ConfigError(f"{arg!r} is not a variant (known: {known}), a lock file or an image reference",
+                      field="diff")
+
+
+# ------------------------------------------------------------------ comparing
+
+
+def _pairs(section: str, a: Entries, b: Entries) -> list[Change]:
+    """Entries added, removed and changed; an entry one side does not know is not compared."""
+    da, db = dict(a), dict(b)
+    out = [Change(section, "removed", k, old=v) for k, v in da.items() if k not in db and v is not None]
+    out += [Change(section, "added", k, new=v) for k, v in db.items() if k not in da and v is not None]
+    out += [Change(section, "changed", k, v, db[k]) for k, v in da.items()
+            if k in db and v is not None and db[k] is not None and v != db[k]]
+    return sorted(out, key=lambda c: (c.name, c.kind))
+
+
+def diff_snapshots(a: Snapshot, b: Snapshot) -> Diff:
+    changes: list[Change] = []
+    notes: list[str] = []
+    for section in SECTIONS + ("other",):
+        ea, eb = a.section(section), b.section(section)
+        if ea is None or eb is None:
+            notes += [f"{section} of {side.label} not known: {side.why_unknown(section)}"
+                      for side, e in ((a, ea), (b, eb)) if e is None]
+            continue
+        found = [replace_digest(c) for c in _pairs(section, ea, eb)]
+        if section == "mods":
+            common_a = [n for n, _ in ea if n in dict(eb)]
+            common_b = [n for n, _ in eb if n in dict(ea)]
+            if common_a != common_b:
+                found.append(Change("mods", "order", "order", ", ".join(common_a), ", ".join(common_b)))
+        changes += found
+    return Diff(a, b, tuple(changes), tuple(notes))
+
+
+_COMMIT = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{28}\b")
+
+
+def _short_digest(text: str) -> str:
+    """Digests and commits are compared in full and shown short: sha256: and 12 hex, 12 hex."""
+    return text[:19] if text.startswith("sha256:") else _COMMIT.sub(r"\1", text)
+
+
+def replace_digest(change: Change) -> Change:
+    """The change as shown: digests compared in full, shown short."""
+    return Change(change.section, change.kind, change.name, _short_digest(change.old), _short_digest(change.new))
+
+
+def diff(arg_a: str, arg_b: str, layout: Layout) -> Diff:
+    return diff_snapshots(snapshot(arg_a, layout), snapshot(arg_b, layout))
+
+
+def summary(d: Diff, section: str) -> str:
+    """What to print for a section without changes."""
+    ea, eb = d.a.section(section), d.b.section(section)
+    if ea is None or eb is None:
+        return "not compared"
+    known = [(k, v) for k, v in ea if v is not None and dict(eb).get(k) is not None]
+    if section in ("image", "base"):
+        return f"same: {_short_digest(known[0][1] or '')}"
+    if section == "vllm":
+        return f"same: {_short_digest(dict(ea)['vllm'] or '')}"
+    if section in ("components", "mods", "os_packages", "protect"):
+        names = [k for k, _ in ea if not k.endswith(".pip_install")]
+        return f"same: {', '.join(names) or 'none'}"
+    if section == "packages":
+        return f"same: {len(ea)} packages"
+    return f"same: {', '.join(f'{k}={_short_digest(v)}' for k, v in known) or 'none'}"

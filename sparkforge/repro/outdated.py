@@ -1,0 +1,124 @@
+"""Which pins of a variant have newer releases upstream, and which mods apply to them.
+
+Releases come from the PyPI simple index (the cached fetcher of sources.py): vLLM, every pip
+component, and git components that PyPI also publishes (transformers). For the newer vLLM
+releases, the variant's vLLM mods are tried the way `check-mods --matrix` tries them, and its
+image mods (drop-in files, which `check-mods` installs into an empty root) are installed once
+and set against the releases their targets declare, so a server written against the vLLM API
+shows where it was not read.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from ..recipe import sources
+from ..recipe.plan import Mod, Plan
+from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix
+
+# Git components whose releases PyPI also carries, by component name.
+ON_PYPI = {"transformers": "transformers"}
+
+
+@dataclass(frozen=True)
+class Outdated:
+    """One pinned component and the final releases newer than its pin."""
+
+    component: str
+    project: str  # on PyPI
+    pinned: str  # the pinned version, or what is pinned instead (a git ref)
+    newer: tuple[str, ...]
+    note: str = ""  # why it could not be checked, or how the pin is not a version
+
+    @property
+    def newest(self) -> str | None:
+        return self.newer[-1] if self.newer else None
+
+
+@dataclass(frozen=True)
+class Report:
+    plan: Plan
+    components: tuple[Outdated, ...]
+    cells: tuple[MatrixCell, ...]  # vLLM and image mods x newer vLLM releases
+    mods: tuple[str, ...]  # the mods tried, in the variant's order
+
+    def applies_to(self, mod: str) -> list[tuple[str, str]]:
+        return applies_ranges(list(self.cells), mod)
+
+
+def newer_releases(project: str, pinned: str | None,
+                   releases: Callable[[str], list[str]] = sources.release_versions) -> tuple[str, ...]:
+    """Final releases of project newer than pinned (all of them when the pin is not a version)."""
+    found = releases(project)
+    if pinned is None:
+        return tuple(found)
+    try:
+        floor = Version(pinned)
+    except InvalidVersion:
+        return tuple(found)
+    return tuple(v for v in found if Version(v) > floor)
+
+
+def _one(component: str, project: str, pinned: str | None, shown: str, note: str,
+         releases: Callable[[str], list[str]]) -> Outdated:
+    try:
+        return Outdated(component, project, shown, newer_releases(project, pinned, releases), note)
+    except sources.SourceUnavailable as exc:
+        return Outdated(component, project, shown, (), f"not checked: {exc}")
+
+
+def check_components(plan: Plan, releases: Callable[[str], list[str]] = sources.release_versions) -> list[Outdated]:
+    out = [_one("vllm", "vllm", plan.vllm.version, plan.vllm.version, "", releases)]
+    for c in plan.components:
+        if c.kind == "pip":
+            project = canonicalize_name(str(c.package).split("[")[0])
+            note = "" if c.version.value else f"version not pinned ({c.version.unknown})"
+            out.append(_one(c.name, project, c.version.value, c.version.value or "UNPINNED", note, releases))
+        elif c.name in ON_PYPI:
+            out.append(_one(c.name, ON_PYPI[c.name], None, f"git {c.ref}",
+                            f"pinned by git ref {c.ref}, not a release: every release is listed", releases))
+        else:
+            out.append(Outdated(c.name, "", f"git {c.ref}", (), "not checked: its releases are git tags, and PyPI "
+                                "is the only release source asked"))
+    return out
+
+
+def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | None = None,
+             releases: Callable[[str], list[str]] = sources.release_versions,
+             progress: Callable[[str], None] = lambda _: None) -> Report:
+    """The newer releases of each pinned component and, for vLLM, which mods apply to them."""
+    comps = check_components(plan, releases)
+    mods = [m for m in plan.mods if m.spec.component in ("vllm", "image")]
+    vllm_mods = [m for m in mods if m.spec.component == "vllm"]
+    image_mods = [m for m in mods if m.spec.component == "image"]
+    newer_vllm = [v for v in comps[0].newer if until is None or Version(v) <= Version(until)]
+    cells: list[MatrixCell] = []
+    if try_mods and mods and newer_vllm:
+        if vllm_mods:
+            cells = matrix(vllm_mods, newer_vllm, workdir, progress=progress)
+        cells += image_cells(image_mods, newer_vllm, workdir)
+    return Report(plan, tuple(comps), tuple(cells), tuple(m.name for m in mods))
+
+
+def image_cells(mods: list[Mod], versions: list[str], workdir: Path) -> list[MatrixCell]:
+    """Image mods against newer vLLM releases: installed once into an empty root (as check-mods does;
+    no vLLM source is involved), each release marked with whether the mod's targets declare it."""
+    cells = []
+    for mod in mods:
+        scratch = Path(tempfile.mkdtemp(prefix="outdated-image-", dir=workdir))
+        try:
+            (_, state, detail), = apply_in_scratch([mod], None, scratch / "root")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        declared = SpecifierSet(mod.spec.targets.versions)
+        cells += [MatrixCell(mod.name, v, state, detail, declared.contains(Version(v), prereleases=True))
+                  for v in versions]
+    return cells
