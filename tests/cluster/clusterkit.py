@@ -10,6 +10,7 @@ from pathlib import Path
 
 REGISTRY_PORT = 5443
 OLD = "sparkforge-test/old:1"
+VARIANT = "testsmall"  # what the cluster tests move (tests/variants); the path is the same for any image
 
 
 def make_ca(d: Path, address: str) -> dict[str, Path]:

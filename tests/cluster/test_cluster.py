@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.cluster.clusterkit import make_stale, node_docker, node_id
+from tests.cluster.clusterkit import VARIANT, make_stale, node_docker, node_id
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS
 from tests.support.paths import ROOT
@@ -55,7 +55,7 @@ def layers(cluster, host, ref: str) -> str:
 
 @pytest.fixture(scope="module")
 def head(test_image, frozen):
-    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), "testvllm", base=BASE,
+    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), VARIANT, base=BASE,
                      lock_policy=LockPolicy.AUTO).plan
     assert plan.tag == test_image.tag
     return deploy.head_image(plan)
@@ -63,7 +63,7 @@ def head(test_image, frozen):
 
 @pytest.fixture(scope="module")
 def pushed(registry, cluster_file, test_image, cli):
-    proc = cli("push", "testvllm", "--cluster", str(cluster_file))
+    proc = cli("push", VARIANT, "--cluster", str(cluster_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -86,7 +86,7 @@ def test_cold_deploy_over_ssh_from_the_tls_registry_and_status(cluster, cluster_
     address = f"{cluster.head.address}:5443"
     assert f"pushed {address}/{test_image.tag}" in pushed.stdout
     olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
-    proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    proc = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"to 3 nodes from {address}" in proc.stdout
     assert "3 updated, 0 current, 0 failed" in proc.stdout, proc.stdout
@@ -100,10 +100,10 @@ def test_cold_deploy_over_ssh_from_the_tls_registry_and_status(cluster, cluster_
     assert node_id(cluster, cluster.nodes[2], test_image.tag) != test_image.image_id
     assert node_id(cluster, cluster.nodes[0], test_image.tag) == test_image.image_id
 
-    status = cli("status", "testvllm", "--cluster", str(cluster_file))
+    status = cli("status", VARIANT, "--cluster", str(cluster_file))
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"all 3 nodes match: {test_image.image_id}" in status.stdout
-    again = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    again = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "0 updated, 3 current, 0 failed; 0 B moved" in again.stdout, again.stdout
 
@@ -126,7 +126,7 @@ def test_a_stopped_sshd_and_an_unknown_host_key_fail_fast_and_the_other_node_upd
     other.write_text(cluster_file.read_text().replace(str(cluster.known_hosts), str(known)))
     down.stop_sshd()
     try:
-        proc = cli("deploy", "testvllm", "--cluster", str(other))
+        proc = cli("deploy", VARIANT, "--cluster", str(other))
     finally:
         cluster.start_sshd(down)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -198,7 +198,7 @@ def test_a_node_whose_engine_dies_mid_pull_fails_alone_and_keeps_its_old_image(
     olds = {h.name: make_stale(cluster, h, test_image) for h in cluster.nodes}
     try:
         with during_pull(victim, victim.engine.crash) as crashed:  # SIGKILL its dockerd mid-download
-            proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+            proc = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     finally:
         if victim.engine.pid() is None:
             victim.engine.start()  # the later tests, and the fixture's teardown, find it running again
@@ -218,7 +218,7 @@ def test_registry_down_every_node_fails_in_one_line_and_nothing_changes(cluster,
     stopped = registry("stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     try:
-        proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+        proc = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     finally:
         started = registry("start")
         assert started.returncode == 0, started.stdout + started.stderr
@@ -260,7 +260,7 @@ def test_a_stalled_pull_is_stopped_and_only_that_node_fails(cluster, cluster_fil
         with during_pull(victim, freeze) as stalled:
             # 60 s: well above the longest silence of a healthy node, the containerd-store one while it
             # unpacks a layer (up to 26 s seen here with the machine busy).
-            proc = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--stall", "60")
+            proc = cli("deploy", VARIANT, "--cluster", str(cluster_file), "--stall", "60")
         # The node's docker pull ended with the connection (its terminal hung up), the engine still frozen.
         left = processes("pull", env=pulling, program="docker")
         for _ in range(100):
@@ -339,35 +339,35 @@ def test_deploy_previous_moves_every_node_back_and_status_shows_it(cluster, clus
 
     from tests.support.paths import CA
 
-    first = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    first = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert first.returncode == 0, first.stdout + first.stderr
     # A second, real build: one install-phase mod changed (a copy of mods/), so a new tag.
     mods = tmp_path / "mods"
     shutil.copytree(frozen[0], mods)
-    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), "testvllm", base=BASE,
+    plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), VARIANT, base=BASE,
                      lock_policy=LockPolicy.AUTO).plan
     mod = plan.mods_in("install")[0]
     with open(mods / mod.name / "mod.yaml", "a", encoding="utf-8") as f:
         f.write("# changed for the rollback test\n")
     changed = ("--images", str(VARIANTS), "--mods", str(mods))
-    built = sparkforge(*changed, "build", "testvllm", "--base", BASE, "--ca-cert", CA)
+    built = sparkforge(*changed, "build", VARIANT, "--base", BASE, "--ca-cert", CA, "--no-smoke")
     assert built.returncode == 0, built.stdout + built.stderr
     for verb in ("push", "deploy"):
-        proc = sparkforge(*changed, verb, "testvllm", "--base", BASE, "--cluster", str(cluster_file))
+        proc = sparkforge(*changed, verb, VARIANT, "--base", BASE, "--cluster", str(cluster_file))
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 updated" in proc.stdout
     newer = {h.name: node_id(cluster, h, test_image.moving_tag) for h in cluster.nodes}
-    assert cli("status", "testvllm", "--cluster", str(cluster_file)).returncode == 1  # the nodes run the newer one
+    assert cli("status", VARIANT, "--cluster", str(cluster_file)).returncode == 1  # the nodes run the newer one
 
-    back = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--previous")
+    back = cli("deploy", VARIANT, "--cluster", str(cluster_file), "--previous")
     assert back.returncode == 0, back.stdout + back.stderr
     assert f"deploying {test_image.tag}" in back.stdout and "0 failed" in back.stdout
-    status = cli("status", "testvllm", "--cluster", str(cluster_file))
+    status = cli("status", VARIANT, "--cluster", str(cluster_file))
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"all 3 nodes match: {test_image.image_id}" in status.stdout
     for host in cluster.nodes:
         assert node_id(cluster, host, test_image.moving_tag) != newer[host.name]
-    history = cli("history", "testvllm")
+    history = cli("history", VARIANT)
     assert history.returncode == 0
     line = next(ln for ln in history.stdout.splitlines() if ln.startswith(test_image.tag.rpartition(":")[2]))
     assert "node1, node2, node3" in line, history.stdout

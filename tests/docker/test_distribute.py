@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, TEST_MODS
 from sparkforge.distribute import deploy, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.recipe.plan import Layout, plan_variant
@@ -29,11 +29,17 @@ from tests.infra.procs import processes, read_bytes
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
 OLD = "sparkforge-test/old:1"
+VARIANT = "testsmall"  # what moves between the engines; the path is the same for any image
+
+
+@pytest.fixture(scope="module")
+def test_image(small_image):
+    return small_image
 
 
 @pytest.fixture(scope="module")
 def plan(test_image):
-    p = plan_variant(Layout.default(ROOT, images_dir=VARIANTS), "testvllm", base=BASE)
+    p = plan_variant(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=TEST_MODS), VARIANT, base=BASE)
     assert p.tag == test_image.tag
     return p
 
@@ -75,7 +81,7 @@ def cluster_file(tmp_path_factory, nodes, registry):
 @pytest.fixture(scope="module")
 def pushed(test_image, registry, old_ids):
     """The test image pushed with the real `push` command (both tags)."""
-    proc = sparkforge("--images", str(VARIANTS), "push", "testvllm", "--base", BASE, "--registry", registry.address)
+    proc = cli("push", VARIANT, "--registry", registry.address)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield proc
     # The head keeps no tags naming this throw-away registry.
@@ -101,7 +107,7 @@ def as_nodes(nodes) -> list[ClusterNode]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return sparkforge("--images", str(VARIANTS), *args, "--base", BASE)
+    return sparkforge("--images", str(VARIANTS), "--mods", str(TEST_MODS), *args, "--base", BASE)
 
 
 def by_name(deployment) -> dict:
@@ -116,16 +122,16 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_node(nodes, cluster_file, t
     extra = tmp_path / "extra.yaml"
     extra.write_text("nodes:\n  spark1:\n    endpoint: unix:///x.sock\nregistries: []\n")
     cases = [
-        (("deploy", "testvllm", "--cluster", str(cluster_file), "--nodes", "nosuchnode"), "unknown node 'nosuchnode'"),
-        (("deploy", "testvllm", "--nodes", "http://host:1"), "is not a Docker endpoint"),
-        (("deploy", "testvllm", "--cluster", str(bad_yaml)), "malformed YAML: line"),
-        (("deploy", "testvllm", "--cluster", str(bad_field)), "nodes.spark1.endpoint"),
-        (("deploy", "testvllm", "--cluster", str(extra)), "registries: unknown key"),
+        (("deploy", VARIANT, "--cluster", str(cluster_file), "--nodes", "nosuchnode"), "unknown node 'nosuchnode'"),
+        (("deploy", VARIANT, "--nodes", "http://host:1"), "is not a Docker endpoint"),
+        (("deploy", VARIANT, "--cluster", str(bad_yaml)), "malformed YAML: line"),
+        (("deploy", VARIANT, "--cluster", str(bad_field)), "nodes.spark1.endpoint"),
+        (("deploy", VARIANT, "--cluster", str(extra)), "registries: unknown key"),
         (("deploy", "nosuchvariant", "--cluster", str(cluster_file)), "nosuchvariant"),
-        (("deploy", "testvllm", "--nodes", nodes[0].endpoint), "registry mode needs a registry"),
-        (("deploy", "testvllm", "--cluster", str(cluster_file), "--mode", "rsync"), "unknown mode"),
-        (("status", "testvllm", "--cluster", str(tmp_path / "missing.yaml")), "file not found"),
-        (("push", "testvllm", "--registry", "not a registry"), "not a registry address"),
+        (("deploy", VARIANT, "--nodes", nodes[0].endpoint), "registry mode needs a registry"),
+        (("deploy", VARIANT, "--cluster", str(cluster_file), "--mode", "rsync"), "unknown mode"),
+        (("status", VARIANT, "--cluster", str(tmp_path / "missing.yaml")), "file not found"),
+        (("push", VARIANT, "--registry", "not a registry"), "not a registry address"),
     ]
     before = [n.docker("images", "-qa").stdout for n in nodes]
     for args, expected in cases:
@@ -181,7 +187,7 @@ def test_cli_stream_one_stream_cut_the_other_node_completes(nodes, head, cluster
     watcher = threading.Thread(target=cutter, daemon=True)
     watcher.start()
     try:
-        proc = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--mode", "stream",
+        proc = cli("deploy", VARIANT, "--cluster", str(cluster_file), "--mode", "stream",
                    "--nodes", f"{done_node.name},{victim.name}")
     finally:
         stop.set()
@@ -227,7 +233,7 @@ def test_node_dies_mid_pull_others_complete_and_it_keeps_its_old_image(
     assert tag_id(victim, test_image.tag) is None
 
     # status sees the difference and says so with its exit code
-    proc = cli("status", "testvllm", "--cluster", str(cluster_file))
+    proc = cli("status", VARIANT, "--cluster", str(cluster_file))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "nodes differ" in proc.stdout
 
@@ -238,7 +244,7 @@ def test_registry_down_at_start_fails_the_stale_node_only(nodes, head, registry,
     make_stale(nodes[1], test_image, old_ids)
     registry.stop()
     try:
-        proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+        proc = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     finally:
         registry.start()
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -282,8 +288,8 @@ def test_unreachable_node_is_reported_and_the_others_finish(nodes, head, registr
     down = nodes[0]
     down.stop(kill=True)
     try:
-        proc = cli("deploy", "testvllm", "--cluster", str(cluster_file), "--nodes", f"{down.name},{nodes[2].name}")
-        status = cli("status", "testvllm", "--cluster", str(cluster_file), "--nodes", f"{down.name},{nodes[2].name}")
+        proc = cli("deploy", VARIANT, "--cluster", str(cluster_file), "--nodes", f"{down.name},{nodes[2].name}")
+        status = cli("status", VARIANT, "--cluster", str(cluster_file), "--nodes", f"{down.name},{nodes[2].name}")
     finally:
         down.start()
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -315,7 +321,7 @@ def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_
 def test_cli_deploy_updates_only_the_stale_node_and_status_agrees(
         nodes, head, registry, pushed, cluster_file, old_ids, test_image) -> None:
     make_stale(nodes[1], test_image, old_ids)
-    proc = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    proc = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     table = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("node")}
@@ -326,8 +332,8 @@ def test_cli_deploy_updates_only_the_stale_node_and_status_agrees(
     for node in nodes:
         assert tag_id(node, test_image.moving_tag) == head.image_id
         assert tag_id(node, test_image.tag) == head.image_id
-    again = cli("deploy", "testvllm", "--cluster", str(cluster_file))
+    again = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert again.returncode == 0 and "0 updated, 3 current, 0 failed" in again.stdout, again.stdout
-    status = cli("status", "testvllm", "--cluster", str(cluster_file))
+    status = cli("status", VARIANT, "--cluster", str(cluster_file))
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"all 3 nodes match: {head.image_id}" in status.stdout

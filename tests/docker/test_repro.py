@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, CA, VARIANTS, build_args, image_id
+from tests.support.paths import TEST_MODS
 
 from sparkforge.build.pipeline import LockPolicy, load_plan
 from sparkforge.recipe.plan import Layout
@@ -130,14 +131,16 @@ def containerd_node():
 
 
 def test_verify_repro_refuses_the_classic_store_in_one_line(base_image: str) -> None:
-    proc = sparkforge("--images", str(VARIANTS), "verify-repro", "testvllm", "--base", BASE)
+    proc = sparkforge("--images", str(VARIANTS), "--mods", str(TEST_MODS), "verify-repro", "testsmall", "--base", BASE)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "classic store" in proc.stderr and "--builder-host" in proc.stderr
 
 
 def test_verify_repro_gives_identical_digests(containerd_node, base_image: str) -> None:
-    proc = sparkforge("--images", str(VARIANTS), "verify-repro", "testvllm", "--base", BASE, "--ca-cert", CA,
-                      "--builder-host", containerd_node.endpoint)
+    # A small release wheel (tests/variants/testsmall.yaml): two --no-cache builds of testvllm and their
+    # uncompressed exports took about 10 GB of disk and 5 minutes here, for the same proof.
+    proc = sparkforge("--images", str(VARIANTS), "--mods", str(TEST_MODS), "verify-repro", "testsmall", "--base",
+                      BASE, "--ca-cert", CA, "--builder-host", containerd_node.endpoint)
     print(proc.stdout)  # the two digests, for the CI log
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("build ")]

@@ -11,6 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.cli import run_cli
 from tests.support.paths import BASE, CA, ROOT, VARIANTS
 
 
@@ -88,3 +89,15 @@ class Registry:
 
 __all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "docker_missing", "free_port",
            "image_id"]
+
+
+def built(variant: str, base: str = BASE, mods: Path | None = None, *extra: str) -> BuiltImage:
+    """Build a test variant on the local base with the real command line; the image it made."""
+    proc = run_cli(*build_args(variant, *extra, mods=mods))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    show = run_cli("--images", str(VARIANTS), *(["--mods", str(mods)] if mods else []), "show", variant, "--base",
+                   base, "--json")
+    plan = json.loads(show.stdout)
+    ident = image_id(plan["tag"])
+    assert ident, f"{plan['tag']} missing after build"
+    return BuiltImage(variant, plan["tag"], plan["moving_tag"], ident)

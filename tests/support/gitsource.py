@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sparkforge.recipe import sources
 from tests.support import gitserver
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, TEST_MODS
 
 TORCH_BASE = "sparkforge-test/base-torch:bookworm"
 NUMPY = "1.24.4"  # older than what the newest scipy needs, so an unconstrained install would upgrade it
@@ -135,7 +135,7 @@ class GitSource:
         (self.images / f"{VARIANT}-short.yaml").write_text(
             f"extends: {VARIANT}\nvllm:\n  ref: {self.commit[:9]}\n  commit:\n    unknown: only the short SHA is on record\n")
         shutil.copytree(ROOT / "mods", self.mods)
-        shutil.copytree(ROOT / "tests" / "mods" / "probe-source-mark", self.mods / "probe-source-mark")
+        shutil.copytree(TEST_MODS / "probe-source-mark", self.mods / "probe-source-mark")
 
     def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """The real command line on this setup's recipes and mods (git trusts the test CA); `env` adds to ours."""

@@ -7,6 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 MODS = ROOT / "mods"
+TEST_MODS = ROOT / "tests" / "mods"  # mods that exist only for the tests
 VARIANTS = ROOT / "tests" / "variants"
 BASE = "sparkforge/base-local:bookworm"
 CA = "/etc/ssl/certs/ca-certificates.crt"
