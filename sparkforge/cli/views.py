@@ -76,7 +76,10 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
                        f"NVCC_THREADS={b.nvcc_threads}"))
     lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
-    lines.append(_line(f"  gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"))
+    if plan.gpus:
+        lines.append(_line(f"  gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"))
+    else:
+        lines.append(_line("  gpus        none: the recipe says the image runs no CUDA code, so no kernel check"))
     lines += [_line(f"  not needed  {name}: {reason}") for name, reason in plan.kernels_not_needed]
     lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
     lines += [_line(f"  env         {k}={val}") for k, val in plan.env]

@@ -371,9 +371,11 @@ def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
     """The image each reference names on a node (None where there is none), in one call to the node."""
     proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
     # docker prints what it found and names on stderr, one line each, what it did not find.
-    missing = [ln for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
-    if proc.returncode != 0 and not all("No such image" in ln or "not found" in ln.lower() for ln in missing):
-        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {last_line(proc.stderr, 'no message')}")
+    lines = [ln.strip() for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
+    unexplained = [ln for ln in lines if "No such image" not in ln and "not found" not in ln.lower()]
+    if proc.returncode != 0 and (unexplained or not lines):
+        # The line that says what went wrong, not the last "No such image" beside it.
+        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {(unexplained or ['no message'])[0]}")
     try:
         found = [(NodeImage.from_inspect(d), d) for d in json.loads(proc.stdout or b"[]")]
     except ValueError:
