@@ -191,13 +191,22 @@ def _package_dir(project: str) -> str:
 
 
 # Bumped when what a cached tree holds changes, so that older caches are extracted anew.
-TREE_FORMAT = "whole-1"
+TREE_FORMAT = "tree-2"
+
+
+def _compiled(name: str) -> bool:
+    """A shared library in a wheel (`x.so`, `x.so.12`): about 1 GB of a CUDA vLLM wheel, and never what a mod
+    edits (the patch engine refuses binary changes), so the trees mods are checked on leave them out."""
+    base = name.rsplit("/", 1)[-1]
+    return base.endswith(".so") or ".so." in base
 
 
 def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
-    """Extract a whole sdist (without its top folder) or wheel once; return its root, which holds package/.
+    """Extract a whole sdist (without its top folder) or a wheel's sources once; return its root, which holds
+    package/.
 
-    The whole tree, not only the package: a source-phase mod may touch setup.py, CMakeLists.txt or csrc/.
+    The whole sdist, not only the package: a source-phase mod may touch setup.py, CMakeLists.txt or csrc/.
+    A wheel's shared libraries are left out (_compiled).
     Only regular files and folders are extracted (no links, no devices), each confined to the root.
     `name` names the tree in the cache (default: the archive's file name, unique on an index).
     """
@@ -208,7 +217,7 @@ def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
         if archive.name.endswith(".whl"):
             with zipfile.ZipFile(archive) as zf:
                 for info in zf.infolist():
-                    if not info.is_dir() and _confined(info.filename):
+                    if not info.is_dir() and _confined(info.filename) and not _compiled(info.filename):
                         zf.extract(info, staging)
         else:
             with tarfile.open(archive) as tf:

@@ -316,6 +316,8 @@ def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path:
             if path.is_file():
                 zf.write(path, path.relative_to(tree).as_posix())
         zf.writestr("vllm-0.17.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm\nVersion: 0.17.0\n")
+        zf.writestr("vllm/_C.abi3.so", b"\x7fELF compiled")  # about 1 GB in a real CUDA wheel
+        zf.writestr("vllm.libs/libcudart.so.12", b"\x7fELF compiled")
     (images / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n"
                                    f"  sha256: {download.sha256_of(wheel)}\n  version: \"0.17.0\"\n"
                                    "mods: [uf17-eager-allreduce, fix-qwen35-tp4-marlin]\n")
@@ -323,3 +325,7 @@ def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path:
     assert [(r.mod, r.state) for r in rows] == [("uf17-eager-allreduce", RowState.APPLIED),
                                                 ("fix-qwen35-tp4-marlin", RowState.APPLIED)]
     assert rows[0].source.startswith(f"vllm wheel {NAME}")
+    # The tree the mods were checked on holds the wheel's sources, not its shared libraries.
+    trees = list((sources.cache_dir() / "trees").glob(f"*-{download.sha256_of(wheel)[:16]}-{NAME}"))
+    assert len(trees) == 1 and (trees[0] / "vllm" / "__init__.py").is_file()
+    assert not list(trees[0].rglob("*.so")) and not list(trees[0].rglob("*.so.*"))
