@@ -370,16 +370,19 @@ def registry_ref(registry: str, ref: str) -> str:
 def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
     """The image each reference names on a node (None where there is none), in one call to the node."""
     proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
-    # docker prints what it found and names on stderr, one line each, what it did not find.
+    # docker prints what it found and names on stderr, one line each, what it did not find. Other lines
+    # may come from the node's shell start-up over ssh (a login script's noise), so the answer counts
+    # as whole when every reference is either found or named missing.
     lines = [ln.strip() for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
-    unexplained = [ln for ln in lines if "No such image" not in ln and "not found" not in ln.lower()]
-    if proc.returncode != 0 and (unexplained or not lines):
-        # The line that says what went wrong, not the last "No such image" beside it.
-        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {(unexplained or ['no message'])[0]}")
+    missing = [ln for ln in lines if "No such image" in ln or "not found" in ln.lower()]
     try:
         found = [(NodeImage.from_inspect(d), d) for d in json.loads(proc.stdout or b"[]")]
     except ValueError:
         raise NodeFailure(f"inspect of {' '.join(refs)} gave no JSON: {last_line(proc.stdout, 'no output')}") from None
+    if proc.returncode != 0 and len(found) + len(missing) < len(refs):
+        # The line that says what went wrong, not a "No such image" beside it.
+        said = [ln for ln in lines if ln not in missing] or ["no message"]
+        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {said[0]}")
     if len(found) == len(refs):
         return dict(zip(refs, (image for image, _ in found)))
     # Some were missing: tell the others apart by the tags they carry.

@@ -1,0 +1,55 @@
+"""How a node's `docker image inspect` answer is read: every reference found or named missing is a whole
+answer, whatever else the node's shell printed; anything less is one line naming what went wrong.
+
+`docker` here is a script on PATH that answers as the real CLI does (JSON of what it found on stdout, one
+"No such image" line per missing reference on stderr, exit 1 when one is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from sparkforge.distribute.cluster import Node, NodeFailure
+from sparkforge.distribute.deploy import inspect
+
+FOUND = {"Id": "sha256:" + "a" * 64, "RepoTags": ["repo/x:v"], "RepoDigests": [], "RootFS": {"Layers": []}}
+NOISE = "rm: cannot remove '/root/.pyenv/shims/tmp.x': No such file or directory"  # a login script, seen on a node
+
+
+def fake_docker(tmp_path: Path, monkeypatch, stdout: str, stderr: str, code: int) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "out").write_text(stdout)
+    (tmp_path / "err").write_text(stderr)
+    script = bin_dir / "docker"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'out'}\ncat {tmp_path / 'err'} >&2\nexit {code}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+
+NODE = Node("n1", "tcp://10.0.0.1:2375")
+
+
+def test_one_found_one_missing_and_shell_noise_is_a_whole_answer(tmp_path: Path, monkeypatch) -> None:
+    fake_docker(tmp_path, monkeypatch, json.dumps([FOUND]),
+                f"{NOISE}\nError response from daemon: No such image: repo/x:new\n", 1)
+    seen = inspect(NODE, "repo/x:v", "repo/x:new")
+    assert seen["repo/x:new"] is None and seen["repo/x:v"].id == FOUND["Id"]
+
+
+def test_both_missing_with_noise_is_a_whole_answer(tmp_path: Path, monkeypatch) -> None:
+    fake_docker(tmp_path, monkeypatch, "[]", f"{NOISE}\nError: No such image: repo/x:v\n"
+                "Error: No such image: repo/x:new\n", 1)
+    assert inspect(NODE, "repo/x:v", "repo/x:new") == {"repo/x:v": None, "repo/x:new": None}
+
+
+def test_an_answer_that_misses_a_reference_names_the_line_that_says_why(tmp_path: Path, monkeypatch) -> None:
+    fake_docker(tmp_path, monkeypatch, "[]", "Error response from daemon: No such image: repo/x:new\n"
+                "permission denied while trying to connect to the Docker daemon socket\n", 1)
+    with pytest.raises(NodeFailure) as err:
+        inspect(NODE, "repo/x:v", "repo/x:new")
+    assert str(err.value).endswith("failed: permission denied while trying to connect to the Docker daemon socket")
