@@ -250,18 +250,7 @@ def image_ids(*refs: str) -> dict[str, str | None]:
     The docker CLI, not the SDK, on this path: a cached rebuild should cost little more than
     BuildKit itself, and importing the SDK alone takes longer than this call.
     """
-    proc = dockercli.run(["image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", *refs],
-                         what="docker image inspect", check=False)
-    unexplained = [line for line in proc.stderr.splitlines() if line.strip() and "No such image" not in line]
-    if proc.returncode != 0 and unexplained:
-        raise dockercli.EngineError(unexplained[-1].strip(), field="docker image inspect")
-    found: dict[str, str | None] = {ref: None for ref in refs}
-    for line in proc.stdout.splitlines():
-        ident, _, tags = line.partition(" ")
-        for ref in refs:
-            if ref in json.loads(tags or "[]"):
-                found[ref] = ident
-    return found
+    return {ref: data["Id"] if data else None for ref, data in dockercli.inspect_images(*refs).items()}
 
 
 def current_image(ref: str) -> str | None:

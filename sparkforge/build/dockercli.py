@@ -66,6 +66,29 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK,
     return proc
 
 
+def inspect_images(*refs: str, host: str | None = None, env: dict[str, str] | None = None) -> dict[str, dict | None]:
+    """What `docker image inspect` says of each reference on the engine (None where there is no such
+    image), in one call: the one way the head asks about its images."""
+    proc = run(["image", "inspect", *refs], what="docker image inspect", host=host, env=env, check=False)
+    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    missing = [line for line in lines if "No such image" in line]
+    try:
+        found = json.loads(proc.stdout or "[]")
+    except ValueError:
+        raise EngineError(f"no JSON in the answer: {last_line(proc.stdout, 'no output')}",
+                          field="docker image inspect") from None
+    if proc.returncode != 0 and len(found) + len(missing) < len(refs):
+        said = [line for line in lines if line not in missing] or [f"exit code {proc.returncode}"]
+        raise EngineError(said[0], field="docker image inspect")
+    if len(found) == len(refs):  # docker answers in the order it was asked
+        return dict(zip(refs, found))
+
+    def names(data: dict) -> set[str]:
+        return {data.get("Id", ""), *(data.get("RepoTags") or []), *(data.get("RepoDigests") or [])}
+
+    return {ref: next((data for data in found if ref in names(data)), None) for ref in refs}
+
+
 def _unix_socket(host: str | None) -> str | None:
     """The engine's unix socket when the CLI would use one without a context; else None."""
     host = host or os.environ.get("DOCKER_HOST")

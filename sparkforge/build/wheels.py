@@ -169,10 +169,8 @@ def base_identity(plan: Plan, host: str | None = None) -> str | None:
     """The base's digest, or (unpinned) its image ID on the build engine; None when neither is known."""
     if plan.base.digest.value:
         return plan.base.digest.value
-    proc = dockercli.run(["image", "inspect", "--format", "{{.Id}}", plan.base.ref], host=host, check=False,
-                         what="docker image inspect")
-    ident = proc.stdout.strip()
-    return f"image-id {ident}" if proc.returncode == 0 and ident else None
+    data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
+    return f"image-id {data['Id']}" if data else None
 
 
 def engine_arch(host: str | None = None) -> str:

@@ -70,10 +70,14 @@ class ReproResult:
         return self.first.manifest == self.second.manifest
 
 
+def _plain_env() -> dict[str, str]:
+    """Our environment without the user's current context: `host`, or the default engine when None."""
+    return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
+
+
 def _docker(host: str | None, *args: str, timeout: float = dockercli.QUICK, **kw) -> subprocess.CompletedProcess:
     """`docker ARGS` on `host` (the default engine when None), never the user's current context."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
-    return dockercli.run(list(args), host=host, env=env, timeout=timeout, check=False, **kw)
+    return dockercli.run(list(args), host=host, env=_plain_env(), timeout=timeout, check=False, **kw)
 
 
 def check_engine(host: str | None) -> str:
@@ -105,14 +109,13 @@ def ensure_base(plan: Plan, host: str | None, progress: Callable[[str], None] = 
     if host is None or plan.base.digest.value:
         return
     ref = plan.base.ref
-    if _docker(host, "image", "inspect", ref).returncode == 0:
+    if dockercli.inspect_images(ref, host=host, env=_plain_env())[ref] is not None:
         return
-    if _docker(None, "image", "inspect", ref).returncode != 0:
+    if dockercli.inspect_images(ref, env=_plain_env())[ref] is None:
         raise ReproError(f"base image {ref} is neither on {host} nor in the default engine; pull or build it first",
                          field="base")
     progress(f"copying base image {ref} to {host}")
-    save = dockercli.start(["save", ref], stdout=subprocess.PIPE,
-                           env={k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")})
+    save = dockercli.start(["save", ref], stdout=subprocess.PIPE, env=_plain_env())
     try:
         load = _docker(host, "load", stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        timeout=dockercli.LONG)

@@ -1,5 +1,6 @@
-"""How a node's `docker image inspect` answer is read: every reference found or named missing is a whole
-answer, whatever else the node's shell printed; anything less is one line naming what went wrong.
+"""How a `docker image inspect` answer is read, on a node and on the head: every reference found or named
+missing is a whole answer, whatever else a node's shell printed; anything less is one line naming what went
+wrong.
 
 `docker` here is a script on PATH that answers as the real CLI does (JSON of what it found on stdout, one
 "No such image" line per missing reference on stderr, exit 1 when one is missing).
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkforge.build import dockercli
 from sparkforge.distribute.cluster import Node, NodeFailure
 from sparkforge.distribute.deploy import inspect
 
@@ -53,3 +55,17 @@ def test_an_answer_that_misses_a_reference_names_the_line_that_says_why(tmp_path
     with pytest.raises(NodeFailure) as err:
         inspect(NODE, "repo/x:v", "repo/x:new")
     assert str(err.value).endswith("failed: permission denied while trying to connect to the Docker daemon socket")
+
+
+def test_the_head_maps_each_reference_to_its_image_or_none(tmp_path: Path, monkeypatch) -> None:
+    other = dict(FOUND, Id="sha256:" + "b" * 64, RepoTags=["repo/x:w"], RepoDigests=["repo/x@sha256:" + "c" * 64])
+    fake_docker(tmp_path, monkeypatch, json.dumps([FOUND, other]), "Error: No such image: repo/x:new\n", 1)
+    seen = dockercli.inspect_images("repo/x:v", "repo/x:new", "repo/x@sha256:" + "c" * 64)
+    assert seen == {"repo/x:v": FOUND, "repo/x:new": None, "repo/x@sha256:" + "c" * 64: other}
+
+
+def test_the_head_engine_refusing_is_one_line_naming_the_call(tmp_path: Path, monkeypatch) -> None:
+    fake_docker(tmp_path, monkeypatch, "", "permission denied while trying to connect to the Docker daemon socket\n", 1)
+    with pytest.raises(dockercli.EngineError) as err:
+        dockercli.inspect_images("repo/x:v")
+    assert err.value.field == "docker image inspect" and "permission denied" in str(err.value)
