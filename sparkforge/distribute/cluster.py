@@ -35,7 +35,8 @@ from ..build.dockercli import last_line
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..imageref import ImageRef
 from ..net import is_loopback
-from ..recipe.config import NAME_RE, Strict, read_yaml, validation_error
+from ..recipe.config import read_yaml, validation_error
+from ..recipe.schema import NAME_RE, Strict
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
 _HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"

@@ -23,7 +23,8 @@ from packaging.version import InvalidVersion, Version
 from pydantic import Field, StringConstraints, ValidationError
 
 from ..errors import ConfigError, SparkforgeError
-from .config import (
+from .config import read_text
+from .schema import (
     AbsPath,
     Commit,
     Digest,
@@ -38,7 +39,6 @@ from .config import (
     Sha256,
     Strict,
     Text,
-    read_text,
 )
 from .plan import BaseImage, Pin, Plan, rehash
 

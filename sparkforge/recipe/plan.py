@@ -23,16 +23,8 @@ from .. import __version__
 from ..errors import ConfigError
 from ..imageref import ImageRef
 from ..inimage.contract import SCHEMA
-from .config import (
-    DIGEST_RE,
-    REPOSITORY_RE,
-    TAG_RE,
-    ModSpec,
-    Recipe,
-    Unknown,
-    load_mod,
-    load_variant,
-)
+from .config import Recipe, load_mod, load_variant
+from .schema import DIGEST_RE, REPOSITORY_RE, TAG_RE, ModSpec, Unknown
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.

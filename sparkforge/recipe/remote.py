@@ -21,16 +21,8 @@ from pathlib import Path
 from .. import inimage
 from ..errors import ConfigError, DownloadError
 from . import download
-from .config import (
-    NAME_RE,
-    PATCH_URL_RE,
-    PR_RE,
-    REMOTE_PATCH_FILE,
-    RemotePatch,
-    mod_yaml_text,
-    pr_diff_url,
-    specifier_error,
-)
+from .config import REMOTE_PATCH_FILE, mod_yaml_text
+from .schema import NAME_RE, PATCH_URL_RE, PR_RE, RemotePatch, pr_diff_url, specifier_error
 from .plan import Mod
 from .sources import cache_dir
 

@@ -20,7 +20,7 @@ import pytest
 from tests.support import fileserver
 from tests.support import upstream
 from sparkforge.recipe import sources
-from sparkforge.recipe.config import pr_diff_url
+from sparkforge.recipe.schema import pr_diff_url
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network

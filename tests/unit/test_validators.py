@@ -9,36 +9,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from sparkforge.recipe import config
-from sparkforge.recipe.config import ModFile, ModVerify, field_path
+from sparkforge.recipe import schema
+from sparkforge.recipe.config import field_path
+from sparkforge.recipe.schema import ModFile, ModVerify
 from sparkforge.recipe.plan import parse_image_ref
 from sparkforge.errors import ConfigError
 
-# Every pattern-validated type of config.py, with the pattern its valid values come from.
+# Every pattern-validated type of schema.py, with the pattern its valid values come from.
 TYPES = {
-    "Name": (config.Name, config.NAME_RE),
-    "Commit": (config.Commit, config.COMMIT_RE),
-    "Digest": (config.Digest, config.DIGEST_RE),
-    "GitRef": (config.GitRef, config.REF_RE),
-    "GitUrl": (config.GitUrl, config.URL_RE),
-    "Repository": (config.Repository, config.REPOSITORY_RE),
-    "ImageTag": (config.ImageTag, config.TAG_RE),
-    "Package": (config.Package, config.PKG_RE),
-    "EnvName": (config.EnvName, config.ENV_NAME_RE),
-    "EnvValue": (config.EnvValue, config.ENV_VALUE_RE),
-    "ArchList": (config.ArchList, config.ARCH_LIST_RE),
-    "Gpu": (config.Gpu, config.GPU_RE),
-    "Extension": (config.Extension, config.EXTENSION_RE),
-    "AbsPath": (config.AbsPath, config.ABS_PATH_RE),
-    "RelPath": (config.RelPath, config.REL_PATH_RE),
-    "ModPath": (config.ModPath, config.REL_PATH_RE),
-    "OsPackage": (config.OsPackage, config.OS_PKG_RE),
-    "PatchUrl": (config.PatchUrl, config.PATCH_URL_RE),
-    "FileUrl": (config.FileUrl, config.FILE_URL_RE),
-    "PullRequest": (config.PullRequest, config.PR_RE),
-    "Sha256": (config.Sha256, config.SHA256_RE),
+    "Name": (schema.Name, schema.NAME_RE),
+    "Commit": (schema.Commit, schema.COMMIT_RE),
+    "Digest": (schema.Digest, schema.DIGEST_RE),
+    "GitRef": (schema.GitRef, schema.REF_RE),
+    "GitUrl": (schema.GitUrl, schema.URL_RE),
+    "Repository": (schema.Repository, schema.REPOSITORY_RE),
+    "ImageTag": (schema.ImageTag, schema.TAG_RE),
+    "Package": (schema.Package, schema.PKG_RE),
+    "EnvName": (schema.EnvName, schema.ENV_NAME_RE),
+    "EnvValue": (schema.EnvValue, schema.ENV_VALUE_RE),
+    "ArchList": (schema.ArchList, schema.ARCH_LIST_RE),
+    "Gpu": (schema.Gpu, schema.GPU_RE),
+    "Extension": (schema.Extension, schema.EXTENSION_RE),
+    "AbsPath": (schema.AbsPath, schema.ABS_PATH_RE),
+    "RelPath": (schema.RelPath, schema.REL_PATH_RE),
+    "ModPath": (schema.ModPath, schema.REL_PATH_RE),
+    "OsPackage": (schema.OsPackage, schema.OS_PKG_RE),
+    "PatchUrl": (schema.PatchUrl, schema.PATCH_URL_RE),
+    "FileUrl": (schema.FileUrl, schema.FILE_URL_RE),
+    "PullRequest": (schema.PullRequest, schema.PR_RE),
+    "Sha256": (schema.Sha256, schema.SHA256_RE),
     # Not every string of PEP 440's characters is a version: generate versions pip would accept.
-    "PipVersion": (config.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
+    "PipVersion": (schema.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
                                                  r"(\.post[0-9])?(\.dev[0-9]{1,3})?(\+[a-z0-9]{1,5})?")),
 }
 
@@ -47,7 +48,7 @@ BREAKS = ("\n", "\r\n", "\r", "\x00", "\t", " ")
 
 # What the validators refuse on top of their patterns, as documented: a path segment that is '.' or '..'
 # (README, "Bad input"), and an image repository longer than Docker allows.
-MAX_LENGTH = {"Repository": config.MAX_REPOSITORY}
+MAX_LENGTH = {"Repository": schema.MAX_REPOSITORY}
 
 
 def valid_values(name: str) -> st.SearchStrategy[str]:
@@ -80,32 +81,32 @@ def test_a_valid_value_with_a_break_after_it_is_refused(name: str) -> None:
 
 
 def test_every_pattern_is_covered() -> None:
-    """A pattern added to config.py joins the table above, or this fails."""
-    patterns = {name for name in dir(config) if name.endswith("_RE")}
-    covered = {name for name in dir(config) if name.endswith("_RE")
-               and any(getattr(config, name) is p for _, p in TYPES.values())}
+    """A pattern added to schema.py joins the table above, or this fails."""
+    patterns = {name for name in dir(schema) if name.endswith("_RE")}
+    covered = {name for name in dir(schema) if name.endswith("_RE")
+               and any(getattr(schema, name) is p for _, p in TYPES.values())}
     # Used inside other validators, each tested on its own below.
     assert patterns - covered == {"PEP440_CHARS_RE", "MODE_RE"}
 
 
 def test_every_pattern_is_anchored_at_both_ends() -> None:
     """\\A and \\Z, never ^ and $: `$` also matches before a final newline, for any caller that uses match."""
-    for name in dir(config):
+    for name in dir(schema):
         if name.endswith("_RE"):
-            source = getattr(config, name).pattern
+            source = getattr(schema, name).pattern
             assert source.startswith("\\A") and source.endswith("\\Z"), name
 
 
 @pytest.mark.parametrize("value", ["1.0\n", "0.17.0 ", "1.0\t"])
 def test_a_version_with_a_break_is_refused(value: str) -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(config.PipVersion).validate_python(value)
+        TypeAdapter(schema.PipVersion).validate_python(value)
 
 
 @pytest.mark.parametrize("value", [">=0.16\n", ">=0.16,\n<0.18", "\t>=0.16"])
 def test_a_version_range_with_a_break_is_refused(value: str) -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(config.Specifier).validate_python(value)
+        TypeAdapter(schema.Specifier).validate_python(value)
 
 
 @pytest.mark.parametrize("mode", ["0644\n", "644", "0648", "00644"])
@@ -118,17 +119,17 @@ def test_a_bad_file_mode_is_refused(mode: str) -> None:
                                    "a/b/../c", "a\\b", "a b", "a/\n"])
 def test_a_relative_path_stays_below_its_root(value: str) -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(config.RelPath).validate_python(value)
+        TypeAdapter(schema.RelPath).validate_python(value)
 
 
 @pytest.mark.parametrize("value", ["sub/x.py", "a", "vllm/model_executor/models/qwen3_next.py", "a/.hidden", "a/b..c"])
 def test_a_plain_relative_path_is_accepted(value: str) -> None:
-    assert TypeAdapter(config.RelPath).validate_python(value) == value
+    assert TypeAdapter(schema.RelPath).validate_python(value) == value
 
 
 @pytest.mark.parametrize("value", ["/opt/../etc/passwd", "//opt", "/opt/", "/", "/opt/./x", "opt/x/../../.."])
 def test_absolute_and_mod_paths_have_no_dot_segments(value: str) -> None:
-    for kind in (config.AbsPath, config.ModPath):
+    for kind in (schema.AbsPath, schema.ModPath):
         with pytest.raises(ValidationError):
             TypeAdapter(kind).validate_python(value)
 
@@ -141,12 +142,12 @@ def test_a_verify_file_or_a_files_dest_cannot_climb(value: str) -> None:
         ModFile(src="a.py", dest=value)
 
 
-@given(st.from_regex(config.REF_RE, fullmatch=True))
+@given(st.from_regex(schema.REF_RE, fullmatch=True))
 @settings(max_examples=50, deadline=None)
 def test_other_modules_using_the_patterns_match_in_full(ref: str) -> None:
     """plan.py checks --base with the same patterns through .match: the anchors hold there too."""
     tag = ref.replace("/", "-")[:100] or "x"
-    if not config.TAG_RE.fullmatch(tag):
+    if not schema.TAG_RE.fullmatch(tag):
         return
     with pytest.raises(ConfigError):
         parse_image_ref(f"example.org/base:{tag}\n")
