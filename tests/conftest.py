@@ -88,23 +88,22 @@ NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _
          "cluster": _cluster_missing, "gpu": _gpu_missing}
 
 
-# Tests that use the engine run in three xdist groups, each on one worker and in order, so that what a
+# Tests that use the engine run in four xdist groups, each on one worker and in order, so that what a
 # group's modules share (images, daemons, namespaces) is made once per worker: the tests that move
-# images between hosts, the tests that build from git and wheels, and the rest of the builds (about a
-# third of the engine time each, by the durations of a CI run). Both may build the test image: the second build of a
-# plan waits for the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are
-# made by one worker while the other waits. The other workers take the rest (`make test`).
+# images between hosts, the git-source builds, the wheel-cache builds, and the rest of the builds (by
+# the durations of a CI run, the git-source builds were the longest chain, so the wheel tests left it;
+# their builder prune runs on an engine of their own). Two groups may build one plan: the second build
+# waits for the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by
+# one worker while the others wait. Every worker also takes the tests outside the groups (`make test`).
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
-
-
-SOURCE_GROUP = ("tests/docker/test_git_source.py", "tests/docker/test_wheel_builds.py")
+GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-wheels"}
 
 
 def _engine_group(item) -> str:
     path = item.path.relative_to(ROOT).as_posix()
     if path.startswith(HOSTS_GROUP):
         return "engine-hosts"
-    return "engine-sources" if path.startswith(SOURCE_GROUP) else "engine-builds"
+    return GROUPS.get(path, "engine-builds")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group markers into test IDs
