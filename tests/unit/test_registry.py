@@ -266,3 +266,26 @@ def test_a_registry_that_is_not_there_is_one_line_naming_it() -> None:
         assert "refused" in str(err.value).lower() and "\n" not in str(err.value)
         assert err.value.status is None
         assert layer_sizes(Registry(host, ""), "team/app:1.0") == {}  # sizes are progress only
+
+
+class _Deaf(_Store):
+    """Starts an upload, then reads nothing of the PATCH that should bring the layer."""
+
+    def do_PATCH(self) -> None:
+        time.sleep(4)
+
+
+def test_a_registry_that_stops_reading_an_upload_is_given_up_in_time() -> None:
+    def endless() -> Iterator[bytes]:
+        while True:
+            yield b"z" * (1 << 20)
+
+    for host, _ in _serve(_Deaf):
+        client = Client(Endpoint.of(host), deadline=1.0, transfer_deadline=1.5, window=1.0)
+        location = client.start_upload("team/app")
+        t0 = time.monotonic()
+        with pytest.raises(RegistryError) as err:
+            client.send_chunks("team/app", location, endless())
+        assert time.monotonic() - t0 < 3
+        assert str(err.value) in (f"blob upload team/app at {host}: no answer within 1s",
+                                  f"blob upload team/app at {host}: not complete within 2s")
