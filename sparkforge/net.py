@@ -2,8 +2,9 @@
 
 A per-read timeout alone lets a server that sends one byte every 20 s hold a command for ever, so
 every transfer also has an overall deadline: a timer shuts the connection's socket when it passes,
-which ends a read blocked anywhere (status line, headers or body). A redirect may not leave https,
-and no message repeats the user and password of a URL (errors.mask_secrets).
+which ends a read or send blocked anywhere (status line, headers or body). A redirect may not leave
+https, and no message repeats the user and password of a URL (errors.mask_secrets). `stream` and `get`
+read a URL; `request` sends one request of any method (the Registry v2 client, sparkforge/registry.py).
 """
 
 from __future__ import annotations
