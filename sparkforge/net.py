@@ -2,8 +2,9 @@
 
 A per-read timeout alone lets a server that sends one byte every 20 s hold a command for ever, so
 every transfer also has an overall deadline: a timer shuts the connection's socket when it passes,
-which ends a read blocked anywhere (status line, headers or body). A redirect may not leave https,
-and no message repeats the user and password of a URL (errors.mask_secrets).
+which ends a read or send blocked anywhere (status line, headers or body). A redirect may not leave
+https, and no message repeats the user and password of a URL (errors.mask_secrets). `stream` and `get`
+read a URL; `request` sends one request of any method (the Registry v2 client, sparkforge/registry.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
+from email.message import Message
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from .errors import mask_secrets
 
@@ -158,9 +161,9 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
     except urllib.error.HTTPError as exc:
         raise FetchFailed(f"{shown}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc.reason, watch, deadline)}") from None
+        raise FetchFailed(f"{shown}: {_reason(exc.reason, watch, deadline, window)}") from None
     except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline)}") from None
+        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window)}") from None
     finally:
         timer.cancel()
 
@@ -176,14 +179,61 @@ def get(url: str, *, deadline: float, ca_cert: Path | None = None, limit: int = 
     return bytes(body)
 
 
-def _reason(exc: object, watch: _Watch, deadline: float) -> str:
+@dataclass(frozen=True)
+class Reply:
+    """What a server answered to one request, whatever its status."""
+
+    status: int
+    headers: Message
+    body: bytes
+
+
+def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[bytes] | None = None,
+            headers: dict[str, str] | None = None, ca_cert: Path | None = None, window: float = READ_TIMEOUT,
+            limit: int = 64 << 20) -> Reply:
+    """One HTTP request of any method, sent and answered whole within `deadline` seconds, no send or read
+    waiting longer than `window`. body may be an iterable of chunks (sent chunked, for a stream of unknown
+    length). An HTTP error status is a Reply too, for the caller to read (a 401's challenge, a 404);
+    a failure to get any answer raises FetchFailed with one line, as stream does."""
+    shown = mask_secrets(url)
+    if "@" in urllib.parse.urlsplit(url).netloc:
+        raise FetchFailed(f"{shown}: a user or password in the URL is not supported")
+    watch = _Watch()
+    timer = threading.Timer(deadline, watch.expire)
+    timer.daemon = True
+    opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
+    req = urllib.request.Request(url, data=body, method=method, headers={"User-Agent": "sparkforge", **(headers or {})})
+    timer.start()
+    try:
+        try:
+            resp = opener.open(req, timeout=window)
+        except urllib.error.HTTPError as exc:
+            resp = exc  # an error status is an answer: its headers and body are read as any other's
+        with resp:
+            data = resp.read(limit + 1)
+            if watch.expired:
+                raise TimeoutError
+            if len(data) > limit:
+                raise FetchFailed(f"{shown}: more than {limit} bytes")
+            return Reply(resp.status, resp.headers, data)
+    except FetchFailed:
+        raise
+    except urllib.error.URLError as exc:
+        raise FetchFailed(f"{shown}: {_reason(exc.reason, watch, deadline, window, whole=True)}") from None
+    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window, whole=True)}") from None
+    finally:
+        timer.cancel()
+
+
+def _reason(exc: object, watch: _Watch, deadline: float, window: float = READ_TIMEOUT, whole: bool = False) -> str:
     if watch.expired:
-        return f"not complete within {deadline:.0f}s (headers: {HEADERS_TIME:.0f}s)"
+        return f"not complete within {deadline:.0f}s" + ("" if whole else f" (headers: {HEADERS_TIME:.0f}s)")
     if isinstance(exc, FetchFailed):
         return str(exc)
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"TLS certificate not trusted ({exc.verify_message}); give the CA bundle with --ca-cert"
     if isinstance(exc, (TimeoutError, socket.timeout)):
-        return f"no answer within {READ_TIMEOUT:.0f}s"
+        return f"no answer within {window:.0f}s"
     text = str(getattr(exc, "strerror", None) or exc)
     return mask_secrets(text.splitlines()[0]) if text else type(exc).__name__

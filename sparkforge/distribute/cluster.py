@@ -12,17 +12,13 @@ terminal, stopped when it shows no progress for the stall limit.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import pty
 import re
 import selectors
 import shlex
-import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +33,9 @@ from ..imageref import ImageRef
 from ..net import is_loopback
 from ..recipe.config import read_yaml, validation_error
 from ..recipe.schema import NAME_RE, Strict
+from ..registry import Client as RegistryClient
+from ..registry import Endpoint as RegistryEndpoint
+from ..registry import RegistryError
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
 _HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
@@ -178,7 +177,12 @@ class Registry:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.ca else 'http'}://{self.address}"
+        return self.endpoint.url
+
+    @property
+    def endpoint(self) -> RegistryEndpoint:
+        """Where the head reaches it: https trusting the cluster's CA, or plain http without TLS."""
+        return RegistryEndpoint(self.address, "https" if self.ca else "http", self.ca)
 
 
 @dataclass(frozen=True)
@@ -560,34 +564,18 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
 def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
     """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints."""
     ref = ImageRef.parse(tag)
-    manifest = _get_manifest(registry, ref.repository, ref.tag)
-    if manifest is None:
-        return {}
-    if "manifests" in manifest:  # an index: the first linux manifest
-        pick = next((m for m in manifest["manifests"] if (m.get("platform") or {}).get("os", "linux") == "linux"),
-                    None)
-        manifest = _get_manifest(registry, ref.repository, pick["digest"]) if pick else None
-    return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in (manifest or {}).get("layers", [])}
-
-
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"])
-
-
-def registry_context(registry: Registry) -> ssl.SSLContext | None:
-    return ssl.create_default_context(cafile=registry.ca) if registry.ca else None
-
-
-def _get_manifest(registry: Registry, repo: str, ref: str) -> dict | None:
-    # Sizes are for the progress and the byte counts only: a registry that does not answer here
-    # is reported by the pulls themselves, so this never fails a deploy.
-    req = urllib.request.Request(f"{registry.url}/v2/{repo}/manifests/{ref}", headers={"Accept": MANIFEST_TYPES})
+    client = RegistryClient(registry.endpoint, deadline=CONTROL_TIMEOUT, window=CONTROL_TIMEOUT)
     try:
-        with urllib.request.urlopen(req, timeout=CONTROL_TIMEOUT, context=registry_context(registry)) as resp:
-            return json.load(resp)
-    except (OSError, ValueError, urllib.error.URLError):
-        return None
+        manifest = client.manifest(ref.repository, ref.tag)
+        if "manifests" in manifest:  # an index: the first linux manifest
+            pick = next((m for m in manifest["manifests"]
+                         if (m.get("platform") or {}).get("os", "linux") == "linux"), None)
+            manifest = client.manifest(ref.repository, pick["digest"]) if pick else {}
+        return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in manifest.get("layers", [])}
+    except (RegistryError, LookupError, TypeError, ValueError, AttributeError):
+        # Sizes are for the progress and the byte counts only: a registry that does not answer here
+        # is reported by the pulls themselves, so this never fails a deploy.
+        return {}
 
 
 def one_line(text: str) -> str:

@@ -15,8 +15,6 @@ import shutil
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +22,9 @@ from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
-from .cluster import CONTROL_TIMEOUT, Registry, one_line, registry_context
+from ..registry import Client as RegistryClient
+from ..registry import RegistryError
+from .cluster import CONTROL_TIMEOUT, Registry, one_line
 from .deploy import (
     CHUNK,
     TRANSFER_TIMEOUT,
@@ -115,6 +115,9 @@ def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", pro
 LAYER_TYPES = {"zstd": "application/vnd.oci.image.layer.v1.tar+zstd", "none": "application/vnd.oci.image.layer.v1.tar"}
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+# Seconds one send to the registry, or its answer, may wait: a registry may take a while to store a
+# layer of several GB once its last byte is in; a whole upload is bounded by TRANSFER_TIMEOUT.
+PUSH_WINDOW = 300.0
 
 
 def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
@@ -138,6 +141,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                               "--compression gzip or none", field="--compression")
     t0 = time.monotonic()
     repo = image.repository
+    client = RegistryClient(registry.endpoint, transfer_deadline=TRANSFER_TIMEOUT, window=PUSH_WINDOW)
     diff_ids = set(image.identity.layers)
     known = read_state(state_dir, repo).setdefault("blobs", {})
     layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
@@ -163,19 +167,19 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                 stored = stored_compression(data.peek(4)[:4])  # type: ignore[union-attr]
                 digest = f"sha256:{hexname}"
                 if stored is not None:  # a compressed layer: sent as it is
-                    if _blob_exists(registry, repo, digest):
+                    if client.blob_exists(repo, digest):
                         present += 1
                     else:
-                        _upload_layer(registry, repo, data, "none", digest, None)
+                        _upload_layer(client, repo, data, "none", digest, None)
                         sent += member.size
                     layers[hexname] = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
                 elif digest in diff_ids:  # an uncompressed layer: its name is its diff id
                     again = (known.get(digest) or {}).get(compression)
-                    if again and _blob_exists(registry, repo, again[0]):
+                    if again and client.blob_exists(repo, again[0]):
                         blob, size = again[0], again[1]
                         present += 1
                     else:
-                        blob, size = _upload_layer(registry, repo, data, compression, digest, hashlib.sha256())
+                        blob, size = _upload_layer(client, repo, data, compression, digest, hashlib.sha256())
                         sent += size
                     uploaded[digest] = (blob, size)
                     layers[hexname] = Layer(blob, size, LAYER_TYPES[compression])
@@ -189,7 +193,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                     progress(Progress(registry.address, "push", sent, None,
                                       f"layer {blob.digest[:19]} ({human_bytes(blob.size)})"))
         code = save.wait(timeout=CONTROL_TIMEOUT)
-    except (OSError, tarfile.TarError, urllib.error.URLError, subprocess.TimeoutExpired) as exc:
+    except (OSError, tarfile.TarError, RegistryError, subprocess.TimeoutExpired) as exc:
         save.kill()
         save.wait()
         raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}", field="--registry") from None
@@ -200,8 +204,8 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                               field="docker")
     config, order = saved_image(image, saved_manifest, small, layers)
     try:
-        refs, digest = _put_manifest(image, registry, repo, config, order)
-    except (OSError, urllib.error.URLError) as exc:
+        refs, digest = _put_manifest(image, client, repo, config, order)
+    except (OSError, RegistryError) as exc:
         raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}",
                               field="--registry") from None
 
@@ -278,10 +282,10 @@ def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes]
     return config, order
 
 
-def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes,
+def _put_manifest(image: HeadImage, client: RegistryClient, repo: str, config: bytes,
                   layers: list[Layer]) -> tuple[list[str], str | None]:
     """Upload the config, then the manifest under the immutable tag and (last) the moving tag."""
-    config_digest = _put_blob(registry, repo, config)
+    config_digest = client.put_blob(repo, config)
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
@@ -289,45 +293,13 @@ def _put_manifest(image: HeadImage, registry: Registry, repo: str, config: bytes
     }, separators=(",", ":")).encode()
     refs, digest = [], None
     for ref in (image.tag, image.moving_tag):
-        digest = _request(registry, "PUT", f"/v2/{repo}/manifests/{ImageRef.parse(ref).tag}", manifest,
-                          {"Content-Type": OCI_MANIFEST}).headers.get("Docker-Content-Digest")
-        refs.append(registry_ref(registry.address, ref))
+        digest = client.put_manifest(repo, ImageRef.parse(ref).tag, manifest, OCI_MANIFEST)
+        refs.append(registry_ref(client.endpoint.host, ref))
     return refs, digest
 
 
-def _request(registry: Registry, method: str, url: str, body=None, headers: dict | None = None):
-    full = url if url.startswith("http") else f"{registry.url}{url}"
-    req = urllib.request.Request(full, data=body, method=method, headers=headers or {})
-    return urllib.request.urlopen(req, timeout=TRANSFER_TIMEOUT, context=registry_context(registry))
-
-
-def _blob_exists(registry: Registry, repo: str, digest: str) -> bool:
-    try:
-        return _request(registry, "HEAD", f"/v2/{repo}/blobs/{digest}").status == 200
-    except urllib.error.HTTPError:
-        return False
-
-
-def _start_upload(registry: Registry, repo: str) -> str:
-    location = _request(registry, "POST", f"/v2/{repo}/blobs/uploads/", b"").headers["Location"]
-    return location if location.startswith("http") else f"{registry.url}{location}"
-
-
-def _finish(location: str, digest: str) -> str:
-    return f"{location}{'&' if '?' in location else '?'}digest={digest}"
-
-
-def _put_blob(registry: Registry, repo: str, data: bytes) -> str:
-    import hashlib
-
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    if not _blob_exists(registry, repo, digest):
-        _request(registry, "PUT", _finish(_start_upload(registry, repo), digest), data,
-                 {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
-    return digest
-
-
-def _upload_layer(registry: Registry, repo: str, data, compression: str, diff_id: str, hasher) -> tuple[str, int]:
+def _upload_layer(client: RegistryClient, repo: str, data, compression: str, diff_id: str,
+                  hasher) -> tuple[str, int]:
     """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (digest, size)."""
     size = 0
     if compression == "none":
@@ -360,15 +332,11 @@ def _upload_layer(registry: Registry, repo: str, data, compression: str, diff_id
                 size += len(block)
                 yield block
         source = compressed()
-    location = _start_upload(registry, repo)
-    resp = _request(registry, "PATCH", location, source, {"Content-Type": "application/octet-stream"})
+    after = client.send_chunks(repo, client.start_upload(repo), source)
     if zstd is not None:
         feeder.join()
         if zstd.wait(timeout=CONTROL_TIMEOUT) != 0:
             raise DistributeError(f"zstd failed on layer {diff_id[:19]}", field="--compression")
     digest = diff_id if compression == "none" else "sha256:" + hasher.hexdigest()
-    after = resp.headers["Location"]
-    after = after if after.startswith("http") else f"{registry.url}{after}"
-    _request(registry, "PUT", _finish(after, digest), b"", {"Content-Length": "0"})
+    client.finish_upload(repo, after, digest)
     return digest, size
-

@@ -6,18 +6,12 @@ asked from here; nothing is ever guessed. `lock` records the answers through spa
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
 import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Callable
 
-from .. import gitfetch, net
+from .. import gitfetch, registry
 from ..imageref import ImageRef
 from .lock import Pinned
 from .plan import Plan
@@ -30,14 +24,6 @@ class Unreachable(Exception):
     """A fact cannot be asked from here; the message says why."""
 
 
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
-
-
 def split_repository(repository: str) -> tuple[str, str]:
     """(registry host, repository name on it), with Docker Hub's defaults."""
     ref = ImageRef(repository)
@@ -46,54 +32,18 @@ def split_repository(repository: str) -> tuple[str, str]:
     return "registry-1.docker.io", repository if "/" in repository else f"library/{repository}"
 
 
-def _bearer_token(challenge: str, timeout: float) -> str:
-    """An anonymous token for the scope a registry's 401 asks for (the Docker token flow)."""
-    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-    realm = params.pop("realm", None)
-    if not realm or not challenge.lower().startswith("bearer"):
-        raise Unreachable(f"the registry asks for authentication this tool does not do ({challenge[:60]})")
-    url = realm + "?" + urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
-    try:
-        body = json.loads(net.get(url, deadline=timeout * 2, limit=1 << 20))
-    except (net.FetchFailed, ValueError) as exc:
-        raise Unreachable(f"cannot get a token from {realm}: {exc}") from None
-    if not isinstance(body, dict):
-        raise Unreachable(f"{realm} gave no token")
-    token = body.get("token") or body.get("access_token")
-    if not token:
-        raise Unreachable(f"{realm} gave no token")
-    return token
-
-
 def registry_digest(repository: str, tag: str, *, timeout: float = 15) -> str:
     """The digest a registry gives for repository:tag (a multi-arch index when there is one),
-    over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise."""
+    over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise.
+    No read waits longer than `timeout` seconds, and no request takes longer than four times that."""
     host, name = split_repository(repository)
-    scheme = "http" if net.is_loopback(host) else "https"
-    url = f"{scheme}://{host}/v2/{name}/manifests/{tag}"
-    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
-    for attempt in (1, 2):
-        req = urllib.request.Request(url, headers=headers, method="HEAD")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                digest = resp.headers.get("Docker-Content-Digest")
-            if not digest:  # not every registry sends it on HEAD: hash the manifest itself
-                with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
-                    digest = "sha256:" + hashlib.sha256(resp.read()).hexdigest()
-            if not re.match(r"^sha256:[0-9a-f]{64}$", digest):
-                raise Unreachable(f"{host} answered an unexpected digest {digest[:80]!r}")
-            return digest
-        except urllib.error.HTTPError as exc:
-            if exc.code == 401 and attempt == 1:
-                challenge = exc.headers.get("WWW-Authenticate", "")
-                headers["Authorization"] = f"Bearer {_bearer_token(challenge, timeout)}"
-                continue
-            if exc.code == 404:
-                raise Unreachable(f"{host} has no {name}:{tag}") from None
-            raise Unreachable(f"{host} answered HTTP {exc.code} for {name}:{tag}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise Unreachable(f"cannot reach {host}: {getattr(exc, 'reason', exc)}") from None
-    raise Unreachable(f"{host} refused the token it issued for {name}:{tag}")
+    client = registry.Client(registry.Endpoint.of(host), deadline=timeout * 4, window=timeout)
+    try:
+        return client.manifest_digest(name, tag)
+    except registry.RegistryError as exc:
+        if exc.status == 404:
+            raise Unreachable(f"{host} has no {name}:{tag}") from None
+        raise Unreachable(str(exc)) from None
 
 
 def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:

@@ -19,7 +19,8 @@ from sparkforge.recipe.lock import Pinned, apply_lock, compare, lock_path, make_
 from sparkforge.repro.outdated import check_components, newer_releases
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files
-from sparkforge.recipe.resolve import MANIFEST_TYPES, registry_digest, split_repository
+from sparkforge.recipe.resolve import registry_digest, split_repository
+from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.repro.repro import compare as compare_images
 from sparkforge.repro.repro import read_digests
 

@@ -1,0 +1,217 @@
+"""The one Registry v2 client: manifests, blobs and uploads, every request within a deadline.
+
+The recipe stage asks a registry for a base's digest, the distribute stage reads manifests and
+pushes blobs; all of it goes through :class:`Client`, over net.request (a socket timeout on every
+send and read, and an overall deadline, so a registry dripping a byte now and then cannot hold a
+command). A registry that answers 401 with a Bearer challenge gets the anonymous token flow, once,
+here. Every failure is one :class:`RegistryError` whose message names the host and what was asked;
+callers turn it into their own error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from . import net
+from .errors import mask_secrets, visible
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+CALL_DEADLINE = 60.0  # seconds for one small request: a manifest, a blob check, starting an upload, a token
+TRANSFER_DEADLINE = 3600.0  # seconds for one blob upload, a layer of several GB on a slow link
+WINDOW = 60.0  # seconds any one send or read may wait
+_DIGEST = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
+
+
+class RegistryError(Exception):
+    """A registry request got no usable answer; `status` is the HTTP status when there was one."""
+
+    def __init__(self, host: str, what: str, reason: str, status: int | None = None):
+        self.host, self.what, self.reason, self.status = host, what, reason, status
+        super().__init__(visible(f"{what} at {host}: {reason}", keep_newlines=False))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a registry answers: HOST[:PORT], over http or https, trusting `ca` (a CA bundle) or the system."""
+
+    host: str
+    scheme: str = "https"
+    ca: str | None = None
+
+    @classmethod
+    def of(cls, host: str, ca: str | None = None) -> Endpoint:
+        """https, except plain http for a loopback registry without a CA (what a local registry serves)."""
+        return cls(host, "http" if net.is_loopback(host) and not ca else "https", ca)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.host}"
+
+
+@dataclass
+class Client:
+    """Requests to one registry; keeps the bearer token a 401 made it fetch, for the requests after."""
+
+    endpoint: Endpoint
+    deadline: float = CALL_DEADLINE
+    transfer_deadline: float = TRANSFER_DEADLINE
+    window: float = WINDOW
+    token: str | None = field(default=None, repr=False)
+
+    # -------------------------------------------------------------------- manifests
+
+    def manifest_digest(self, repo: str, ref: str) -> str:
+        """The digest of repo:ref's manifest (an index when there is one): the registry's
+        Docker-Content-Digest on HEAD, else the sha256 of the manifest itself."""
+        what = f"manifest {repo}:{ref}"
+        path = f"/v2/{repo}/manifests/{ref}"
+        accept = {"Accept": ", ".join(MANIFEST_TYPES)}
+        digest = self._ok(what, self._send(what, "HEAD", path, headers=accept)).headers.get("Docker-Content-Digest")
+        if not digest:  # not every registry sends it on HEAD
+            digest = "sha256:" + hashlib.sha256(self._ok(what, self._send(what, "GET", path, headers=accept)).body).hexdigest()
+        if not _DIGEST.match(digest):
+            raise RegistryError(self.endpoint.host, what, f"answered an unexpected digest {digest[:80]!r}")
+        return digest
+
+    def manifest(self, repo: str, ref: str) -> dict:
+        """repo:ref's manifest or index, as JSON."""
+        what = f"manifest {repo}:{ref}"
+        reply = self._ok(what, self._send(what, "GET", f"/v2/{repo}/manifests/{ref}",
+                                          headers={"Accept": ", ".join(MANIFEST_TYPES)}))
+        try:
+            data = json.loads(reply.body)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise RegistryError(self.endpoint.host, what, "the answer is not a JSON manifest")
+        return data
+
+    def put_manifest(self, repo: str, tag: str, body: bytes, media_type: str) -> str | None:
+        """Store body as repo:tag; the digest the registry says it stored (None when it does not say)."""
+        what = f"manifest upload {repo}:{tag}"
+        reply = self._ok(what, self._send(what, "PUT", f"/v2/{repo}/manifests/{tag}", body,
+                                          {"Content-Type": media_type}))
+        return reply.headers.get("Docker-Content-Digest")
+
+    # -------------------------------------------------------------------- blobs
+
+    def blob_exists(self, repo: str, digest: str) -> bool:
+        what = f"blob {repo}@{digest}"
+        reply = self._send(what, "HEAD", f"/v2/{repo}/blobs/{digest}")
+        if reply.status == 404:
+            return False
+        self._ok(what, reply)
+        return True
+
+    def put_blob(self, repo: str, data: bytes) -> str:
+        """Upload data as one blob in one request, unless the registry holds it already; its digest."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if not self.blob_exists(repo, digest):
+            self.finish_upload(repo, self.start_upload(repo), digest, data)
+        return digest
+
+    def start_upload(self, repo: str) -> str:
+        """A new upload session's location, for :meth:`send_chunks` and :meth:`finish_upload`."""
+        what = f"blob upload {repo}"
+        reply = self._ok(what, self._send(what, "POST", f"/v2/{repo}/blobs/uploads/", b""))
+        return self._location(what, reply)
+
+    def send_chunks(self, repo: str, location: str, chunks: Iterable[bytes]) -> str:
+        """Stream chunks into an upload session in one chunked PATCH; the location to go on with."""
+        what = f"blob upload {repo}"
+        reply = self._ok(what, self._send(what, "PATCH", location, chunks,
+                                          {"Content-Type": "application/octet-stream"}, long=True))
+        return self._location(what, reply)
+
+    def finish_upload(self, repo: str, location: str, digest: str, data: bytes = b"") -> None:
+        """Close an upload session with its last bytes (all of a monolithic upload's), naming the digest."""
+        url = f"{location}{'&' if '?' in location else '?'}digest={urllib.parse.quote(digest)}"
+        what = f"blob upload {repo}@{digest}"
+        self._ok(what, self._send(what, "PUT", url, data, {"Content-Type": "application/octet-stream",
+                                                           "Content-Length": str(len(data))}, long=True))
+
+    # -------------------------------------------------------------------- requests
+
+    def _send(self, what: str, method: str, path: str, body: bytes | Iterable[bytes] | None = None,
+              headers: dict[str, str] | None = None, long: bool = False) -> net.Reply:
+        """One request (path on the endpoint, or a full URL the registry gave); on a 401 with a Bearer
+        challenge, a token and the same request once more (a body that is a stream cannot be sent twice)."""
+        url = urllib.parse.urljoin(self.endpoint.url + "/", path)
+        for attempt in (1, 2):
+            sent = dict(headers or {})
+            if self.token:
+                sent["Authorization"] = f"Bearer {self.token}"
+            try:
+                reply = net.request(method, url, deadline=self.transfer_deadline if long else self.deadline,
+                                    body=body, headers=sent, window=self.window,
+                                    ca_cert=Path(self.endpoint.ca) if self.endpoint.ca else None)
+            except net.FetchFailed as exc:
+                raise RegistryError(self.endpoint.host, what, _after_url(str(exc), url)) from None
+            if reply.status != 401 or attempt == 2 or not isinstance(body, (bytes, type(None))):
+                return reply
+            self.token = self._fetch_token(what, reply.headers.get("WWW-Authenticate", ""))
+        raise AssertionError("unreachable")
+
+    def _fetch_token(self, what: str, challenge: str) -> str:
+        """An anonymous token for the scope a 401 asks for (the Docker token flow)."""
+        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+        realm = params.pop("realm", None)
+        if not realm or not challenge.lower().startswith("bearer"):
+            raise RegistryError(self.endpoint.host, what, "asks for authentication this tool does not do "
+                                f"({challenge[:60]})", 401)
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
+        try:
+            reply = net.request("GET", f"{realm}?{query}", deadline=self.deadline, window=self.window,
+                                limit=1 << 20)
+            body = json.loads(reply.body) if reply.status == 200 else None
+        except (net.FetchFailed, ValueError) as exc:
+            raise RegistryError(self.endpoint.host, what, f"cannot get a token from {realm}: "
+                                f"{_after_url(str(exc), realm)}", 401) from None
+        token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token:
+            why = f"HTTP {reply.status}" if reply.status != 200 else "no token in its answer"
+            raise RegistryError(self.endpoint.host, what, f"cannot get a token from {realm}: {why}", 401)
+        return token
+
+    def _ok(self, what: str, reply: net.Reply) -> net.Reply:
+        """reply when its status is a success; else the RegistryError saying which status."""
+        if 200 <= reply.status < 300:
+            return reply
+        if reply.status == 401 and self.token:
+            reason = "refused the token it issued"
+        else:
+            reason = f"HTTP {reply.status}{_error_text(reply.body)}"
+        raise RegistryError(self.endpoint.host, what, reason, reply.status)
+
+    def _location(self, what: str, reply: net.Reply) -> str:
+        location = reply.headers.get("Location")
+        if not location:
+            raise RegistryError(self.endpoint.host, what, f"HTTP {reply.status} without a Location to upload to")
+        return urllib.parse.urljoin(self.endpoint.url + "/", location)
+
+
+def _after_url(message: str, url: str) -> str:
+    """net's message without the URL it starts with: the RegistryError names host and request already."""
+    head = mask_secrets(url) + ": "
+    return message[len(head):] if message.startswith(head) else message
+
+
+def _error_text(body: bytes) -> str:
+    """The first error message of a registry's JSON error body (`{"errors": [{"message": ...}]}`), if any."""
+    try:
+        first = json.loads(body)["errors"][0]
+        text = " ".join(str(first.get(k) or "") for k in ("code", "message")).strip()
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return ""
+    return f" ({text[:200]})" if text else ""
