@@ -224,9 +224,10 @@ class StreamLoad:
                 todo = sorted(self._todo, key=lambda n: self._order[n.name])
             if not todo:
                 return
-            self._loads, saved = _stream(self.image, todo, progress, self.stall)
+            loads, saved = _stream(self.image, todo, progress, self.stall)
             if saved is not None:
                 self._learn(saved)
+            self._loads = loads  # only now: a node verifies against every name the save gave the image
         finally:
             self._ended.set()  # also on Ctrl-C: the nodes' threads end, failed
 
