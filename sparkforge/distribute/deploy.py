@@ -479,7 +479,7 @@ class NodeRun:
 
 
 def deploy_all(nodes: Iterable[Node], transfer: Transfer, progress: ProgressFn = lambda p: None,
-           state_dir: Path | None = None) -> Deployment:
+               state_dir: Path | None = None) -> Deployment:
     """Put the head's image on every node in parallel, moved by transfer; record who runs it now."""
     t0 = time.monotonic()
     nodes = list(nodes)
