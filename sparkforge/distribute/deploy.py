@@ -1,12 +1,14 @@
 """Distribute stage: get the tagged image onto every node, and prove they all run the same one.
 
-Two ways to move an image, both parallel over the nodes and both skipping a node that already
-has the head's image:
+One deploy loop (:func:`deploy_all`) runs on every node at once: check whether the node has the
+head's image already, move it when not, verify it there and tag it; each node ends with a
+:class:`NodeResult` whose :class:`Outcome` is updated, current or failed. How the image moves is a
+:class:`Transfer`, one of two:
 
 - registry: the head pushes the immutable and the moving tag to a registry (:mod:`.push`);
-  every node pulls the immutable tag, so only the layers it lacks move (:func:`deploy_registry`).
+  every node pulls the immutable tag, so only the layers it lacks move (:class:`RegistryPull`).
 - stream: for clusters without a registry, one ``docker save`` on the head is piped into
-  ``docker load`` on every node that needs it, one writer per node (:mod:`.stream`).
+  ``docker load`` on every node that needs it, one writer per node (:class:`.stream.StreamLoad`).
 
 "The same image" is decided by what every image store agrees on (:func:`same_image`): the
 ordered layer diff IDs, and the config digest or a manifest digest recorded on the head. An
@@ -20,9 +22,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from ..build.dockercli import last_line
 from ..errors import DistributeError
@@ -42,9 +46,19 @@ from .cluster import (
     run_nodes,
 )
 
-UPDATED = "updated"
-CURRENT = "current"
-FAILED = "failed"
+
+class Outcome(str, Enum):
+    """What a deploy did on one node."""
+
+    UPDATED = "updated"  # the image moved to the node, and its tags point to it now
+    CURRENT = "current"  # the node had the image already; its tags point to it now
+    FAILED = "failed"  # the node keeps its moving tag where it was
+
+    def __str__(self) -> str:
+        return self.value
+
+
+UPDATED, CURRENT, FAILED = Outcome.UPDATED, Outcome.CURRENT, Outcome.FAILED
 
 TRANSFER_TIMEOUT = 3600.0  # seconds a whole push or docker save may take
 CHUNK = 1 << 20  # bytes read at a time from a docker save
@@ -120,7 +134,7 @@ class NodeResult:
     """What a deploy did on one node."""
 
     node: Node
-    outcome: str  # updated, current or failed
+    outcome: Outcome
     image_id: str | None  # the node's own ID of the image its moving tag points to after the deploy
     bytes_moved: int
     seconds: float
@@ -416,52 +430,148 @@ def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImag
     return found[image.moving_tag], have
 
 
-def failed(node: Node, t0: float, exc: BaseException, previous: str | None, moved: int,
-           progress: ProgressFn) -> NodeResult:
-    reason = str(exc) if isinstance(exc, DistributeError) else one_line(f"{type(exc).__name__}: {exc}")
-    progress(Progress(node.name, FAILED, moved, None, reason))
-    return NodeResult(node, FAILED, previous, moved, time.monotonic() - t0, reason, previous)
+# ------------------------------------------------------------------------------ the deploy loop
+
+
+class Transfer(Protocol):
+    """One way of moving the head's image to the nodes that lack it: registry pull or stream.
+
+    The deploy loop (:func:`deploy_all`) runs one thread per node: check, then `move` (or `skip`, for a
+    node that will not move), then verify and tag. `serve` runs on the calling thread meanwhile,
+    for the head's side of the move.
+    """
+
+    mode: str  # registry or stream
+    source: str  # what the nodes take the image from, for the record and the report
+    ref: str  # the reference the image has on a node once moved: what is verified there
+
+    @property
+    def image(self) -> HeadImage:
+        """The head's image as the nodes are to show it (a stream learns its names from its save)."""
+
+    def prepare(self, nodes: list[Node]) -> None:
+        """The head's work before any node is checked."""
+
+    def move(self, node: Node, run: NodeRun, progress: ProgressFn) -> None:
+        """Bring the image to a node, keeping run.moved up to date; raises when it did not arrive."""
+
+    def skip(self, node: Node) -> None:
+        """Say that a node will not move (it is current, or it failed first)."""
+
+    def serve(self, progress: ProgressFn) -> None:
+        """The head's side of the move, on the calling thread while the nodes' threads run."""
+
+
+@dataclass
+class NodeRun:
+    """One node's deploy while it runs, on that node's thread: what becomes its NodeResult."""
+
+    node: Node
+    start: float  # time.monotonic() its time counts from
+    previous: str | None = None  # where the moving tag pointed before
+    moved: int = 0  # bytes moved so far
+
+    def result(self, outcome: Outcome, image_id: str | None, error: str | None = None) -> NodeResult:
+        return NodeResult(self.node, outcome, image_id, self.moved, time.monotonic() - self.start, error,
+                          self.previous)
+
+    def failed(self, exc: BaseException, progress: ProgressFn) -> NodeResult:
+        reason = str(exc) if isinstance(exc, DistributeError) else one_line(f"{type(exc).__name__}: {exc}")
+        progress(Progress(self.node.name, FAILED.value, self.moved, None, reason))
+        return self.result(FAILED, self.previous, reason)
+
+
+def deploy_all(nodes: Iterable[Node], transfer: Transfer, progress: ProgressFn = lambda p: None,
+               state_dir: Path | None = None) -> Deployment:
+    """Put the head's image on every node in parallel, moved by transfer; record who runs it now."""
+    t0 = time.monotonic()
+    nodes = list(nodes)
+    transfer.prepare(nodes)
+    results = _run_alongside(nodes, lambda node: deploy_node(node, transfer, progress),
+                             lambda: transfer.serve(progress))
+    record_deploy(state_dir, transfer.image, results)
+    return Deployment(transfer.image, transfer.mode, transfer.source, results, time.monotonic() - t0)
+
+
+def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeResult:
+    """Check a node, move the image when it lacks it, verify and tag; a failure stays this node's."""
+    run, arrived = NodeRun(node, time.monotonic()), False
+    try:
+        progress(Progress(node.name, "check"))
+        before, have = check_node(node, transfer.image)
+        run.previous = before.id if before else None
+        if have is not None:
+            arrived = True
+            transfer.skip(node)
+            set_tags(node, have.id, transfer.image)
+            progress(Progress(node.name, "done", 0, 0, "already current"))
+            return run.result(CURRENT, have.id)
+        arrived = True
+        transfer.move(node, run, progress)
+        progress(Progress(node.name, "verify", run.moved, run.moved))
+        got = verify_and_tag(node, transfer.image, transfer.ref)
+        progress(Progress(node.name, "done", run.moved, run.moved, "updated"))
+        return run.result(UPDATED, got.id)
+    except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
+        if not arrived:
+            transfer.skip(node)
+        return run.failed(exc, progress)
+
+
+def _run_alongside(nodes: list[Node], work: Callable[[Node], NodeResult],
+                   head: Callable[[], None]) -> tuple[NodeResult, ...]:
+    """work on every node at once, one thread each, while head() runs on this thread; results in node order.
+
+    The head's part stays on the calling thread so that Ctrl-C or SIGTERM stops it where it is.
+    """
+    if not nodes:
+        head()
+        return ()
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
+        futures = [pool.submit(work, node) for node in nodes]
+        head()
+        return tuple(f.result() for f in futures)
+
+
+class RegistryPull:
+    """Every node that lacks the image pulls its immutable tag from the registry, on its own thread.
+
+    A node whose docker pull prints nothing for `stall` seconds is stopped and fails alone.
+    """
+
+    mode = "registry"
+
+    def __init__(self, image: HeadImage, registry: str | Registry, stall: float = PULL_STALL_TIMEOUT):
+        self.registry = registry if isinstance(registry, Registry) else Registry(registry, "")
+        self.image = image
+        self.source = self.ref = registry_ref(self.registry.address, image.tag)
+        self.stall = stall
+        self.sizes: dict[str, int] = {}
+
+    def prepare(self, nodes: list[Node]) -> None:
+        self.sizes = layer_sizes(self.registry, self.image.tag)
+
+    def move(self, node: Node, run: NodeRun, progress: ProgressFn) -> None:
+        total = sum(self.sizes.values()) or None
+
+        def seen(done: int, detail: str) -> None:
+            run.moved = done
+            progress(Progress(node.name, "pull", done, total, detail))
+
+        run.moved = pull(node, self.source, self.sizes, seen, self.stall)
+
+    def skip(self, node: Node) -> None:
+        pass
+
+    def serve(self, progress: ProgressFn) -> None:
+        pass  # each node pulls on its own thread
 
 
 def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Registry,
                     progress: ProgressFn = lambda p: None, state_dir: Path | None = None,
                     stall_timeout: float = PULL_STALL_TIMEOUT) -> Deployment:
-    """Every node pulls the immutable tag from the registry in parallel; see the module docstring.
-
-    A node whose docker pull prints nothing for stall_timeout seconds is stopped and fails alone.
-    """
-    t0 = time.monotonic()
-    reg = registry if isinstance(registry, Registry) else Registry(registry, "")
-    source = registry_ref(reg.address, image.tag)
-    sizes = layer_sizes(reg, image.tag)
-
-    def one(node: Node) -> NodeResult:
-        start, previous, moved = time.monotonic(), None, 0
-        try:
-            progress(Progress(node.name, "check"))
-            before, have = check_node(node, image)
-            previous = before.id if before else None
-            if have is not None:
-                set_tags(node, have.id, image)
-                progress(Progress(node.name, "done", 0, 0, "already current"))
-                return NodeResult(node, CURRENT, have.id, 0, time.monotonic() - start, None, previous)
-
-            def seen(done: int, detail: str) -> None:
-                nonlocal moved
-                moved = done
-                progress(Progress(node.name, "pull", done, sum(sizes.values()) or None, detail))
-
-            moved = pull(node, source, sizes, seen, stall_timeout)
-            progress(Progress(node.name, "verify", moved, moved))
-            got = verify_and_tag(node, image, source)
-            progress(Progress(node.name, "done", moved, moved, "updated"))
-            return NodeResult(node, UPDATED, got.id, moved, time.monotonic() - start, None, previous)
-        except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
-            return failed(node, start, exc, previous, moved, progress)
-
-    results = run_nodes(nodes, one)
-    record_deploy(state_dir, image, results)
-    return Deployment(image, "registry", source, results, time.monotonic() - t0)
+    """Every node pulls the immutable tag from the registry in parallel; see the module docstring."""
+    return deploy_all(nodes, RegistryPull(image, registry, stall_timeout), progress, state_dir)
 
 
 

@@ -3,8 +3,9 @@
 
 Each node has its own writer thread and bounded queue, so a slow or stalled node holds up
 nobody: a node that takes nothing for the stall limit is dropped, and its load is stopped before
-its input ends, so a cut stream is never committed. The moving tag is set as in registry mode,
-only after the node's image is the head's (:func:`.distribute.verify_and_tag`).
+its input ends, so a cut stream is never committed. The nodes are checked, verified and tagged
+by the same loop as in registry mode (:func:`.deploy.deploy_all`): the moving tag is set only
+after the node's image is the head's.
 """
 
 from __future__ import annotations
@@ -14,30 +15,24 @@ import queue
 import subprocess
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
-from .cluster import STALL_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, run_nodes, transport_error
+from .cluster import STALL_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, transport_error
 from .deploy import (
     CHUNK,
-    CURRENT,
     TRANSFER_TIMEOUT,
-    UPDATED,
     Deployment,
     HeadImage,
-    NodeResult,
+    NodeRun,
     Progress,
     ProgressFn,
-    check_node,
-    failed,
-    record_deploy,
+    deploy_all,
     record_manifest,
-    set_tags,
-    verify_and_tag,
 )
 
 LOAD_TIMEOUT = 900.0  # seconds a docker load may take to finish after its input ended
@@ -177,76 +172,134 @@ class _Writer(threading.Thread):
         self.proc.kill()
 
 
+class StreamLoad:
+    """One `docker save` on the head, teed into a `docker load` on every node that lacks the image.
+
+    The stream starts once every node was checked (each one either moves or is skipped), and runs
+    on the deploy's calling thread; each moving node's thread waits for its own load to end.
+    """
+
+    mode = "stream"
+
+    def __init__(self, image: HeadImage, stall: float = STALL_TIMEOUT, state_dir: Path | None = None):
+        self.image = image
+        self.source = f"docker save {image.tag}"
+        self.ref = image.tag  # `docker load` names the image by the tag it was saved under
+        self.stall = stall
+        self.state_dir = state_dir
+        self._order: dict[str, int] = {}
+        self._waiting = 0  # nodes not yet checked
+        self._todo: list[Node] = []
+        self._arrivals = threading.Condition()
+        self._ended = threading.Event()  # the stream is over, for every node
+        self._loads: dict[str, Load] = {}
+
+    def prepare(self, nodes: list[Node]) -> None:
+        self._order = {node.name: i for i, node in enumerate(nodes)}
+        self._waiting = len(nodes)
+
+    def skip(self, node: Node) -> None:
+        self._arrive(None)
+
+    def move(self, node: Node, run: NodeRun, progress: ProgressFn) -> None:
+        self._arrive(node)
+        self._ended.wait()
+        load = self._loads.get(node.name) or Load(0, run.start, "stream stopped on the head before it ended")
+        run.start, run.moved = load.started, load.sent  # its time is the stream's, as a pull's is the node's
+        if load.error:
+            raise NodeFailure(load.error)
+
+    def _arrive(self, node: Node | None) -> None:
+        with self._arrivals:
+            if node is not None:
+                self._todo.append(node)
+            self._waiting -= 1
+            self._arrivals.notify_all()
+
+    def serve(self, progress: ProgressFn) -> None:
+        try:
+            with self._arrivals:
+                while self._waiting > 0:
+                    self._arrivals.wait(0.5)
+                todo = sorted(self._todo, key=lambda n: self._order[n.name])
+            if not todo:
+                return
+            loads, saved = _stream(self.image, todo, progress, self.stall)
+            if saved is not None:
+                self._learn(saved)
+            self._loads = loads  # only now: a node verifies against every name the save gave the image
+        finally:
+            self._ended.set()  # also on Ctrl-C: the nodes' threads end, failed
+
+    def _learn(self, saved: TarIndex) -> None:
+        """Record the names the saved tarball gives the image, which the nodes that loaded it show."""
+        if not (saved.manifest or saved.config):
+            return
+        record_manifest(self.state_dir, self.image.tag, saved.manifest, saved.config, self.image.image_id)
+        identity = self.image.identity
+        self.image = replace(self.image, identity=replace(
+            identity, config=saved.config or identity.config,
+            manifests=identity.manifests | ({saved.manifest} if saved.manifest else set())))
+
+
 def deploy_stream(image: HeadImage, nodes: Iterable[Node], progress: ProgressFn = lambda p: None,
                   state_dir: Path | None = None,
                   stall_timeout: float = STALL_TIMEOUT) -> Deployment:
     """One `docker save` on the head, piped into `docker load` on each node that needs it."""
-    t0 = time.monotonic()
-    nodes = list(nodes)
-    checked: dict[str, str | None] = {}
+    return deploy_all(nodes, StreamLoad(image, stall_timeout, state_dir), progress, state_dir)
 
-    def check(node: Node) -> NodeResult:
-        start = time.monotonic()
-        try:
-            progress(Progress(node.name, "check"))
-            before, have = check_node(node, image)
-            checked[node.name] = before.id if before else None
-            if have is not None:
-                set_tags(node, have.id, image)
-                progress(Progress(node.name, "done", 0, 0, "already current"))
-                return NodeResult(node, CURRENT, have.id, 0, time.monotonic() - start, None, checked[node.name])
-        except Exception as exc:  # noqa: BLE001
-            return failed(node, start, exc, None, 0, progress)
-        return NodeResult(node, "pending", checked[node.name], 0, time.monotonic() - start)
 
-    first = {r.node.name: r for r in run_nodes(nodes, check)}
-    todo = [n for n in nodes if first[n.name].outcome == "pending"]
-    streamed, saved = _stream(image, todo, progress, stall_timeout) if todo else ({}, None)
-    if saved is not None and (saved.manifest or saved.config):
-        record_manifest(state_dir, image.tag, saved.manifest, saved.config, image.image_id)
-        image = replace(image, identity=replace(
-            image.identity, config=saved.config or image.identity.config,
-            manifests=image.identity.manifests | ({saved.manifest} if saved.manifest else set())))
+@dataclass(frozen=True)
+class Load:
+    """How one node's `docker load` ended."""
 
-    def finish(node: Node) -> NodeResult:
-        head = first[node.name]
-        if head.outcome != "pending":
-            return head
-        previous = checked[node.name]
-        moved, started, error = streamed[node.name]
-        try:
-            if error:
-                raise NodeFailure(error)
-            progress(Progress(node.name, "verify", moved, moved))
-            got = verify_and_tag(node, image, image.tag)
-            progress(Progress(node.name, "done", moved, moved, "updated"))
-            return NodeResult(node, UPDATED, got.id, moved, time.monotonic() - started, None, previous)
-        except Exception as exc:  # noqa: BLE001
-            return failed(node, started, exc, previous, moved, progress)
-
-    results = run_nodes(nodes, finish)
-    record_deploy(state_dir, image, results)
-    return Deployment(image, "stream", f"docker save {image.tag}", results, time.monotonic() - t0)
+    sent: int  # bytes it took
+    started: float  # time.monotonic() when the stream began
+    error: str | None
 
 
 def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
-            stall: float) -> tuple[dict[str, tuple[int, float, str | None]], TarIndex | None]:
+            stall: float) -> tuple[dict[str, Load], TarIndex | None]:
     """Tee one `docker save` into a `docker load` per node, one writer thread each.
 
-    Returns name -> (bytes, start, error), and what the saved tarball says of itself (its manifest
-    and config digests) when the save finished.
+    Returns each node's Load, and what the saved tarball says of itself (its manifest and config
+    digests) when the save finished.
     """
     started = time.monotonic()
-    env = cli_env()  # for the nodes' loads, which name their engine with -H
-    try:  # the head's save: the engine the build used, DOCKER_HOST or DOCKER_CONTEXT included
-        save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE))
-    except OSError as exc:
-        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
+    save = _start_save(image.tag)
     # A save that hangs would hold every node: it gets as long as a whole transfer, then is stopped.
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)
     watchdog.daemon = True
     watchdog.start()
+    writers = _start_loads(nodes)
+    save_err: list[bytes] = []
+    save_drain = threading.Thread(target=lambda: save_err.append(save.stderr.read()), daemon=True)  # type: ignore
+    save_drain.start()
+    index = _pump(save, writers, image, progress, stall)
+    code = save.wait()
+    watchdog.cancel()
+    save_drain.join(5)
+    if code != 0:
+        why = last_line(b"".join(save_err), "no message") if save_err and save_err[0] else f"exit code {code}"
+        for w in writers:
+            w.drop(f"stream interrupted: docker save on the head failed: {why}")
+    for w in writers:
+        w.offer(None, stall)  # end of input: the load may commit now
+    return _end_loads(writers, started), index if code == 0 else None
+
+
+def _start_save(tag: str) -> subprocess.Popen:
+    """The head's `docker save`: the engine the build used, DOCKER_HOST or DOCKER_CONTEXT included."""
+    try:
+        return dockercli.track(subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE))
+    except OSError as exc:
+        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
+
+
+def _start_loads(nodes: list[Node]) -> list[_Writer]:
+    """A `docker load` per node, each fed by its own writer thread."""
+    env = cli_env()  # for the nodes' loads, which name their engine with -H
     writers = []
     for node in nodes:
         # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image).
@@ -256,9 +309,12 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     for w in writers:
         w.start()
         w.drain.start()
-    save_err: list[bytes] = []
-    save_drain = threading.Thread(target=lambda: save_err.append(save.stderr.read()), daemon=True)  # type: ignore
-    save_drain.start()
+    return writers
+
+
+def _pump(save: subprocess.Popen, writers: list[_Writer], image: HeadImage, progress: ProgressFn,
+          stall: float) -> TarIndex:
+    """Hand each chunk of the save to every live writer until the save ends or no node is left."""
     index, last = TarIndex(), 0.0
     assert save.stdout is not None
     while chunk := save.stdout.read1(CHUNK):
@@ -274,16 +330,12 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
             for w in writers:
                 if w.error is None:
                     progress(Progress(w.node.name, "load", w.sent, image.size or None))
-    code = save.wait()
-    watchdog.cancel()
-    save_drain.join(5)
-    if code != 0:
-        why = last_line(b"".join(save_err), "no message") if save_err and save_err[0] else f"exit code {code}"
-        for w in writers:
-            w.drop(f"stream interrupted: docker save on the head failed: {why}")
-    for w in writers:
-        w.offer(None, stall)  # end of input: the load may commit now
-    result = {}
+    return index
+
+
+def _end_loads(writers: list[_Writer], started: float) -> dict[str, Load]:
+    """Wait for every load to commit (or fail), within one deadline for them all."""
+    loads = {}
     deadline = time.monotonic() + LOAD_TIMEOUT
     for w in writers:
         try:
@@ -295,6 +347,5 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
         w.drain.join(10)
         if rc != 0 and w.error is None:
             w.error = f"docker load failed: {transport_error(w.node, rc, w.stderr.decode(errors='replace')) or last_line(w.stderr, 'no message')}"
-        result[w.node.name] = (w.sent, started, w.error)
-    return result, index if code == 0 else None
-
+        loads[w.node.name] = Load(w.sent, started, w.error)
+    return loads
