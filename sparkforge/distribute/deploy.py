@@ -20,7 +20,6 @@ there is the head's; a node that fails keeps its moving tag on its old image.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
+from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
@@ -266,22 +266,6 @@ def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[No
 # ------------------------------------------------------------------------------------ head
 
 
-def _inspect_head(ref: str) -> dict | None:
-    try:
-        proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=CONTROL_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise DistributeError(f"the local Docker engine gave no answer within {CONTROL_TIMEOUT:.0f}s",
-                              field="docker") from None
-    except OSError as exc:
-        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
-    if proc.returncode != 0:
-        text = proc.stderr.decode(errors="replace")
-        if "No such image" in text:
-            return None
-        raise DistributeError(f"cannot reach the local Docker engine: {one_line(text)[:200]}", field="docker")
-    return json.loads(proc.stdout)[0]
-
-
 def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
     """The image of a plan (or an older build, by its tag) on the head engine; it must be here."""
     tag = tag or plan.tag
@@ -294,7 +278,7 @@ def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None
 
 def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> HeadImage | None:
     """The image tagged `tag` on the head engine with every name recorded for it, or None when there is none."""
-    data = _inspect_head(tag)
+    data = dockercli.inspect_images(tag)[tag]
     if data is None:
         return None
     own = NodeImage.from_inspect(data)
@@ -325,17 +309,13 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
     """The builds of a variant on the head, newest first (by creation time)."""
     repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
-    try:
-        proc = subprocess.run(["docker", "images", repo, "--format", "{{.Repository}}:{{.Tag}}"],
-                              capture_output=True, text=True, timeout=CONTROL_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise DistributeError("the local Docker engine gave no answer", field="docker") from None
+    proc = dockercli.run(["images", repo, "--format", "{{.Repository}}:{{.Tag}}"], what="docker images")
     tags = [t for t in proc.stdout.split() if t.startswith(prefix) and t[len(prefix):].isalnum()]
     deploys = read_state(state_dir, repo)["deploys"]
     last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
     found = []
     for tag in tags:
-        data = _inspect_head(tag)
+        data = dockercli.inspect_images(tag)[tag]
         if data is None:
             continue
         labels = (data.get("Config") or {}).get("Labels") or {}
@@ -351,7 +331,7 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
     repo = plan.image
     if to:
         tag = to if ":" in to else f"{repo}:{to}"
-        if _inspect_head(tag) is None:
+        if dockercli.inspect_images(tag)[tag] is None:
             raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
                                   field="--to")
         return tag
