@@ -126,10 +126,10 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
     start = time.monotonic()
     timer = threading.Timer(min(deadline, HEADERS_TIME), watch.expire)
     timer.daemon = True
-    opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
     request = urllib.request.Request(url, headers={"User-Agent": "sparkforge"})
     timer.start()
     try:
+        opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
         with opener.open(request, timeout=window) as resp:
             timer.cancel()
             timer = threading.Timer(max(0.0, deadline - (time.monotonic() - start)), watch.expire)
@@ -201,10 +201,10 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
     watch = _Watch()
     timer = threading.Timer(deadline, watch.expire)
     timer.daemon = True
-    opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
     req = urllib.request.Request(url, data=body, method=method, headers={"User-Agent": "sparkforge", **(headers or {})})
     timer.start()
     try:
+        opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
         try:
             resp = opener.open(req, timeout=window)
         except urllib.error.HTTPError as exc:

@@ -150,8 +150,8 @@ class Client:
         url = urllib.parse.urljoin(self.endpoint.url + "/", path)
         for attempt in (1, 2):
             sent = dict(headers or {})
-            if self.token:
-                sent["Authorization"] = f"Bearer {self.token}"
+            if self.token and urllib.parse.urlsplit(url).netloc == self.endpoint.host:
+                sent["Authorization"] = f"Bearer {self.token}"  # never to another host a Location names
             try:
                 reply = net.request(method, url, deadline=self.transfer_deadline if long else self.deadline,
                                     body=body, headers=sent, window=self.window,

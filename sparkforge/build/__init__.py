@@ -4,5 +4,5 @@ It owns the build context (render), `docker buildx build` (builder), every call 
 (dockercli), the build record of an image (inspect), prebuilt wheels and the wheel cache (wheels), the
 smoke tiers (smoke), and the library entry of each build verb (pipeline).
 
-It may import recipe and the shared modules (errors, files, net, gitfetch, inimage).
+It may import recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, inimage).
 """

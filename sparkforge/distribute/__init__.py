@@ -3,5 +3,5 @@
 It owns the cluster file and reaching the nodes (cluster), image identity, registry deploys, status and
 history (deploy), pushing to a registry (push) and `docker save | docker load` deploys (stream).
 
-It may import build, recipe and the shared modules (errors, files, net, gitfetch, inimage).
+It may import build, recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, inimage).
 """

@@ -46,7 +46,7 @@ REGISTRY_RE = re.compile(rf"^{_HOST}(:[0-9]{{1,5}})?$")
 LISTEN_RE = re.compile(r"^[0-9.]+:[0-9]{1,5}$")
 
 CONTROL_TIMEOUT = 30.0  # seconds for one control command on a node (inspect, tag, version)
-TRANSFER_TIMEOUT = 3600.0  # seconds a whole pull may take
+TRANSFER_TIMEOUT = 3600.0  # seconds a whole pull, push or docker save may take
 STALL_TIMEOUT = 60.0  # seconds a node's docker load (stream mode) may take no data before it is dropped
 # Seconds a node's docker pull may print nothing before it is stopped. Longer than a load's: on the
 # containerd image store, docker prints nothing while it unpacks a layer (18 s for a 1.5 GB image on

@@ -60,11 +60,9 @@ class Outcome(str, Enum):
 
 UPDATED, CURRENT, FAILED = Outcome.UPDATED, Outcome.CURRENT, Outcome.FAILED
 
-TRANSFER_TIMEOUT = 3600.0  # seconds a whole push or docker save may take
 CHUNK = 1 << 20  # bytes read at a time from a docker save
 STATE_DIR = PROJECT_ROOT / "build" / "distribute"
 
-__all__ = ["NodeFailure"]
 
 
 @dataclass(frozen=True)
@@ -330,7 +328,7 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
     """The tag a `deploy --to TAG` or `--previous` goes to; refused unless it is a build on the head."""
     repo = plan.image
     if to:
-        tag = to if ":" in to else f"{repo}:{to}"
+        tag = to if ImageRef.parse(to).tag else f"{repo}:{to}"
         if dockercli.inspect_images(tag)[tag] is None:
             raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
                                   field="--to")
@@ -508,9 +506,15 @@ def _run_alongside(nodes: list[Node], work: Callable[[Node], NodeResult],
         head()
         return ()
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
-        futures = [pool.submit(work, node) for node in nodes]
-        head()
-        return tuple(f.result() for f in futures)
+        try:
+            futures = [pool.submit(work, node) for node in nodes]
+            head()
+            return tuple(f.result() for f in futures)
+        except BaseException:
+            # Ctrl-C, SIGTERM or a failure here: the nodes' pulls and loads end now (each node then fails
+            # and keeps its tags), before the pool waits for their threads.
+            dockercli.stop_all()
+            raise
 
 
 class RegistryPull:

@@ -4,7 +4,7 @@ Two ways: the engine's own push (gzip on one core, any Docker; :func:`push_image
 (:func:`push_blobs`): one `docker save`, each layer compressed with zstd on every core (or not at
 all) and streamed to the registry, then the manifest under the immutable tag and, last, the
 moving tag. Either way the manifest digest the registry stored is recorded on the head, as one
-more name of the image (:func:`.distribute.record_manifest`).
+more name of the image (:func:`.deploy.record_manifest`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
-from .cluster import CONTROL_TIMEOUT, Registry, one_line
+from .cluster import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, Registry, one_line
 from .deploy import (
     CHUNK,
-    TRANSFER_TIMEOUT,
     HeadImage,
     Progress,
     ProgressFn,

@@ -10,6 +10,7 @@ after the node's image is the head's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import subprocess
@@ -22,10 +23,9 @@ from typing import Iterable
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
-from .cluster import STALL_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, transport_error
+from .cluster import STALL_TIMEOUT, TRANSFER_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, transport_error
 from .deploy import (
     CHUNK,
-    TRANSFER_TIMEOUT,
     Deployment,
     HeadImage,
     NodeRun,
@@ -170,6 +170,8 @@ class _Writer(threading.Thread):
         """Stop this node's load before its input ends, so a cut stream is never committed."""
         self.error = self.error or why
         self.proc.kill()
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(None)  # a writer waiting on an empty queue ends now
 
 
 class StreamLoad:

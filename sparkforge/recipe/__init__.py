@@ -5,5 +5,5 @@ the only YAML reader), the Plan and its tag (plan), lock files (lock), pins aske
 git remotes (resolve), real sources and release lists (sources), files pinned by URL and sha256
 (download), patches named by URL (remote) and vLLM's arch list (archlist). It never touches Docker.
 
-It may import only the shared modules (errors, files, net, gitfetch) and inimage.
+It may import only the shared modules (errors, files, net, gitfetch, imageref, registry) and inimage.
 """

@@ -70,3 +70,17 @@ def test_stream_to_unanswering_nodes_starts_no_stream_and_ends(tmp_path: Path) -
 def test_outcomes_read_as_their_words() -> None:
     assert [f"{o}" for o in deploy.Outcome] == ["updated", "current", "failed"]
     assert {"updated": 1}[deploy.UPDATED] == 1  # the views key their styles by the word
+
+
+def test_a_dropped_stream_writer_waiting_for_data_ends_at_once() -> None:
+    """A node dropped while its writer waits on an empty queue (the save failed, or another node cut it):
+    the writer ends now, not after the stream's 10 s join per node."""
+    import subprocess
+
+    proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    writer = stream._Writer(Node("n1", "unix:///nowhere.sock"), proc)
+    writer.start()
+    writer.drop("the save on the head failed")
+    writer.join(2)
+    assert not writer.is_alive() and writer.error == "the save on the head failed"
+    proc.wait(5)

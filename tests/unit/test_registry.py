@@ -268,6 +268,15 @@ def test_a_registry_that_is_not_there_is_one_line_naming_it() -> None:
         assert layer_sizes(Registry(host, ""), "team/app:1.0") == {}  # sizes are progress only
 
 
+def test_a_ca_file_that_is_no_certificate_is_one_line_and_no_deploy_stops_on_it(tmp_path) -> None:
+    bad = tmp_path / "ca.crt"
+    bad.write_text("not a certificate\n")
+    with pytest.raises(RegistryError) as err:
+        Client(Endpoint("registry.lan:5443", "https", str(bad))).blob_exists("team/app", "sha256:" + "a" * 64)
+    assert "registry.lan:5443" in str(err.value) and "\n" not in str(err.value)
+    assert layer_sizes(Registry("registry.lan:5443", "", ca=str(bad)), "team/app:1.0") == {}  # progress only
+
+
 class _Deaf(_Store):
     """Starts an upload, then reads nothing of the PATCH that should bring the layer."""
 
