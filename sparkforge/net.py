@@ -118,10 +118,7 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
     and at least MIN_RATE bytes in every `window` seconds of the body (no read waits longer than window).
 
     Raises FetchFailed with one line saying why; the URL in it has its user and password masked."""
-    shown = mask_secrets(url)
-    if "@" in urllib.parse.urlsplit(url).netloc:
-        # urllib would read the password as a port and print it in its error: refuse before it sees it
-        raise FetchFailed(f"{shown}: a user or password in the URL is not supported")
+    shown = _shown(url)
     watch = _Watch()
     start = time.monotonic()
     timer = threading.Timer(min(deadline, HEADERS_TIME), watch.expire)
@@ -160,9 +157,7 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
         raise
     except urllib.error.HTTPError as exc:
         raise FetchFailed(f"{shown}: HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc.reason, watch, deadline, window)}") from None
-    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+    except _FAILURES as exc:
         raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window)}") from None
     finally:
         timer.cancel()
@@ -195,9 +190,7 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
     waiting longer than `window`. body may be an iterable of chunks (sent chunked, for a stream of unknown
     length). An HTTP error status is a Reply too, for the caller to read (a 401's challenge, a 404);
     a failure to get any answer raises FetchFailed with one line, as stream does."""
-    shown = mask_secrets(url)
-    if "@" in urllib.parse.urlsplit(url).netloc:
-        raise FetchFailed(f"{shown}: a user or password in the URL is not supported")
+    shown = _shown(url)
     watch = _Watch()
     timer = threading.Timer(deadline, watch.expire)
     timer.daemon = True
@@ -218,15 +211,28 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
             return Reply(resp.status, resp.headers, data)
     except FetchFailed:
         raise
-    except urllib.error.URLError as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc.reason, watch, deadline, window, whole=True)}") from None
-    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+    except _FAILURES as exc:
         raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window, whole=True)}") from None
     finally:
         timer.cancel()
 
 
+def _shown(url: str) -> str:
+    """url with its user and password masked, for messages; a URL that carries either is refused here, since
+    urllib would read the password as a port and print it in its error."""
+    shown = mask_secrets(url)
+    if "@" in urllib.parse.urlsplit(url).netloc:
+        raise FetchFailed(f"{shown}: a user or password in the URL is not supported")
+    return shown
+
+
+# What urllib and the sockets under it raise when no answer comes (urllib's URLError is an OSError).
+_FAILURES = (OSError, ssl.SSLError, http.client.HTTPException, ValueError)
+
+
 def _reason(exc: object, watch: _Watch, deadline: float, window: float = READ_TIMEOUT, whole: bool = False) -> str:
+    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+        exc = exc.reason  # what went wrong under urllib: a refused connection, a timeout, a TLS error
     if watch.expired:
         return f"not complete within {deadline:.0f}s" + ("" if whole else f" (headers: {HEADERS_TIME:.0f}s)")
     if isinstance(exc, FetchFailed):
