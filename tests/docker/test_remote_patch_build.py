@@ -9,15 +9,14 @@ reuses the cached layers of the other testvllm builds up to the new mod.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_cli
 from tests.support import fileserver
 from tests.support import upstream
 from tests.support.docker import BASE, VARIANTS
@@ -44,9 +43,7 @@ def served(tmp_path_factory):
 
 
 def run(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SPARKFORGE_CACHE=str(cache))
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, text=True,
-                          timeout=1800, cwd=ROOT, env=env)
+    return run_cli(*args, env={"SPARKFORGE_CACHE": str(cache)})
 
 
 def test_url_mod_builds_and_records_its_source(base_image: str, served, tmp_path: Path) -> None:

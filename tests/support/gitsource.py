@@ -9,7 +9,6 @@ and vllm/__init__.py before the compile; the shipped install-phase mods follow.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import importlib.util
@@ -18,6 +17,7 @@ import sys
 from pathlib import Path
 
 from sparkforge.recipe import sources
+from tests.support.cli import run_cli
 from tests.support import gitserver
 from tests.support.paths import ROOT, TEST_MODS
 
@@ -139,10 +139,8 @@ class GitSource:
 
     def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """The real command line on this setup's recipes and mods (git trusts the test CA); `env` adds to ours."""
-        env = dict(os.environ, GIT_SSL_CAINFO=str(self.ca_bundle), **(env or {}))
-        return subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(self.images), "--mods",
-                               str(self.mods), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env=env)
+        return run_cli(*args, images=self.images, mods=self.mods, timeout=timeout,
+                       env={"GIT_SSL_CAINFO": str(self.ca_bundle), **(env or {})})
 
     def build(self, variant: str = VARIANT, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra, env=env)

@@ -20,6 +20,7 @@ from sparkforge import net
 from sparkforge.build import wheels
 from sparkforge.recipe.download import sha256_of
 from sparkforge.files import NotRegularFile, read_regular
+from tests.support.cli import run_cli
 from tests.support import fileserver
 from tests.support.gitserver import serve_https
 from tests.support.paths import MODS, ROOT, VARIANTS
@@ -52,11 +53,9 @@ verify:
 
 
 def cli(*args: str, cache: Path | None = None, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    environ = dict(os.environ, **env)
     if cache is not None:
-        environ["SPARKFORGE_CACHE"] = str(cache)
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, env=environ)
+        env["SPARKFORGE_CACHE"] = str(cache)
+    return run_cli(*args, timeout=timeout, env=env)
 
 
 def error_line(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:

@@ -25,6 +25,7 @@ from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import apply_in_scratch, applies_ranges, matrix
 from sparkforge.recipe.config import load_mod
 from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
+from tests.support.cli import run_cli
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network
@@ -98,8 +99,8 @@ def test_the_cached_tree_is_never_changed_by_scratch_edits(vllm_0170: Path, tmp_
 def test_the_in_image_applier_is_the_same_code(vllm_0170: Path, tmp_path: Path) -> None:
     """Run the image-side package as the image build does, on a rendered context, against the real source."""
     ctx = tmp_path / "ctx"
-    subprocess.run([sys.executable, str(ROOT / "build.py"), "render", "ng17", "-o", str(ctx)], check=True,
-                   capture_output=True)
+    proc = run_cli("render", "ng17", "-o", str(ctx))
+    assert proc.returncode == 0, proc.stderr
     root = sources.scratch_copy(vllm_0170, tmp_path / "site-packages")
     tool = ctx / "sparkforge" / "inimage"
     for name in VLLM_MODS:

@@ -9,14 +9,13 @@ with the real cache through links), so that what a run downloads and leaves behi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_cli
 from tests.support import fileserver
 from tests.support import upstream
 from sparkforge.recipe import sources
@@ -85,10 +84,8 @@ class Project:
         return folder
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, SPARKFORGE_CACHE=str(self.cache))
-        return subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(self.images), "--mods",
-                               str(self.mods), *args], capture_output=True, text=True, env=env, cwd=self.root,
-                              timeout=600)
+        return run_cli(*args, images=self.images, mods=self.mods, cwd=self.root, timeout=600,
+                       env={"SPARKFORGE_CACHE": str(self.cache)})
 
     def downloads(self) -> list[str]:
         """Every file the download cache and the mod cache hold."""

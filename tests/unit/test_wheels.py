@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from sparkforge.recipe import download
 from sparkforge.build import wheels
 from sparkforge.errors import ConfigError
 from sparkforge.recipe.plan import Layout, Pin, plan_variant
+from tests.support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
@@ -40,9 +40,8 @@ def fake_wheel(path: Path, version: str = "0.17.0") -> Path:
     return path
 
 
-def run_cli(images: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(images), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+def run(images: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_cli(*args, images=images, timeout=120)
 
 
 @pytest.mark.parametrize("vllm, field, message", [
@@ -69,7 +68,7 @@ def run_cli(images: Path, *args: str) -> subprocess.CompletedProcess:
 ])
 def test_bad_wheel_recipes_are_one_line(tmp_path: Path, vllm: str, field: str, message: str) -> None:
     (tmp_path / "w.yaml").write_text(BASE + f"vllm:\n  {vllm}\n  version: \"0.17.0\"\n")
-    proc = run_cli(tmp_path, "show", "w")
+    proc = run(tmp_path, "show", "w")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"w.yaml: {field}: " in lines[0] and message in lines[0], lines[0]
@@ -89,7 +88,7 @@ def test_mod_new_finds_no_check_in_a_patch_of_blank_lines() -> None:
 def test_a_source_phase_mod_is_refused_for_a_wheel(tmp_path: Path) -> None:
     (tmp_path / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  url: https://h.example/{NAME}\n"
                                      f"  sha256: {SHA}\n  version: \"0.17.0\"\nmods: [probe-source-mark]\n")
-    proc = run_cli(tmp_path, "--mods", str(ROOT / "tests" / "mods"), "show", "w")
+    proc = run(tmp_path, "--mods", str(ROOT / "tests" / "mods"), "show", "w")
     assert proc.returncode == 2, proc.stderr
     assert "mods: probe-source-mark: is a source-phase mod, but this variant installs a prebuilt wheel" in proc.stderr
 
@@ -98,11 +97,11 @@ def test_a_wheel_recipe_shows_its_wheel_and_the_hash_makes_the_tag(tmp_path: Pat
     (tmp_path / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  url: https://h.example/{NAME}\n"
                                      f"  sha256: {SHA}\n  version: \"0.17.0\"\n")
     (tmp_path / "v.yaml").write_text(f"extends: w\nvllm:\n  sha256: {'cd' * 32}\n")
-    shown = json.loads(run_cli(tmp_path, "show", "w", "--json").stdout)
+    shown = json.loads(run(tmp_path, "show", "w", "--json").stdout)
     assert shown["vllm"]["wheel"] == {"filename": NAME, "sha256": SHA, "url": f"https://h.example/{NAME}",
                                       "path": None}
-    assert json.loads(run_cli(tmp_path, "show", "v", "--json").stdout)["tag"] != shown["tag"]
-    dry = run_cli(tmp_path, "build", "w", "--dry-run")
+    assert json.loads(run(tmp_path, "show", "v", "--json").stdout)["tag"] != shown["tag"]
+    dry = run(tmp_path, "build", "w", "--dry-run")
     assert f"--build-context vllm-wheel={download.cached(SHA, NAME).parent}" in dry.stdout, dry.stdout
 
 
@@ -266,12 +265,12 @@ def test_prune_removes_what_killed_builds_left_once_a_day_old(tmp_path: Path) ->
     (root / ".notes").mkdir()  # not ours: never touched
     os.utime(root / ".notes", (0, 0))
     assert wheels.leftovers(root) == sorted(old)
-    dry = run_cli(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--key", kept.key[:8],
+    dry = run(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--key", kept.key[:8],
                   "--dry-run")
     assert dry.returncode == 0 and "would remove 3 folders that interrupted builds left, 0.0 MB" in dry.stdout, \
         dry.stdout + dry.stderr
     assert all(f.is_dir() for f in old)
-    proc = run_cli(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--older-than", "30")
+    proc = run(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--older-than", "30")
     assert proc.returncode == 0 and "removed 0 wheels" in proc.stdout, proc.stdout + proc.stderr
     assert "removed 3 folders that interrupted builds left" in proc.stdout
     assert not any(f.exists() for f in old) and running.is_dir() and (root / ".notes").is_dir()
@@ -296,7 +295,7 @@ def test_the_closest_entry_says_what_differs(tmp_path: Path) -> None:
     (("--key", "ab"), "0 wheels in"),
 ])
 def test_wheels_prune_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
-    proc = run_cli(ROOT / "images", "wheels", "prune", "--wheel-cache", str(tmp_path), *args)
+    proc = run(ROOT / "images", "wheels", "prune", "--wheel-cache", str(tmp_path), *args)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
 
