@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS, build_args, image_id
-from tests.support.paths import ROOT
+from tests.support.paths import MODS, ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -107,7 +107,7 @@ def test_no_ca_bundle_or_secret_in_the_image(test_image) -> None:
 
 def _broken_mods(tmp_path: Path) -> Path:
     mods = tmp_path / "mods"
-    shutil.copytree(ROOT / "mods", mods)
+    shutil.copytree(MODS, mods)
     patch = mods / "uf17-eager-allreduce" / "uf17.patch"
     text = patch.read_text()
     context = "             self.cudagraph_mode = CUDAGraphMode.NONE"
@@ -131,7 +131,7 @@ def test_a_broken_mod_fails_the_build_and_keeps_the_tags(test_image, tmp_path: P
 def test_a_failed_smoke_test_keeps_the_previous_good_image(test_image, tmp_path: Path) -> None:
     images, mods = tmp_path / "images", tmp_path / "mods"
     shutil.copytree(VARIANTS, images)
-    shutil.copytree(ROOT / "mods", mods)
+    shutil.copytree(MODS, mods)
     probe = mods / "smoke-probe"
     probe.mkdir()
     (probe / "probe.txt").write_text("probe\n")

@@ -20,7 +20,7 @@ from tests.support.cli import run_cli
 from tests.support import fileserver
 from tests.support import upstream
 from tests.support.docker import BASE, VARIANTS
-from tests.support.paths import ROOT
+from tests.support.paths import MODS
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -53,7 +53,7 @@ def test_url_mod_builds_and_records_its_source(base_image: str, served, tmp_path
     shutil.copy(VARIANTS / "testvllm.yaml", images / "testvllm.yaml")
     (images / "testvllm-url.yaml").write_text(CHILD)
     for name in ("uf17-eager-allreduce", "fix-qwen35-tp4-marlin", "serve-torchrun"):
-        shutil.copytree(ROOT / "mods" / name, mods / name)
+        shutil.copytree(MODS / name, mods / name)
     (mods / MOD).mkdir()
     (mods / MOD / "mod.yaml").write_text(upstream.mod_yaml(MOD, url=url, digest=upstream.sha256(diff),
                                                            versions=">=0.17.0,<0.18.1"))

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.gitserver import serve_https
+from tests.support.paths import CA
 
-SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+SYSTEM_CA = Path(CA)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -19,12 +19,12 @@ from pathlib import Path
 from sparkforge.recipe import sources
 from tests.support.cli import run_cli
 from tests.support import gitserver
-from tests.support.paths import ROOT, TEST_MODS
+from tests.support.paths import CA, MODS, ROOT, TEST_MODS
 
 TORCH_BASE = "sparkforge-test/base-torch:bookworm"
 NUMPY = "1.24.4"  # older than what the newest scipy needs, so an unconstrained install would upgrade it
 VARIANT = "testgit"
-SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+SYSTEM_CA = Path(CA)
 
 
 class Unavailable(Exception):
@@ -134,7 +134,7 @@ class GitSource:
         (self.images / f"{VARIANT}.yaml").write_text(recipe(self.server, self.commit))
         (self.images / f"{VARIANT}-short.yaml").write_text(
             f"extends: {VARIANT}\nvllm:\n  ref: {self.commit[:9]}\n  commit:\n    unknown: only the short SHA is on record\n")
-        shutil.copytree(ROOT / "mods", self.mods)
+        shutil.copytree(MODS, self.mods)
         shutil.copytree(TEST_MODS / "probe-source-mark", self.mods / "probe-source-mark")
 
     def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

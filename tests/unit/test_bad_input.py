@@ -7,20 +7,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.recipes import pypi_recipe
 
-GOOD = """\
-base:
-  repository: example.org/base
-  tag: "1.0"
-  digest: {unknown: not resolved in this test}
-vllm:
-  source: pypi
-  version: "0.16.0"
-build:
-  torch_cuda_arch_list: "12.1a"
-mods: [good-mod]
-"""
+GOOD = pypi_recipe("0.16.0", ("good-mod",))
 
 GOOD_MOD = """\
 name: good-mod

@@ -25,8 +25,7 @@ from sparkforge.inimage.contract import (
 )
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 
 def names(cls) -> set[str]:

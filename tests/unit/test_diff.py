@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import textwrap
 from pathlib import Path
 from typing import Any, Iterator
@@ -13,20 +12,13 @@ import pytest
 from sparkforge.repro.diff import SECTIONS, diff, diff_snapshots, from_plan
 from sparkforge.recipe.lock import lock_path, make_lock, write_lock
 from sparkforge.recipe.plan import Component, Layout, Plan, Vllm, WheelFile, plan_variant, rehash
-
-ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ROOT / "tests" / "variants"
+from tests.support.paths import ROOT, VARIANTS
+from tests.support.recipes import layout, unlocked_images
 
 
 @pytest.fixture
 def images(tmp_path: Path) -> Path:
-    """The shipped recipes without their locks: a child recipe has no lock, so its parent gets none either."""
-    shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("*.lock.json"))
-    return tmp_path / "images"
-
-
-def layout(images: Path) -> Layout:
-    return Layout.default(ROOT, images_dir=images)
+    return unlocked_images(tmp_path / "images")
 
 
 # Each case: a child of ng17 that changes one field, and the (section, change line) diff must show.
@@ -163,7 +155,7 @@ def changed(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 def plans() -> list[Plan]:
     """The shipped variants and the test variant: pypi and git vLLM, pip and git components."""
     out = [plan_variant(Layout.default(ROOT), v) for v in ("ng16", "ng17e")]
-    out.append(plan_variant(Layout.default(ROOT, images_dir=VARIANTS), "testvllm"))
+    out.append(plan_variant(layout(VARIANTS), "testvllm"))
     wheel = WheelFile("vllm-0.17.0-py3-none-any.whl", "a" * 64, url="https://example.invalid/vllm-0.17.0-py3-none-any.whl")
     out.append(dataclasses.replace(out[-1], variant="testwheel",
                                    vllm=dataclasses.replace(out[-1].vllm, source="wheel", wheel=wheel)))

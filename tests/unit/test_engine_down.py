@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ROOT / "tests" / "variants"
-BASE = "sparkforge/base-local:bookworm"
+from tests.support.paths import BASE, ROOT, VARIANTS
 
 COMMANDS = {
     "build": ["--images", str(VARIANTS), "build", "testvllm", "--base", BASE],

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.repro.checkmods import names_read
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import IMAGES, ROOT
 
 
 def tree_with(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -51,7 +50,7 @@ def images(tmp_path: Path) -> Path:
     """ng17 (v0.17.0), and two children: one sets names with the UF17 mod, one sets UF17's name without it."""
     folder = tmp_path / "images"
     folder.mkdir()
-    shutil.copy(ROOT / "images" / "ng17.yaml", folder)
+    shutil.copy(IMAGES / "ng17.yaml", folder)
     (folder / "envs.yaml").write_text(
         "extends: ng17\nmods: [uf17-eager-allreduce]\n"
         "env: {VLLM_MARLIN_INPUT_DTYPE: fp8, VLLM_SPARKFORGE_NEVER_READ: '1', NCCL_IB_DISABLE: '1'}\n")

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from sparkforge import gitfetch
+from sparkforge.recipe.resolve import Unreachable, git_commit
 from tests.support import gitserver
-
-from sparkforge import gitfetch  # noqa: E402
-from sparkforge.recipe.resolve import Unreachable, git_commit  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which("git") and shutil.which("openssl")), reason="needs git and openssl")
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from sparkforge.recipe.plan import Layout, digest_tooling, plan_variant
 from sparkforge.build.render import context_files
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 
 def copied_layout(tmp: Path) -> Layout:

@@ -14,8 +14,9 @@ import pytest
 
 from sparkforge.inimage import kernels
 from sparkforge.inimage.kernels import FatbinError, Target, read_targets, runs_on
+from tests.support.paths import ROOT
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kernels"
+FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
 TOOL = Path(kernels.__file__)
 
 # What `cuobjdump --list-elf` and `--list-ptx` (nvidia-cuda-cuobjdump 13.5, V13.5.37) print for each

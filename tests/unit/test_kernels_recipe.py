@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from sparkforge.recipe.archlist import cuda_archs, loose_intersection, sm12x_warnings
+from tests.support.recipes import pypi_recipe
 
-RECIPE = """\
-base:
-  repository: example.org/base
-  tag: "1.0"
-  digest: {unknown: not resolved in this test}
-vllm:
-  source: pypi
-  version: "0.30.0"
-build:
-  torch_cuda_arch_list: "12.1a"
-"""
+RECIPE = pypi_recipe("0.30.0")
 
 
 @pytest.fixture
@@ -145,8 +136,7 @@ def test_show_warns_in_one_line_and_still_succeeds(cli, project):
     assert proc.returncode == 0
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("warning: ") and "good.yaml" in line and "GPU 12.1" in line, line
-    (project / "images" / "good.yaml").write_text(RECIPE.replace('"0.30.0"', '"0.17.0"').replace(
-        '"12.1a"', '"12.0a;12.1a"'))
+    (project / "images" / "good.yaml").write_text(pypi_recipe("0.17.0").replace('"12.1a"', '"12.0a;12.1a"'))
     assert _show(cli, project).stderr == ""  # 0.17.0's CMake gives sm_120 for that list: no warning
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 PACKAGE = ROOT / "sparkforge"
 ORDER = ("cli", "repro", "distribute", "build", "recipe")  # top first; anything else is the shared bottom
 

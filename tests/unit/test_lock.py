@@ -23,20 +23,16 @@ from sparkforge.recipe.resolve import registry_digest, split_repository
 from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.repro.repro import compare as compare_images
 from sparkforge.repro.repro import read_digests
+from tests.support.paths import MODS, ROOT
+from tests.support.recipes import layout, unlocked_images
 
-ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "ab" * 32
 PACKAGES = {"vllm": "0.17.0", "pip": "23.0.1", "Setuptools": "66.1.1", "python-apt": "2.6.0+nmu1~weird"}
 
 
 @pytest.fixture
 def images(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "images", tmp_path / "images", ignore=shutil.ignore_patterns("*.lock.json"))
-    return tmp_path / "images"
-
-
-def layout(images: Path) -> Layout:
-    return Layout.default(ROOT, images_dir=images)
+    return unlocked_images(tmp_path / "images")
 
 
 def locked(images: Path, variant: str = "ng17e", packages: dict | None = PACKAGES):
@@ -78,7 +74,7 @@ def test_a_lock_names_the_field_the_recipe_changed(images: Path) -> None:
 
 def test_a_changed_mod_is_named_by_its_digest(images: Path, tmp_path: Path) -> None:
     mods = tmp_path / "mods"
-    shutil.copytree(ROOT / "mods", mods)
+    shutil.copytree(MODS, mods)
     lay = Layout.default(ROOT, images_dir=images, mods_dir=mods)
     lock = make_lock(plan_variant(lay, "ng17"), {}, 1767225600, packages=None, packages_unresolved="x")
     (mods / "serve-torchrun" / "NOTE").write_text("changed\n")

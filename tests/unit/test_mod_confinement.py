@@ -22,8 +22,8 @@ from sparkforge import inimage
 from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import check_variant
 from sparkforge.recipe.plan import Layout, plan_variant
+from tests.support.paths import IMAGES, MODS, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MOD = "hostile-mod"
 
 
@@ -39,7 +39,7 @@ def make_project(tmp: Path, spec: dict, files: dict[str, str]) -> tuple[Path, Pa
     """An images folder (ng17, and the variant `hostile` that lists only the mod) and a mods folder."""
     images, folder = tmp / "images", tmp / "mods" / MOD
     images.mkdir()
-    shutil.copy(ROOT / "images" / "ng17.yaml", images)
+    shutil.copy(IMAGES / "ng17.yaml", images)
     (images / "hostile.yaml").write_text(f"extends: ng17\nmods: [{MOD}]\n")
     folder.mkdir(parents=True)
     (folder / "mod.yaml").write_text(json.dumps(spec, indent=2))  # JSON is YAML
@@ -309,9 +309,9 @@ def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> 
     for rel in ("vllm/model_executor/models/qwen3_next.py", "vllm/model_executor/models/qwen3_5.py"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(tree / rel, root / rel)
-    folder = ROOT / "mods" / "fix-qwen35-tp4-marlin"
+    folder = MODS / "fix-qwen35-tp4-marlin"
     from sparkforge.recipe.config import load_mod
-    spec = load_mod(ROOT / "mods", folder.name)[0].model_dump(mode="json")
+    spec = load_mod(MODS, folder.name)[0].model_dump(mode="json")
     assert inimage.apply_mod(spec, folder, root).state == "applied"
     assert inimage.apply_mod(spec, folder, root).state == "already"
 

@@ -26,11 +26,11 @@ from sparkforge.repro.checkmods import apply_in_scratch, applies_ranges, matrix
 from sparkforge.recipe.config import load_mod
 from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
 from tests.support.cli import run_cli
+from tests.support.paths import MODS
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = Layout.default()
 VLLM_MODS = ["uf17-eager-allreduce", "fix-qwen35-tp4-marlin"]
 
@@ -133,7 +133,7 @@ def test_check_mods_command_passes_for_ng17(cli) -> None:
 
 def test_check_mods_fails_on_a_broken_mod(tmp_path: Path, cli) -> None:
     mods = tmp_path / "mods"
-    shutil.copytree(ROOT / "mods", mods)
+    shutil.copytree(MODS, mods)
     patch = mods / "uf17-eager-allreduce" / "uf17.patch"
     patch.write_text(patch.read_text().replace("             self.cudagraph_mode = CUDAGraphMode.NONE",
                                                "             self.cudagraph_mode = CUDAGraphMode.FULL"))

@@ -11,9 +11,9 @@ import pytest
 from sparkforge.errors import ConfigError
 from sparkforge.build.pipeline import LockPolicy, load_plan
 from sparkforge.recipe.plan import Layout, plan_variant
+from tests.support.paths import IMAGES, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCKED = sorted(p.name.removesuffix(".lock.json") for p in (ROOT / "images").glob("*.lock.json"))
+LOCKED = sorted(p.name.removesuffix(".lock.json") for p in IMAGES.glob("*.lock.json"))
 LAYOUT = Layout.default()
 
 
@@ -30,7 +30,7 @@ def test_shipped_locks_exist() -> None:
 @pytest.mark.parametrize("variant", LOCKED)
 def test_show_and_build_name_the_locked_tag(cli, variant: str) -> None:
     loaded = load_plan(LAYOUT, variant)
-    assert loaded.lock == ROOT / "images" / f"{variant}.lock.json"
+    assert loaded.lock == IMAGES / f"{variant}.lock.json"
     shown = json.loads(cli("show", variant, "--json", check=True).stdout)["tag"]
     assert shown == loaded.plan.tag
     assert _dry_run_tag(cli, "build", variant) == shown
@@ -56,7 +56,7 @@ def test_dry_run_prints_the_command_and_writes_nothing(cli, tmp_path: Path) -> N
 
 def test_stale_lock_is_ignored_with_a_warning_and_refused_when_locked(cli, tmp_path: Path) -> None:
     images = tmp_path / "images"
-    shutil.copytree(ROOT / "images", images)
+    shutil.copytree(IMAGES, images)
     recipe = images / "ng17.yaml"
     recipe.write_text(recipe.read_text().replace("os_packages: [ccache]", "os_packages: [ccache, curl]"))
     layout = Layout.default(images_dir=images)

@@ -16,8 +16,8 @@ from sparkforge.build.pipeline import load_plan
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files, render_dockerfile
 from tests.support import golden
+from tests.support.paths import BASE, IMAGES
 
-ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = golden.GOLDEN
 SHIPPED = golden.shipped()
 LAYOUT = Layout.default()
@@ -41,7 +41,7 @@ def test_ng17e_inherits_ng17_and_overrides_scalars() -> None:
 
 def test_mod_list_add_and_remove(tmp_path: Path) -> None:
     images = tmp_path / "images"
-    shutil.copytree(ROOT / "images", images)
+    shutil.copytree(IMAGES, images)
     parent = plan_variant(LAYOUT, "ng17")
     if not parent.mods:
         pytest.skip("ng17 lists no mods to remove")
@@ -53,7 +53,7 @@ def test_mod_list_add_and_remove(tmp_path: Path) -> None:
 
 def test_null_removes_a_component(tmp_path: Path) -> None:
     images = tmp_path / "images"
-    shutil.copytree(ROOT / "images", images)
+    shutil.copytree(IMAGES, images)
     (images / "kid.yaml").write_text("extends: ng17e\ncomponents:\n  ray: null\n")
     kid = plan_variant(Layout.default(images_dir=images), "kid")
     assert [c.name for c in kid.components] == ["cutlass", "flashinfer"]
@@ -64,7 +64,7 @@ def test_same_plan_same_tag_and_any_change_moves_it(tmp_path: Path) -> None:
     assert a.tag == b.tag and a.plan_hash == b.plan_hash
     assert a.tag.startswith("sparkforge/vllm:ng17e-")
     images = tmp_path / "images"
-    shutil.copytree(ROOT / "images", images)
+    shutil.copytree(IMAGES, images)
     (images / "kid.yaml").write_text("extends: ng17e\nbuild:\n  max_jobs: 3\n")
     (images / "kid2.yaml").write_text("extends: ng17e\nbuild:\n  max_jobs: 3\n")
     k1 = plan_variant(Layout.default(images_dir=images), "kid")
@@ -87,8 +87,8 @@ def test_build_env_reaches_the_compile_step_only() -> None:
 
 
 def test_base_swap_changes_the_tag_and_is_unpinned() -> None:
-    plan = plan_variant(LAYOUT, "ng17", base="sparkforge/base-local:bookworm")
-    assert plan.base.ref == "sparkforge/base-local:bookworm"
+    plan = plan_variant(LAYOUT, "ng17", base=BASE)
+    assert plan.base.ref == BASE
     assert plan.tag != plan_variant(LAYOUT, "ng17").tag
     assert ("base.digest", "base given as sparkforge/base-local:bookworm with --base, without a digest") in plan.unpinned()
 
@@ -168,5 +168,5 @@ def test_list_shows_every_variant_with_parent(cli) -> None:
 
 
 def test_loading_a_variant_reads_its_whole_chain() -> None:
-    recipe = load_variant(ROOT / "images", "ng17e")
+    recipe = load_variant(IMAGES, "ng17e")
     assert recipe.files == ("images/ng17e.yaml", "images/ng17.yaml")

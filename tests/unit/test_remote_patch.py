@@ -24,7 +24,6 @@ from sparkforge.recipe.schema import pr_diff_url
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parents[2]
 MOD = "colpali-template"
 
 RECIPE = """\

@@ -3,16 +3,13 @@ pin, in the order of seed 001's feature list (pure: recipes and mod.yaml only)."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sparkforge.recipe.config import load_mod
 from sparkforge.recipe.plan import Layout, plan_variant
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 # Seed 001's features that have a mod, in its order (1 Marlin SM12x, 5 streaming fix, 6 MTP + NVFP4,
 # 7 UF17, 10 serve_torchrun), with seed 000's Marlin TP=4 fix before the torchrun server.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import IMAGES
 
 
 def test_markup_in_a_description_is_printed_as_written(cli, tmp_path: Path) -> None:
     images = tmp_path / "images"
-    shutil.copytree(ROOT / "images", images)
+    shutil.copytree(IMAGES, images)
     (images / "marked.yaml").write_text("extends: ng17\ndescription: '[bold]kept[/bold] and [/] too'\n")
     for args in (("show", "marked"), ("list",)):
         proc = cli("--images", str(images), *args)

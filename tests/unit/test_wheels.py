@@ -16,8 +16,9 @@ from sparkforge.build import wheels
 from sparkforge.errors import ConfigError
 from sparkforge.recipe.plan import Layout, Pin, plan_variant
 from tests.support.cli import run_cli
+from tests.support.paths import IMAGES, ROOT, TEST_MODS
+from tests.support.recipes import layout
 
-ROOT = Path(__file__).resolve().parents[2]
 SHA = "ab" * 32
 NAME = "vllm-0.17.0-cp38-abi3-linux_x86_64.whl"
 
@@ -88,7 +89,7 @@ def test_mod_new_finds_no_check_in_a_patch_of_blank_lines() -> None:
 def test_a_source_phase_mod_is_refused_for_a_wheel(tmp_path: Path) -> None:
     (tmp_path / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  url: https://h.example/{NAME}\n"
                                      f"  sha256: {SHA}\n  version: \"0.17.0\"\nmods: [probe-source-mark]\n")
-    proc = run(tmp_path, "--mods", str(ROOT / "tests" / "mods"), "show", "w")
+    proc = run(tmp_path, "--mods", str(TEST_MODS), "show", "w")
     assert proc.returncode == 2, proc.stderr
     assert "mods: probe-source-mark: is a source-phase mod, but this variant installs a prebuilt wheel" in proc.stderr
 
@@ -105,10 +106,6 @@ def test_a_wheel_recipe_shows_its_wheel_and_the_hash_makes_the_tag(tmp_path: Pat
     assert f"--build-context vllm-wheel={download.cached(SHA, NAME).parent}" in dry.stdout, dry.stdout
 
 
-def _layout(images: Path) -> Layout:
-    return Layout.default(ROOT, images_dir=images)
-
-
 def test_a_local_wheel_is_taken_by_hash_and_its_metadata_checked(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
     images = tmp_path / "images"
@@ -117,8 +114,8 @@ def test_a_local_wheel_is_taken_by_hash_and_its_metadata_checked(tmp_path: Path,
     sha = download.sha256_of(good)
     (images / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n  sha256: {sha}\n"
                                    "  version: \"0.17.0\"\n")
-    plan = plan_variant(_layout(images), "w")
-    got = wheels.recipe_wheel(plan, _layout(images))
+    plan = plan_variant(layout(images), "w")
+    got = wheels.recipe_wheel(plan, layout(images))
     assert (got.origin, got.sha256) == ("recipe", sha) and (got.folder / got.wheel).read_bytes() == good.read_bytes()
     assert got.folder == download.cached(sha, NAME).parent
     # METADATA that says another version than the file name and the recipe
@@ -126,12 +123,12 @@ def test_a_local_wheel_is_taken_by_hash_and_its_metadata_checked(tmp_path: Path,
     (images / "x.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{other.name}\n"
                                    f"  sha256: {download.sha256_of(other)}\n  version: \"0.17.1\"\n")
     with pytest.raises(ConfigError, match=r"holds vllm 0\.17\.0 \(its METADATA\), but the recipe says version 0\.17\.1"):
-        wheels.recipe_wheel(plan_variant(_layout(images), "x"), _layout(images))
+        wheels.recipe_wheel(plan_variant(layout(images), "x"), layout(images))
     # a wrong hash: refused, and nothing is left in the cache under it
     (images / "y.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n  sha256: \"{'0' * 64}\"\n"
                                    "  version: \"0.17.0\"\n")
     with pytest.raises(ConfigError, match=f"the wheel has sha256 {sha}, not {'0' * 64}"):
-        wheels.recipe_wheel(plan_variant(_layout(images), "y"), _layout(images))
+        wheels.recipe_wheel(plan_variant(layout(images), "y"), layout(images))
     assert not download.cached("0" * 64, NAME).parent.exists()
 
 
@@ -144,7 +141,7 @@ def test_a_local_wheel_behind_a_link_out_of_the_recipe_folder_is_refused(tmp_pat
     (images / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n"
                                    f"  sha256: {download.sha256_of(outside)}\n  version: \"0.17.0\"\n")
     with pytest.raises(ConfigError, match="vllm.path: wheels/.* leads outside"):
-        plan_variant(_layout(images), "w")
+        plan_variant(layout(images), "w")
 
 
 # ------------------------------------------------------------------ the wheel cache
@@ -265,12 +262,12 @@ def test_prune_removes_what_killed_builds_left_once_a_day_old(tmp_path: Path) ->
     (root / ".notes").mkdir()  # not ours: never touched
     os.utime(root / ".notes", (0, 0))
     assert wheels.leftovers(root) == sorted(old)
-    dry = run(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--key", kept.key[:8],
+    dry = run(IMAGES, "wheels", "prune", "--wheel-cache", str(root), "--key", kept.key[:8],
                   "--dry-run")
     assert dry.returncode == 0 and "would remove 3 folders that interrupted builds left, 0.0 MB" in dry.stdout, \
         dry.stdout + dry.stderr
     assert all(f.is_dir() for f in old)
-    proc = run(ROOT / "images", "wheels", "prune", "--wheel-cache", str(root), "--older-than", "30")
+    proc = run(IMAGES, "wheels", "prune", "--wheel-cache", str(root), "--older-than", "30")
     assert proc.returncode == 0 and "removed 0 wheels" in proc.stdout, proc.stdout + proc.stderr
     assert "removed 3 folders that interrupted builds left" in proc.stdout
     assert not any(f.exists() for f in old) and running.is_dir() and (root / ".notes").is_dir()
@@ -295,7 +292,7 @@ def test_the_closest_entry_says_what_differs(tmp_path: Path) -> None:
     (("--key", "ab"), "0 wheels in"),
 ])
 def test_wheels_prune_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
-    proc = run(ROOT / "images", "wheels", "prune", "--wheel-cache", str(tmp_path), *args)
+    proc = run(IMAGES, "wheels", "prune", "--wheel-cache", str(tmp_path), *args)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
 
@@ -320,7 +317,7 @@ def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path:
     (images / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n"
                                    f"  sha256: {download.sha256_of(wheel)}\n  version: \"0.17.0\"\n"
                                    "mods: [uf17-eager-allreduce, fix-qwen35-tp4-marlin]\n")
-    rows = check_variant(plan_variant(_layout(images), "w"), tmp_path)
+    rows = check_variant(plan_variant(layout(images), "w"), tmp_path)
     assert [(r.mod, r.state) for r in rows] == [("uf17-eager-allreduce", RowState.APPLIED),
                                                 ("fix-qwen35-tp4-marlin", RowState.APPLIED)]
     assert rows[0].source.startswith(f"vllm wheel {NAME}")
