@@ -20,12 +20,13 @@ from sparkforge import net
 from sparkforge.build import wheels
 from sparkforge.recipe.download import sha256_of
 from sparkforge.files import NotRegularFile, read_regular
-from tests.support.cli import run_cli
+from tests.support.cli import assert_one_line, run_cli
 from tests.support import fileserver
 from tests.support.gitserver import serve_https
 from tests.support.paths import MODS, ROOT, VARIANTS
 LONG = "a" * 300  # longer than any file name may be (255)
 WHEEL = "vllm-0.17.0-cp38-abi3-linux_x86_64.whl"
+CHECKING = ("checking ",)  # the progress lines check-mods writes to stderr before its error
 
 RECIPE = """\
 image: sparkforge-test/vllm
@@ -56,16 +57,6 @@ def cli(*args: str, cache: Path | None = None, timeout: float = 60, **env: str) 
     if cache is not None:
         env["SPARKFORGE_CACHE"] = str(cache)
     return run_cli(*args, timeout=timeout, env=env)
-
-
-def error_line(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
-    """The command's one error line; it exits with code and names every word."""
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    others = [line for line in proc.stderr.splitlines() if not line.startswith(("error:", "checking "))]
-    assert proc.returncode == code and len(errors) == 1 and not others, (proc.returncode, proc.stderr)
-    assert all(w in errors[0] for w in words), errors[0]
-    return errors[0]
 
 
 @pytest.fixture
@@ -105,7 +96,7 @@ def test_a_name_too_long_is_one_line(project: Path, tmp_path: Path, where: str) 
         proc = cli(f"--{other}", str(project / other), *args)
     else:
         proc = run(project, *args, cache=Path(long) if where == "cache" else tmp_path / "cache")
-    line = error_line(proc, 2)
+    line = assert_one_line(proc)
     assert "aaaa" in line and len(line) < 600
 
 
@@ -113,7 +104,7 @@ def test_a_name_too_long_is_one_line(project: Path, tmp_path: Path, where: str) 
 def test_a_folder_option_naming_a_file_is_one_line(project: Path, option: str) -> None:
     other = "--mods" if option == "--images" else "--images"
     proc = cli(option, str(project / "images" / "good.yaml"), other, str(project / other.strip("-")), "show", "good")
-    error_line(proc, 2, "good.yaml", option, "is not a folder")
+    assert_one_line(proc, "good.yaml", option, "is not a folder")
 
 
 def test_a_recipe_may_be_a_link_to_a_file_outside_the_project(project: Path, tmp_path: Path) -> None:
@@ -167,7 +158,7 @@ def test_a_fifo_where_a_file_belongs_is_one_line_at_once(project: Path, tmp_path
     start = time.monotonic()
     proc = run(project, *args, cache=tmp_path / "cache", timeout=30)
     assert time.monotonic() - start < 30
-    error_line(proc, 2, named)
+    assert_one_line(proc, named, progress=CHECKING)
 
 
 # ---------------------------------------------------------------- YAML: keys written twice, nesting
@@ -181,7 +172,7 @@ def test_a_key_written_twice_names_the_file_the_key_and_both_lines(project: Path
     path.write_text("\n".join(lines + [lines[0]]) + "\n")  # the first line's key again, at the end
     key = lines[0].split(":")[0]
     args = ("status", "good", "--cluster", str(path)) if rel == "cluster.yaml" else ("show", "good")
-    error_line(run(project, *args), 2, rel.split("/")[-1], repr(key), f"lines 1 and {len(lines) + 1}")
+    assert_one_line(run(project, *args), rel.split("/")[-1], repr(key), f"lines 1 and {len(lines) + 1}")
 
 
 @pytest.mark.parametrize("text", ["a: " + "[" * 100_000 + "]" * 100_000, "a:\n" + "".join(
@@ -189,7 +180,7 @@ def test_a_key_written_twice_names_the_file_the_key_and_both_lines(project: Path
     ids=["flow-lists", "block-maps", "flow-maps"])  # the texts are too long to be test IDs (the environment)
 def test_deep_nesting_is_one_line_not_a_crash(project: Path, text: str) -> None:
     (project / "images" / "deep.yaml").write_text(text)
-    error_line(run(project, "show", "deep"), 2, "deep.yaml", "nested more than")
+    assert_one_line(run(project, "show", "deep"), "deep.yaml", "nested more than")
 
 
 # ---------------------------------------------------------------- terminal safety
@@ -204,7 +195,7 @@ def test_escape_codes_from_a_recipe_reach_the_terminal_escaped(project: Path) ->
         assert not any(ch in proc.stdout for ch in "\x1b\x07\x9b"), repr(proc.stdout)
     assert "\\x1b]0;owned" in run(project, "show", "good").stdout
     recipe.write_text(recipe.read_text() + '"\\e[31mcolour": red\n')  # an unknown key, named in the error line
-    line = error_line(run(project, "show", "good"), 2, "\\x1b[31mcolour")
+    line = assert_one_line(run(project, "show", "good"), "\\x1b[31mcolour")
     assert "\x1b" not in line
 
 
@@ -213,7 +204,7 @@ def test_a_password_in_a_url_is_never_repeated(project: Path) -> None:
         RECIPE + f"vllm:\n  source: wheel\n  url: https://me:hunter2@h.example/{WHEEL}\n  sha256: {'a' * 64}\n"
         '  version: "0.17.0"\n')
     proc = run(project, "show", "w")
-    error_line(proc, 2, "w.yaml", "vllm.url", "***@h.example")
+    assert_one_line(proc, "w.yaml", "vllm.url", "***@h.example")
     assert "hunter2" not in proc.stderr + proc.stdout
 
 
@@ -271,7 +262,7 @@ def test_check_mods_fails_on_a_wrong_wheel_like_build(project: Path, tmp_path: P
     wheel_recipe(project, "0" * 64 if case == "wrong sha256" else sha)
     cache = tmp_path / "cache"
     proc = run(project, "check-mods", "w", cache=cache)
-    error_line(proc, 2, "w.yaml", field, words)
+    assert_one_line(proc, "w.yaml", field, words, progress=CHECKING)
     assert "unverified" not in proc.stdout and not leftovers(cache)
     if case == "wrong sha256":
         assert not list(cache.rglob("*.whl"))
@@ -323,13 +314,14 @@ def big_wheel(project: Path) -> str:
 @pytest.mark.root
 def test_a_full_cache_is_one_line_and_leaves_no_part_file(project: Path, small_fs: Path) -> None:
     wheel_recipe(project, big_wheel(project))
-    error_line(run(project, "check-mods", "w", cache=small_fs), 1, str(small_fs), "No space left on device")
+    assert_one_line(run(project, "check-mods", "w", cache=small_fs), str(small_fs), "No space left on device", code=1,
+                    progress=CHECKING)
     assert not leftovers(small_fs) and not list(small_fs.rglob("*.whl"))
 
 
 def test_a_read_only_cache_is_one_line(project: Path, read_only: Path) -> None:
     wheel_recipe(project, big_wheel(project))
-    error_line(run(project, "check-mods", "w", cache=read_only), 1, str(read_only))
+    assert_one_line(run(project, "check-mods", "w", cache=read_only), str(read_only), code=1, progress=CHECKING)
     assert not list(read_only.iterdir())
 
 
@@ -342,7 +334,7 @@ def test_prune_refuses_a_folder_that_is_not_a_wheel_cache(tmp_path: Path) -> Non
         (folder / name).mkdir(parents=True)
         os.utime(folder / name, (0, 0))  # as old as a leftover can be
     proc = cli("wheels", "prune", "--all", "--wheel-cache", str(folder))
-    error_line(proc, 2, "mine", "--wheel-cache", "is not a wheel cache")
+    assert_one_line(proc, "mine", "--wheel-cache", "is not a wheel cache")
     assert sorted(p.name for p in folder.iterdir()) == [".export.keep", ".trash-x", "0123456789ab.x", "photos"]
 
 
@@ -477,13 +469,13 @@ def test_two_mods_claiming_one_dest_or_env_name_are_refused(project: Path, secon
                                     + "verify:\n  - {file: /opt/hello.txt, contains: o}\n")
     recipe = project / "images" / "good.yaml"
     recipe.write_text(recipe.read_text().replace("mods: [drop-in]", "mods: [drop-in, other]"))
-    error_line(run(project, "show", "good"), 2, "good.yaml", "mods", words)
+    assert_one_line(run(project, "show", "good"), "good.yaml", "mods", words)
 
 
 def test_one_mod_writing_one_dest_twice_is_refused(project: Path) -> None:
     meta = project / "mods" / "drop-in" / "mod.yaml"
     meta.write_text(meta.read_text().replace("files:\n", "files:\n  - {src: hello.txt, dest: /opt/hello.txt}\n"))
-    error_line(run(project, "show", "good"), 2, "good.yaml", "mod drop-in writes /opt/hello.txt twice")
+    assert_one_line(run(project, "show", "good"), "good.yaml", "mod drop-in writes /opt/hello.txt twice")
 
 
 @pytest.mark.parametrize("address,loopback", [
