@@ -1,7 +1,9 @@
 """Helpers every tier shares, imported as `tests.support.X`.
 
 paths: where things are. cli: one runner of the real command line and one check of a one-line error.
+recipes: the shipped images without their locks, the layout that reads them, a small PyPI recipe.
 docker: the engine check, build arguments, image IDs, a local registry. gitserver, gitsource,
-fileserver: real HTTPS servers (git smart HTTP, files). upstream: real vLLM sources for mods.
-hoststate: what the run must leave as it found it.
+fileserver: real HTTPS servers (git smart HTTP, files). drip: an HTTP server that answers a byte at a
+time and never finishes. upstream: real vLLM sources for mods. hoststate: what the run must leave as it
+found it.
 """

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -21,6 +20,7 @@ from sparkforge.build import wheels
 from sparkforge.recipe.download import sha256_of
 from sparkforge.files import NotRegularFile, read_regular
 from tests.support.cli import assert_one_line, run_cli
+from tests.support import drip
 from tests.support import fileserver
 from tests.support.gitserver import serve_https
 from tests.support.paths import MODS, ROOT, VARIANTS
@@ -368,30 +368,6 @@ def test_wheels_list_shows_a_damaged_entry_in_one_line(tmp_path: Path, entry: st
 # ---------------------------------------------------------------- servers that misbehave
 
 
-class _Drip(http.server.BaseHTTPRequestHandler):
-    """Answers with a body (or, with ?headers, the status line itself) one byte at a time, slowly."""
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802 - the base class's name
-        try:
-            if "headers" in self.path:
-                for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 100:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                    time.sleep(0.3)
-            self.send_response(200)
-            self.send_header("Content-Length", "1000")
-            self.end_headers()
-            for _ in range(1000):
-                self.wfile.write(b"x")
-                self.wfile.flush()
-                time.sleep(0.3)
-        except OSError:
-            pass
-
-
 class _Redirect(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass
@@ -403,22 +379,13 @@ class _Redirect(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
 
-@pytest.fixture
-def drip():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.mark.parametrize("path", ["/body", "/headers"])
-def test_a_server_dripping_bytes_is_given_up_within_the_deadline(drip: str, path: str) -> None:
-    start = time.monotonic()
-    with pytest.raises(net.FetchFailed, match="not complete within 3s|too slow"):
-        net.get(drip + path, deadline=3, window=1.5)
-    assert time.monotonic() - start < 8
+def test_a_server_dripping_bytes_is_given_up_within_the_deadline(path: str) -> None:
+    with drip.serve(every=0.3) as url:
+        start = time.monotonic()
+        with pytest.raises(net.FetchFailed, match="not complete within 3s|too slow"):
+            net.get(url + path, deadline=3, window=1.5)
+        assert time.monotonic() - start < 8
 
 
 def test_a_redirect_from_https_to_http_is_refused(project: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from sparkforge.distribute.cluster import Registry, layer_sizes
 from sparkforge.recipe.resolve import Unreachable, registry_digest
 from sparkforge.registry import MANIFEST_TYPES, Client, Endpoint, RegistryError
+from tests.support import drip
 
 TOKEN = "t0k"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -224,30 +225,9 @@ def test_a_refused_token_or_another_kind_of_authentication_is_one_line(basic: bo
         assert len(cls.seen) == (1 if basic else 2)  # one retry with the token, never a loop
 
 
-class _Drip(http.server.BaseHTTPRequestHandler):
-    """Answers at once and then sends its body one byte every 0.2 s: never silent long enough for a
-    read timeout, never done."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "1000")
-        self.end_headers()
-        try:
-            for _ in range(1000):
-                self.wfile.write(b"{")
-                self.wfile.flush()
-                time.sleep(0.2)
-        except OSError:
-            pass
-
-
 def test_a_registry_that_drips_bytes_is_given_up_at_the_deadline() -> None:
-    for host, _ in _serve(_Drip):
+    with drip.serve(every=0.2, byte=b"{") as url:
+        host = url.removeprefix("http://")
         client = Client(Endpoint.of(host), deadline=1.0, window=0.5)
         t0 = time.monotonic()
         with pytest.raises(RegistryError) as err:
