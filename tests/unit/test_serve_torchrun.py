@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # not tests.support.paths: the GLOO workers run this file as a script
 SCRIPT = REPO / "mods" / "serve-torchrun" / "serve_torchrun.py"
 
 
