@@ -32,19 +32,9 @@ from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..recipe.plan import PROJECT_ROOT, Plan
-from .cluster import (
-    CONTROL_TIMEOUT,
-    PULL_STALL_TIMEOUT,
-    Node,
-    NodeFailure,
-    Registry,
-    layer_sizes,
-    one_line,
-    pull,
-    run_docker,
-    run_dockers,
-    run_nodes,
-)
+from .cluster import Node, Registry
+from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_docker,
+                    run_dockers, run_nodes)
 
 
 class Outcome(str, Enum):

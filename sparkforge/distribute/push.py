@@ -24,7 +24,8 @@ from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
-from .cluster import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, Registry, one_line
+from .cluster import Registry
+from .nodes import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, one_line
 from .deploy import (
     CHUNK,
     HeadImage,

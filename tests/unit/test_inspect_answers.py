@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sparkforge.build import dockercli
-from sparkforge.distribute.cluster import Node, NodeFailure
+from sparkforge.distribute.cluster import Node
+from sparkforge.distribute.nodes import NodeFailure
 from sparkforge.distribute.deploy import inspect
 
 FOUND = {"Id": "sha256:" + "a" * 64, "RepoTags": ["repo/x:v"], "RepoDigests": [], "RootFS": {"Layers": []}}
