@@ -70,16 +70,31 @@ def inspect_images(*refs: str, host: str | None = None, env: dict[str, str] | No
     """What `docker image inspect` says of each reference on the engine (None where there is no such
     image), in one call: the one way the head asks about its images."""
     proc = run(["image", "inspect", *refs], what="docker image inspect", host=host, env=env, check=False)
-    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-    missing = [line for line in lines if "No such image" in line]
     try:
-        found = json.loads(proc.stdout or "[]")
+        return read_inspect(refs, proc.returncode, proc.stdout, proc.stderr)
+    except ValueError as exc:
+        raise EngineError(str(exc), field="docker image inspect") from None
+
+
+def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> dict[str, dict | None]:
+    """The data `docker image inspect REFS...` gave for each reference, None for each it named missing.
+
+    docker prints what it found as JSON on stdout and, on stderr, one line for each reference it did
+    not find ("No such image", or a line saying "not found"), exiting 1 when one is
+    missing. Over ssh a node's shell may add lines of its own (a login script's noise), so the answer
+    is whole when every reference is either found or named missing. A ValueError says why it is not.
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    missing = [line for line in lines if "No such image" in line or "not found" in line.lower()]
+    try:
+        found = json.loads(stdout or "[]")
     except ValueError:
-        raise EngineError(f"no JSON in the answer: {last_line(proc.stdout, 'no output')}",
-                          field="docker image inspect") from None
-    if proc.returncode != 0 and len(found) + len(missing) < len(refs):
-        said = [line for line in lines if line not in missing] or [f"exit code {proc.returncode}"]
-        raise EngineError(said[0], field="docker image inspect")
+        found = None
+    if not isinstance(found, list) or not all(isinstance(data, dict) for data in found):
+        raise ValueError(f"no JSON list of images in the answer: {last_line(stdout, 'no output')}")
+    if code != 0 and len(found) + len(missing) < len(refs):
+        # The line that says what went wrong, not a "No such image" beside it.
+        raise ValueError(next((line for line in lines if line not in missing), f"exit code {code}"))
     if len(found) == len(refs):  # docker answers in the order it was asked
         return dict(zip(refs, found))
 

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..distribute.cluster import PULL_STALL_TIMEOUT, STALL_TIMEOUT
+from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import SparkforgeError, visible
 from ..imageref import ImageRef
 from . import views

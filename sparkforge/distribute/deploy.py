@@ -32,19 +32,9 @@ from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..recipe.plan import PROJECT_ROOT, Plan
-from .cluster import (
-    CONTROL_TIMEOUT,
-    PULL_STALL_TIMEOUT,
-    Node,
-    NodeFailure,
-    Registry,
-    layer_sizes,
-    one_line,
-    pull,
-    run_docker,
-    run_dockers,
-    run_nodes,
-)
+from .cluster import Node, Registry
+from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_docker,
+                    run_dockers, run_nodes)
 
 
 class Outcome(str, Enum):
@@ -362,23 +352,12 @@ def registry_ref(registry: str, ref: str) -> str:
 def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
     """The image each reference names on a node (None where there is none), in one call to the node."""
     proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
-    # docker prints what it found and names on stderr, one line each, what it did not find. Other lines
-    # may come from the node's shell start-up over ssh (a login script's noise), so the answer counts
-    # as whole when every reference is either found or named missing.
-    lines = [ln.strip() for ln in proc.stderr.decode(errors="replace").splitlines() if ln.strip()]
-    missing = [ln for ln in lines if "No such image" in ln or "not found" in ln.lower()]
     try:
-        found = [(NodeImage.from_inspect(d), d) for d in json.loads(proc.stdout or b"[]")]
-    except ValueError:
-        raise NodeFailure(f"inspect of {' '.join(refs)} gave no JSON: {last_line(proc.stdout, 'no output')}") from None
-    if proc.returncode != 0 and len(found) + len(missing) < len(refs):
-        # The line that says what went wrong, not a "No such image" beside it.
-        said = [ln for ln in lines if ln not in missing] or ["no message"]
-        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {said[0]}")
-    if len(found) == len(refs):
-        return dict(zip(refs, (image for image, _ in found)))
-    # Some were missing: tell the others apart by the tags they carry.
-    return {ref: next((image for image, data in found if ref in (data.get("RepoTags") or [])), None) for ref in refs}
+        seen = dockercli.read_inspect(refs, proc.returncode, proc.stdout.decode(errors="replace"),
+                                      proc.stderr.decode(errors="replace"))
+        return {ref: None if data is None else NodeImage.from_inspect(data) for ref, data in seen.items()}
+    except (ValueError, LookupError, TypeError) as exc:  # also an image without an ID or with odd digests
+        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {exc}") from None
 
 
 def set_tags(node: Node, node_id: str, image: HeadImage) -> None:

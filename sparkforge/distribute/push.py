@@ -9,10 +9,12 @@ more name of the image (:func:`.deploy.record_manifest`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 import subprocess
+import tarfile
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +26,8 @@ from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
-from .cluster import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, Registry, one_line
+from .cluster import Registry
+from .nodes import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, one_line
 from .deploy import (
     CHUNK,
     HeadImage,
@@ -119,6 +122,55 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PUSH_WINDOW = 300.0
 
 
+class _SavedImage:
+    """One pass over the tar stream of a `docker save`: each layer sent to the registry unless it holds
+    it already, the small blobs (config, manifests) and the saved manifest.json kept for the end."""
+
+    def __init__(self, client: RegistryClient, repo: str, compression: str, diff_ids: set[str], known: dict):
+        self.client, self.repo, self.compression = client, repo, compression
+        self.diff_ids, self.known = diff_ids, known  # the image's layers; blobs recorded at earlier pushes
+        self.layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
+        self.uploaded: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size), for the state
+        self.small: dict[str, bytes] = {}  # blobs that are not layers: config, manifests
+        self.manifest: bytes | None = None
+        self.sent = self.present = 0
+
+    def take(self, tar, member) -> Layer | None:
+        """Read one member of the saved image; the layer when it is one."""
+        if member.isfile() and member.name == "manifest.json":
+            self.manifest = tar.extractfile(member).read()
+            return None
+        hexname = member.name.rpartition("/")[2]
+        if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
+            return None
+        data = tar.extractfile(member)
+        stored = stored_compression(data.peek(4)[:4])
+        digest = f"sha256:{hexname}"
+        if stored is not None:  # a compressed layer (the containerd store keeps gzip): sent as it is
+            if self.client.blob_exists(self.repo, digest):
+                self.present += 1
+            else:
+                _upload_layer(self.client, self.repo, data, "none", digest, None)
+                self.sent += member.size
+            layer = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
+        elif digest in self.diff_ids:  # an uncompressed layer: its name is its diff id
+            again = (self.known.get(digest) or {}).get(self.compression)
+            if again and self.client.blob_exists(self.repo, again[0]):
+                blob, size = again[0], again[1]
+                self.present += 1
+            else:
+                blob, size = _upload_layer(self.client, self.repo, data, self.compression, digest, hashlib.sha256())
+                self.sent += size
+            self.uploaded[digest] = (blob, size)
+            layer = Layer(blob, size, LAYER_TYPES[self.compression])
+        else:
+            if member.size <= SMALL_BLOB:
+                self.small[hexname] = data.read()
+            return None
+        self.layers[hexname] = layer
+        return layer
+
+
 def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
     """Push without the engine: `docker save`, layers compressed with zstd on every core (or not at all).
@@ -130,9 +182,6 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     gzip) is sent as it is, under its own digest. The saved manifest.json says which blob is the
     config and the order of the layers, on both stores.
     """
-    import hashlib
-    import tarfile
-
     if compression not in LAYER_TYPES:
         raise DistributeError(f"unknown compression {compression!r}; choose gzip, zstd or none", field="--compression")
     if compression == "zstd" and shutil.which("zstd") is None:
@@ -141,13 +190,8 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     t0 = time.monotonic()
     repo = image.repository
     client = RegistryClient(registry.endpoint, transfer_deadline=TRANSFER_TIMEOUT, window=PUSH_WINDOW)
-    diff_ids = set(image.identity.layers)
-    known = read_state(state_dir, repo).setdefault("blobs", {})
-    layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
-    uploaded: dict[str, tuple[str, int]] = {}  # diff id -> (blob digest, size), for the state
-    small: dict[str, bytes] = {}  # blobs that are not layers: config, manifests
-    saved_manifest: bytes | None = None
-    sent = present = 0
+    saved = _SavedImage(client, repo, compression, set(image.identity.layers),
+                        read_state(state_dir, repo).setdefault("blobs", {}))
     save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE))
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
@@ -156,41 +200,10 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     try:
         with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
             for member in tar:
-                if member.isfile() and member.name == "manifest.json":
-                    saved_manifest = tar.extractfile(member).read()  # type: ignore[union-attr]
-                    continue
-                hexname = member.name.rpartition("/")[2]
-                if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
-                    continue
-                data = tar.extractfile(member)
-                stored = stored_compression(data.peek(4)[:4])  # type: ignore[union-attr]
-                digest = f"sha256:{hexname}"
-                if stored is not None:  # a compressed layer: sent as it is
-                    if client.blob_exists(repo, digest):
-                        present += 1
-                    else:
-                        _upload_layer(client, repo, data, "none", digest, None)
-                        sent += member.size
-                    layers[hexname] = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
-                elif digest in diff_ids:  # an uncompressed layer: its name is its diff id
-                    again = (known.get(digest) or {}).get(compression)
-                    if again and client.blob_exists(repo, again[0]):
-                        blob, size = again[0], again[1]
-                        present += 1
-                    else:
-                        blob, size = _upload_layer(client, repo, data, compression, digest, hashlib.sha256())
-                        sent += size
-                    uploaded[digest] = (blob, size)
-                    layers[hexname] = Layer(blob, size, LAYER_TYPES[compression])
-                elif member.size <= SMALL_BLOB:
-                    small[hexname] = data.read()  # type: ignore[union-attr]
-                    continue
-                else:
-                    continue
-                if progress:
-                    blob = layers[hexname]
-                    progress(Progress(registry.address, "push", sent, None,
-                                      f"layer {blob.digest[:19]} ({human_bytes(blob.size)})"))
+                layer = saved.take(tar, member)
+                if layer and progress:
+                    progress(Progress(registry.address, "push", saved.sent, None,
+                                      f"layer {layer.digest[:19]} ({human_bytes(layer.size)})"))
         code = save.wait(timeout=CONTROL_TIMEOUT)
     except (OSError, tarfile.TarError, RegistryError, subprocess.TimeoutExpired) as exc:
         save.kill()
@@ -198,10 +211,10 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
         raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}", field="--registry") from None
     finally:
         watchdog.cancel()
-    if code != 0 or saved_manifest is None:
+    if code != 0 or saved.manifest is None:
         raise DistributeError(f"docker save {image.tag} failed: {last_line(save.stderr.read() if save.stderr else b'', 'no message')}",
                               field="docker")
-    config, order = saved_image(image, saved_manifest, small, layers)
+    config, order = saved_image(image, saved.manifest, saved.small, saved.layers)
     try:
         refs, digest = _put_manifest(image, client, repo, config, order)
     except (OSError, RegistryError) as exc:
@@ -210,13 +223,14 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
 
     def remember(data: dict) -> None:
         blobs = data.setdefault("blobs", {})
-        for d, (blob, size) in uploaded.items():
+        for d, (blob, size) in saved.uploaded.items():
             blobs.setdefault(d, {})[compression] = [blob, size]
 
     update_state(state_dir, repo, remember)
     record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
     distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
-    return PushResult(tuple(refs), digest, distinct - present, present, sent, time.monotonic() - t0)
+    return PushResult(tuple(refs), digest, distinct - saved.present, saved.present, saved.sent,
+                      time.monotonic() - t0)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from typing import Iterable
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
-from .cluster import STALL_TIMEOUT, TRANSFER_TIMEOUT, Node, NodeFailure, cli_env, docker_argv, transport_error
+from .cluster import Node
+from .nodes import STALL_TIMEOUT, TRANSFER_TIMEOUT, NodeFailure, cli_env, docker_argv, transport_error
 from .deploy import (
     CHUNK,
     Deployment,

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 
-from ..inimage.kernels import Target, runs_on
+from ..inimage.fatbin import Target
+from ..inimage.kernels import runs_on
 
 # vLLM 0.30.0, CMakeLists.txt, CUDA_SUPPORTED_ARCHS for CUDA >= 13.0 (and < 13.4).
 SUPPORTED_CUDA13 = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "11.0", "12.0")

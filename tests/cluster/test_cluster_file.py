@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.distribute.cluster import Node, SshOptions, resolve_cluster, ssh_argv, transport_error
+from sparkforge.distribute.cluster import Node, SshOptions, resolve_cluster
+from sparkforge.distribute.nodes import ssh_argv, transport_error
 from sparkforge.errors import ConfigError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkforge.distribute.cluster import PullLog
+from sparkforge.distribute.nodes import PullLog
 
 UP, DOWN, CLEAR = b"\x1b[1A", b"\x1b[1B", b"\x1b[2K"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sparkforge.build import dockercli
-from sparkforge.distribute.cluster import Node, NodeFailure
+from sparkforge.distribute.cluster import Node
+from sparkforge.distribute.nodes import NodeFailure
 from sparkforge.distribute.deploy import inspect
 
 FOUND = {"Id": "sha256:" + "a" * 64, "RepoTags": ["repo/x:v"], "RepoDigests": [], "RootFS": {"Layers": []}}
@@ -69,3 +70,21 @@ def test_the_head_engine_refusing_is_one_line_naming_the_call(tmp_path: Path, mo
     with pytest.raises(dockercli.EngineError) as err:
         dockercli.inspect_images("repo/x:v")
     assert err.value.field == "docker image inspect" and "permission denied" in str(err.value)
+
+
+def test_head_and_node_read_a_not_found_line_alike(tmp_path: Path, monkeypatch) -> None:
+    """One reader for both: a missing reference said as "not found" is missing on the head too."""
+    fake_docker(tmp_path, monkeypatch, json.dumps([FOUND]),
+                f"{NOISE}\nError response from daemon: image repo/x:new not found\n", 1)
+    assert dockercli.inspect_images("repo/x:v", "repo/x:new") == {"repo/x:v": FOUND, "repo/x:new": None}
+    assert inspect(NODE, "repo/x:v", "repo/x:new")["repo/x:new"] is None
+
+
+@pytest.mark.parametrize("stdout", ['{"Id": "x"}', "[1]", "not json", '[{"RepoTags": []}]'])
+def test_an_answer_that_is_no_list_of_images_is_one_line(stdout: str, tmp_path: Path, monkeypatch) -> None:
+    fake_docker(tmp_path, monkeypatch, stdout, "", 0)
+    with pytest.raises(NodeFailure, match="^inspect of repo/x:v failed: "):
+        inspect(NODE, "repo/x:v")
+    if stdout != '[{"RepoTags": []}]':  # the head reads only what it is asked for; an ID is not one
+        with pytest.raises(dockercli.EngineError):
+            dockercli.inspect_images("repo/x:v")

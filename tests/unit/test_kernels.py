@@ -1,4 +1,4 @@
-"""The fat-binary reader and the GPU rule of sparkforge/inimage/kernels.py, on real nvcc output
+"""The fat-binary reader and the GPU rule (sparkforge/inimage/fatbin.py, kernels.py), on real nvcc output
 (tests/fixtures/kernels, remade by its make.sh) compared with what cuobjdump says of the same files."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.inimage import kernels
-from sparkforge.inimage.kernels import FatbinError, Target, read_targets, runs_on
+from sparkforge.inimage import fatbin, kernels
+from sparkforge.inimage.fatbin import FatbinError, Target, read_targets
+from sparkforge.inimage.kernels import runs_on
 from tests.support.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-TOOL = Path(kernels.__file__)
+TOOL = Path(kernels.__file__).parent  # the in-image package, run as a folder
 
 # What `cuobjdump --list-elf` and `--list-ptx` (nvidia-cuda-cuobjdump 13.5, V13.5.37) print for each
 # fixture, as (kind, name) with repeats removed. cuobjdump names a family cubin plain (sm_120),
@@ -124,7 +125,7 @@ def test_a_broken_elf_is_an_error(tmp_path, damage, message):
 
 def test_a_damaged_fat_binary_is_an_error_not_a_guess(tmp_path):
     data = bytearray((FIXTURES / "sm120.so").read_bytes())
-    magic = struct.pack("<I", kernels.FATBIN_MAGIC)
+    magic = struct.pack("<I", fatbin.FATBIN_MAGIC)
     at = data.find(magic)
     data[at:at + 4] = b"\x01\x02\x03\x04"
     path = tmp_path / "damaged.so"
@@ -135,7 +136,7 @@ def test_a_damaged_fat_binary_is_an_error_not_a_guess(tmp_path):
 
 def test_an_entry_running_past_its_container_is_an_error(tmp_path):
     data = bytearray((FIXTURES / "sm90.so").read_bytes())
-    at = data.find(struct.pack("<I", kernels.FATBIN_MAGIC))
+    at = data.find(struct.pack("<I", fatbin.FATBIN_MAGIC))
     struct.pack_into("<Q", data, at + 16 + 8, 1 << 40)  # the first entry's payload size
     path = tmp_path / "long.so"
     path.write_bytes(bytes(data))
@@ -216,16 +217,16 @@ def test_check_names_the_extension_and_the_gpu():
     assert kernels.check(record, [])[0][1] == "skipped"
 
 
-# ------------------------------------------------------------------ as a script, as in the image
+# ------------------------------------------------------------------ run as in the image
 
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    # -I: no site-packages and no project on the path, as a stdlib-only file copied into an image.
-    return subprocess.run([sys.executable, "-I", str(TOOL), *args], capture_output=True, text=True,
-                          timeout=60, cwd=cwd)
+    # -I: no site-packages and no project on the path, as the stdlib-only folder copied into an image.
+    return subprocess.run([sys.executable, "-I", "-B", str(TOOL), "kernels", *args], capture_output=True,
+                          text=True, timeout=60, cwd=cwd)
 
 
-def test_scan_and_check_as_a_script(tmp_path):
+def test_scan_and_check_as_the_image_runs_them(tmp_path):
     home = tmp_path / "home"
     out = home / "record" / "kernels.json"
     scan = _run("scan", "--gpu", "12.1", str(FIXTURES), "--out", str(out))
@@ -282,20 +283,20 @@ def test_the_table_shows_archs_and_a_verdict_per_gpu():
 
 @pytest.mark.parametrize("name", ["two.so", "two_lz4.so"])
 def test_kernel_names_are_read_from_each_cubin(name):
-    opened = kernels._open_fatbins(FIXTURES / name)
+    opened = fatbin.open_fatbins(FIXTURES / name)
     fh, data, entries = opened
     with fh, data:
         found = {}
         for entry in entries:
-            found.setdefault(entry.target.name, set()).update(kernels.kernel_names(data, entry))
+            found.setdefault(entry.target.name, set()).update(fatbin.kernel_names(data, entry))
     assert found == TWO_KERNELS
 
 
 def test_a_zstd_payload_has_no_readable_names():
-    fh, data, entries = kernels._open_fatbins(FIXTURES / "two_zstd.so")
+    fh, data, entries = fatbin.open_fatbins(FIXTURES / "two_zstd.so")
     with fh, data:
-        assert all(e.flags & kernels.FLAG_ZSTD for e in entries)
-        assert {kernels.kernel_names(data, e) for e in entries} == {None}
+        assert all(e.flags & fatbin.FLAG_ZSTD for e in entries)
+        assert {fatbin.kernel_names(data, e) for e in entries} == {None}
 
 
 @pytest.mark.parametrize("name", ["two.so", "two_lz4.so"])
@@ -325,26 +326,26 @@ def test_unreadable_kernel_names_do_not_claim_coverage():
 
 
 def test_the_python_lz4_decoder_agrees_with_liblz4():
-    fh, data, entries = kernels._open_fatbins(FIXTURES / "two_lz4.so")
+    fh, data, entries = fatbin.open_fatbins(FIXTURES / "two_lz4.so")
     with fh, data:
         for e in entries:
             raw = bytes(data[e.offset:e.offset + e.size])
-            mine = kernels.lz4_block(raw, e.plain_size)
+            mine = fatbin.lz4_block(raw, e.plain_size)
             assert mine[:4] == b"\x7fELF" and len(mine) == e.plain_size
-            if kernels._system_lz4() is not None:
-                assert kernels.lz4_decode(raw, e.plain_size) == mine
+            if fatbin._system_lz4() is not None:
+                assert fatbin.lz4_decode(raw, e.plain_size) == mine
             with pytest.raises(FatbinError):
-                kernels.lz4_block(raw[:len(raw) // 2], e.plain_size)
+                fatbin.lz4_block(raw[:len(raw) // 2], e.plain_size)
             with pytest.raises(FatbinError):
-                kernels.lz4_block(raw, e.plain_size + 1)
+                fatbin.lz4_block(raw, e.plain_size + 1)
 
 
 def test_lz4_overlapping_matches():
     # "ab" then a match of offset 2, length 4+6: "ab" repeated; then a literal-only last sequence.
     block = bytes([0x26]) + b"ab" + bytes([2, 0]) + bytes([0x10]) + b"z"
-    assert kernels.lz4_block(block, 13) == b"ab" * 6 + b"z"
+    assert fatbin.lz4_block(block, 13) == b"ab" * 6 + b"z"
     with pytest.raises(FatbinError, match="refers|size"):
-        kernels.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
+        fatbin.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
 
 
 @pytest.mark.parametrize("pad", [8, 16, 24])
@@ -352,12 +353,12 @@ def test_padding_between_containers_is_skipped(tmp_path, pad):
     """sm90.so has two containers back to back in one section; zero bytes spliced between them
     (the section grown to match) read as padding."""
     data = (FIXTURES / "sm90.so").read_bytes()
-    magic = struct.pack("<I", kernels.FATBIN_MAGIC)
+    magic = struct.pack("<I", fatbin.FATBIN_MAGIC)
     first = data.find(magic)
     header_size, fat_size = struct.unpack_from("<HQ", data, first + 6)
     second = first + header_size + fat_size
     assert data[second:second + 4] == magic
-    sections = {name: (i, off, size) for i, (name, _, off, size) in enumerate(kernels._sections(data))}
+    sections = {name: (i, off, size) for i, (name, _, off, size) in enumerate(fatbin._sections(data))}
     index, off, size = sections[".nv_fatbin"]
     assert off <= first and second + 16 <= off + size
     shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -366,13 +367,13 @@ def test_padding_between_containers_is_skipped(tmp_path, pad):
     struct.pack_into("<Q", out, 0x28, shoff + pad)
     shentsize = struct.unpack_from("<H", out, 0x3A)[0]
     struct.pack_into("<Q", out, shoff + pad + index * shentsize + 0x20, size + pad)
-    for i, (_, _, o, _) in enumerate(kernels._sections(data)):
+    for i, (_, _, o, _) in enumerate(fatbin._sections(data)):
         if o > second:
             struct.pack_into("<Q", out, shoff + pad + i * shentsize + 0x18, o + pad)
     path = tmp_path / "padded.so"
     path.write_bytes(bytes(out))
     assert [t.name for t in read_targets(path)] == ["sm_90"]
-    assert len(kernels._open_fatbins(path)[2]) == len(kernels._open_fatbins(FIXTURES / "sm90.so")[2])
+    assert len(fatbin.open_fatbins(path)[2]) == len(fatbin.open_fatbins(FIXTURES / "sm90.so")[2])
 
 
 def test_an_arch_specific_mark_in_e_flags_counts(tmp_path):

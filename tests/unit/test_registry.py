@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparkforge.distribute.cluster import Registry, layer_sizes
+from sparkforge.distribute.cluster import Registry
+from sparkforge.distribute.nodes import layer_sizes
 from sparkforge.recipe.resolve import Unreachable, registry_digest
 from sparkforge.registry import MANIFEST_TYPES, Client, Endpoint, RegistryError
 from tests.support import drip

@@ -1,0 +1,292 @@
+"""Reaching a node's engine: the one way every command runs docker on a node, and its pulls.
+
+:func:`run_docker` runs the docker CLI with ``-H`` for unix:// and tcp:// nodes and ``ssh … docker``
+for ssh:// nodes (never prompting, time-limited), :func:`run_dockers` several commands in one ssh
+session, :func:`run_nodes` work on every node at once. :func:`pull` runs `docker pull` on a terminal,
+stopped when it shows no progress for the stall limit. A node that cannot be reached, or does not
+answer in time, is a :class:`NodeFailure`: one line in that node's row.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import selectors
+import shlex
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, TypeVar
+
+from ..build import dockercli
+from ..build.dockercli import last_line
+from ..errors import DistributeError
+from ..imageref import ImageRef
+from ..registry import Client as RegistryClient
+from ..registry import RegistryError
+from .cluster import SSH_RE, Node, Registry
+
+CONTROL_TIMEOUT = 30.0  # seconds for one control command on a node (inspect, tag, version)
+TRANSFER_TIMEOUT = 3600.0  # seconds a whole pull, push or docker save may take
+STALL_TIMEOUT = 60.0  # seconds a node's docker load (stream mode) may take no data before it is dropped
+# Seconds a node's docker pull may print nothing before it is stopped. Longer than a load's: on the
+# containerd image store, docker prints nothing while it unpacks a layer (18 s for a 1.5 GB image on
+# the test cluster, three nodes sharing two cores), and a DGX image has layers of several GB.
+PULL_STALL_TIMEOUT = 300.0
+T = TypeVar("T")
+
+
+class NodeFailure(DistributeError):
+    """A per-node failure; its one-line message goes into the node's row, not out of the command."""
+
+
+def ssh_argv(node: Node, tty: bool = False) -> list[str]:
+    """The ssh command that runs one command on an ssh:// node: no prompt, host keys checked.
+
+    tty: the command runs on a terminal of the node, which hangs it up when the connection ends.
+    """
+    m = SSH_RE.match(node.endpoint)
+    if m is None:
+        raise NodeFailure(f"{node.endpoint} is not an ssh:// endpoint")
+    o = node.ssh
+    # BatchMode: a host-key or password prompt from several threads would fight for one terminal.
+    # LogLevel=ERROR: no "Connection to … closed." after a command on a terminal; errors still show.
+    argv = ["ssh", *(["-tt", "-o", "LogLevel=ERROR"] if tty else ["-T"]), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"ConnectTimeout={o.connect_timeout}", "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3"]
+    if o.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={o.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null"]
+    if o.identity_file:
+        argv += ["-i", o.identity_file, "-o", "IdentitiesOnly=yes"]
+    if m.group("port"):
+        argv += ["-p", m.group("port")]
+    if m.group("user"):
+        argv += ["-l", m.group("user")[:-1]]
+    return argv + ["--", m.group("host")]
+
+
+def docker_argv(node: Node, *args: str, tty: bool = False) -> list[str]:
+    """The command that runs `docker ARGS` against a node's engine (on a terminal of the node: tty)."""
+    if node.endpoint.startswith("ssh://"):
+        # ssh hands the words to the remote shell as one line: quote each.
+        return ssh_argv(node, tty) + ["docker " + " ".join(shlex.quote(a) for a in args)]
+    return ["docker", "-H", node.endpoint, *args]
+
+
+def cli_env() -> dict[str, str]:
+    # -H names the node; a DOCKER_HOST or DOCKER_CONTEXT would otherwise be refused next to it.
+    return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
+
+
+def run_docker(node: Node, *args: str, timeout: float, input: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run `docker ARGS` on a node; a timeout or a failed connection is a NodeFailure, one line."""
+    return _run_on(node, docker_argv(node, *args), args[0], timeout, input)
+
+
+def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> subprocess.CompletedProcess:
+    """Run docker commands on a node, each only after the one before succeeded; over ssh, in one session.
+
+    Returns the last command run: the first that failed, or the last of all.
+    """
+    if node.endpoint.startswith("ssh://"):
+        line = " && ".join("docker " + " ".join(shlex.quote(a) for a in args) for args in commands)
+        return _run_on(node, ssh_argv(node) + [line], commands[0][0], timeout)
+    for args in commands:
+        proc = run_docker(node, *args, timeout=timeout)
+        if proc.returncode != 0:
+            break
+    return proc
+
+
+def _run_on(node: Node, argv: list[str], verb: str, timeout: float,
+            input: bytes | None = None) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(),
+                              stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise NodeFailure(f"`docker {verb}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
+    except OSError as exc:
+        raise NodeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
+    reason = transport_error(node, proc.returncode, proc.stderr.decode(errors="replace"))
+    if reason:
+        raise NodeFailure(reason)
+    return proc
+
+
+def transport_error(node: Node, code: int, stderr: str) -> str | None:
+    """One line when the node itself could not be reached (not when a docker command failed)."""
+    text = " ".join(stderr.split())
+    ssh = node.endpoint.startswith("ssh://")
+    host = node.endpoint.partition("://")[2]
+    if ssh and code == 255:
+        if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+            return (f"host key of {host} is unknown or changed: check it and add it to known_hosts "
+                    f"(ssh-keyscan), sparkforge never accepts one blindly")
+        if "Permission denied" in text:
+            return f"ssh to {host} refused the login (key auth; check the key and authorized_keys)"
+        for marker in ("Connection refused", "timed out", "No route to host", "Could not resolve",
+                       "Network is unreachable", "Connection closed", "Connection reset"):
+            if marker in text:
+                return f"unreachable at {node.endpoint}: {marker.lower()}"
+        return f"ssh to {host} failed: {text[-200:] or 'exit code 255'}"
+    if ssh and code == 127:
+        return f"no docker CLI on {host} (the node needs docker in the ssh user's PATH)"
+    if "Cannot connect to the Docker daemon" in text or "error during connect" in text:
+        return f"unreachable at {node.endpoint}: the Docker engine does not answer"
+    return None
+
+
+def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T]) -> tuple[T, ...]:
+    """Run work on every node at once, one thread each; results in the order of nodes."""
+    nodes = list(nodes)
+    if not nodes:
+        return ()
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
+        return tuple(pool.map(work, nodes))
+
+
+class PullLog:
+    """What a `docker pull` printed so far, read from its terminal: the layers it fetches, the bytes done.
+
+    On a terminal docker redraws its lines in place (cursor moves, carriage returns); each piece
+    between them is one status line, `ID: status`.
+    """
+
+    _ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+    def __init__(self, sizes: dict[str, int]):
+        self.sizes = sizes  # compressed size of each layer, by the short ID docker prints
+        self.fetching: set[str] = set()
+        self.present = 0
+        self.done = 0  # registry sizes of the layers downloaded so far
+        self.lines: list[str] = []  # the last lines: docker's error, when it fails
+        self._partial = b""
+
+    def feed(self, data: bytes) -> bool:
+        """Take more output; True when a layer started, was found present or finished downloading."""
+        parts = re.split(rb"[\r\n]+", self._partial + data)
+        self._partial = parts.pop()
+        changed = False
+        for raw in parts:
+            text = self._ESCAPE.sub(b"", raw).decode(errors="replace").strip()
+            if not text:
+                continue
+            self.lines = (self.lines + [text])[-5:]
+            short, _, status = text.partition(": ")
+            if status == "Pulling fs layer":
+                self.fetching.add(short)
+            elif status == "Already exists":
+                self.present += 1
+            elif status == "Download complete" and short in self.fetching:
+                self.done += self.sizes.get(short, 0)
+            else:
+                continue
+            changed = True
+        return changed
+
+    @property
+    def detail(self) -> str:
+        return f"{len(self.fetching)} layers to download, {self.present} already there"
+
+    @property
+    def last(self) -> str:
+        """The last line printed, also one the pull did not end with a newline."""
+        tail = self._ESCAPE.sub(b"", self._partial).decode(errors="replace").strip()
+        return tail or (self.lines[-1] if self.lines else "")
+
+
+def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str], None],
+         stall: float = PULL_STALL_TIMEOUT) -> int:
+    """`docker pull` on a node; the bytes are the registry sizes of the layers it downloaded.
+
+    The pull runs on a terminal (ssh -tt, or a pseudo-terminal here for a local engine), so docker
+    prints its byte progress as the layers download and extract. A pull that prints nothing for
+    `stall` seconds is stopped: the terminal hangs up, the docker CLI exits and the engine drops
+    the pull, so the node keeps what it had.
+    """
+    argv = docker_argv(node, "pull", ref, tty=True)
+    terminal = None
+    try:
+        if node.endpoint.startswith("ssh://"):
+            # stdin stays open until the end: an early end of input is no reason for the pull to stop.
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=cli_env())
+            out, err = proc.stdout, proc.stderr
+        else:
+            terminal, child = pty.openpty()
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=cli_env(),
+                                        start_new_session=True)
+            finally:
+                os.close(child)
+            out, err = terminal, None
+    except OSError as exc:
+        if terminal is not None:
+            os.close(terminal)
+        raise NodeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
+    dockercli.track(proc)  # Ctrl-C or SIGTERM on the head stops it: the node keeps what it had
+    log, stderr, why = PullLog(sizes), b"", None
+    deadline = time.monotonic() + TRANSFER_TIMEOUT
+    with selectors.DefaultSelector() as sel:
+        sel.register(out, selectors.EVENT_READ)
+        if err is not None:
+            sel.register(err, selectors.EVENT_READ)
+        last = time.monotonic()
+        while sel.get_map():
+            now = time.monotonic()
+            if now - last > stall:
+                why = f"stalled: no progress for {stall:.0f}s"
+            elif now > deadline:
+                why = f"did not finish within {TRANSFER_TIMEOUT:.0f}s"
+            if why:
+                proc.kill()  # over ssh: the node's terminal hangs up and its docker pull ends
+                break
+            for key, _ in sel.select(timeout=1.0):
+                try:
+                    data = os.read(key.fd, 65536)
+                except OSError:  # EIO: the child on the local terminal has exited
+                    data = b""
+                if not data:
+                    sel.unregister(key.fileobj)
+                elif key.fileobj is err:
+                    stderr = (stderr + data)[-4096:]
+                else:
+                    last = time.monotonic()
+                    if log.feed(data):
+                        seen(log.done, log.detail)
+    code = dockercli.finish(proc)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    if terminal is not None:
+        os.close(terminal)
+    if why:
+        raise NodeFailure(f"pull of {ref} {why}")
+    if code != 0:
+        said = stderr.decode(errors="replace")
+        reason = transport_error(node, code, "\n".join([said, *log.lines, log.last]))
+        raise NodeFailure(f"pull of {ref} failed: {reason or log.last or last_line(said, 'no message')}")
+    return log.done
+
+
+def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
+    """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints."""
+    ref = ImageRef.parse(tag)
+    client = RegistryClient(registry.endpoint, deadline=CONTROL_TIMEOUT, window=CONTROL_TIMEOUT)
+    try:
+        manifest = client.manifest(ref.repository, ref.tag)
+        if "manifests" in manifest:  # an index: the first linux manifest
+            pick = next((m for m in manifest["manifests"]
+                         if (m.get("platform") or {}).get("os", "linux") == "linux"), None)
+            manifest = client.manifest(ref.repository, pick["digest"]) if pick else {}
+        return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in manifest.get("layers", [])}
+    except (RegistryError, LookupError, TypeError, ValueError, AttributeError):
+        # Sizes are for the progress and the byte counts only: a registry that does not answer here
+        # is reported by the pulls themselves, so this never fails a deploy.
+        return {}
+
+
+def one_line(text: str) -> str:
+    """A daemon's or a registry's message as one line: every run of whitespace becomes one space."""
+    return " ".join(str(text).split())
