@@ -302,9 +302,8 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
     deploys = read_state(state_dir, repo)["deploys"]
     last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
     found = []
-    for tag in tags:
-        data = dockercli.inspect_images(tag)[tag]
-        if data is None:
+    for tag, data in (dockercli.inspect_images(*tags) if tags else {}).items():  # one call for them all
+        if data is None:  # removed since `docker images` listed it
             continue
         labels = (data.get("Config") or {}).get("Labels") or {}
         found.append(Build(tag, data["Id"], data.get("Created", "")[:19].replace("T", " "),
