@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests p
 from tests.cluster.clusterkit import make_ca  # noqa: E402
 from tests.infra.netns import NetnsCluster, free_subnet, missing  # noqa: E402
 
-from sparkforge.distribute import deploy, push, stream  # noqa: E402
+from sparkforge.distribute import deploy, images, push, stream  # noqa: E402
 from sparkforge.distribute.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
 from sparkforge.build.pipeline import LockPolicy, load_plan  # noqa: E402
 from sparkforge.recipe.plan import Layout  # noqa: E402
@@ -54,9 +54,9 @@ def gb(n: int) -> str:
     return deploy.human_bytes(n)
 
 
-def with_record(image: deploy.HeadImage, state: Path) -> deploy.HeadImage:
+def with_record(image: images.HeadImage, state: Path) -> images.HeadImage:
     """The image with the manifest digests its pushes recorded (what containerd-store nodes show)."""
-    recorded = deploy.read_state(state, image.repository)["manifests"].get(image.tag, [])
+    recorded = images.read_state(state, image.repository)["manifests"].get(image.tag, [])
     return replace(image, identity=replace(image.identity, manifests=image.identity.manifests | set(recorded)))
 
 
@@ -96,7 +96,7 @@ def main() -> None:
     print("  emptying the engine's build cache (docker builder prune --all), so both builds share one chain")
     subprocess.run(["docker", "builder", "prune", "--all", "--force"], check=True, capture_output=True)
     sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
-    head = deploy.head_image(plan_of(), work / "state")
+    head = images.head_image(plan_of(), work / "state")
     print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} uncompressed, {len(head.identity.layers)} layers")
     k = free_subnet()
     cluster = NetnsCluster(Path(f"/run/sfc-{k}"), k).start()
@@ -141,7 +141,7 @@ def main() -> None:
         for compression in ("gzip", "none", "zstd"):
             wipe(cluster)
             repo_image = head  # every kind of push goes to an empty repository of its own
-            image = deploy.HeadImage(f"bench-{compression}/{head.tag.partition('/')[2]}",
+            image = images.HeadImage(f"bench-{compression}/{head.tag.partition('/')[2]}",
                                          f"bench-{compression}/{head.moving_tag.partition('/')[2]}",
                                          repo_image.image_id, repo_image.size, repo_image.identity)
             subprocess.run(["docker", "tag", head.image_id, image.tag], check=True, capture_output=True)
@@ -155,7 +155,7 @@ def main() -> None:
             deploy_to(f"cold deploy from {compression}, 3 nodes", nodes, image)
             subprocess.run(["docker", "rmi", image.tag, f"{address}/{image.tag}", f"{address}/{image.moving_tag}"],
                            capture_output=True)
-        zimage = with_record(deploy.HeadImage(
+        zimage = with_record(images.HeadImage(
             f"bench-zstd/{head.tag.partition('/')[2]}", f"bench-zstd/{head.moving_tag.partition('/')[2]}",
             head.image_id, head.size, head.identity), state)
 
@@ -166,8 +166,8 @@ def main() -> None:
         with open(mods / mod.name / "mod.yaml", "a", encoding="utf-8") as f:
             f.write("# edited by bench-distribute: a new mod digest, hence a new tag\n")
         sparkforge("--images", str(IMAGES), "--mods", str(mods), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
-        built = deploy.head_image(plan_of(mods), state)
-        changed = deploy.HeadImage(f"bench-zstd/{built.tag.partition('/')[2]}", zimage.moving_tag,
+        built = images.head_image(plan_of(mods), state)
+        changed = images.HeadImage(f"bench-zstd/{built.tag.partition('/')[2]}", zimage.moving_tag,
                                        built.image_id, built.size, built.identity)
         subprocess.run(["docker", "tag", built.image_id, changed.tag], check=True, capture_output=True)
         settle()

@@ -67,7 +67,8 @@ def push(
     Example: python build.py push ng17e --registry 127.0.0.1:5000
     """
     from ..distribute.cluster import push_registry
-    from ..distribute.deploy import head_image, human_bytes
+    from ..distribute.deploy import human_bytes
+    from ..distribute.images import head_image
     from ..distribute.push import push_to
 
     plan = plan_of(variant, base)
@@ -116,7 +117,8 @@ def deploy(
       python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from ..distribute.cluster import resolve_cluster
-    from ..distribute.deploy import deploy_registry, head_image, rollback_tag
+    from ..distribute.deploy import deploy_registry
+    from ..distribute.images import head_image, rollback_tag
     from ..distribute.stream import deploy_stream
 
     if mode not in ("registry", "stream"):
@@ -199,7 +201,7 @@ def history(
 
     Go back to one with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
     """
-    from ..distribute.deploy import builds
+    from ..distribute.images import builds
 
     plan = plan_of(variant, base)
     table = Table(box=None, pad_edge=False)

@@ -4,7 +4,7 @@ Two ways: the engine's own push (gzip on one core, any Docker; :func:`push_image
 (:func:`push_blobs`): one `docker save`, each layer compressed with zstd on every core (or not at
 all) and streamed to the registry, then the manifest under the immutable tag and, last, the
 moving tag. Either way the manifest digest the registry stored is recorded on the head, as one
-more name of the image (:func:`.deploy.record_manifest`).
+more name of the image (:func:`.images.record_manifest`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,8 @@ from ..registry import Client as RegistryClient
 from ..registry import RegistryError
 from .cluster import Registry
 from .nodes import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, one_line
-from .deploy import (
-    CHUNK,
-    HeadImage,
-    Progress,
-    ProgressFn,
-    human_bytes,
-    read_state,
-    record_manifest,
-    registry_ref,
-    update_state,
-)
+from .deploy import CHUNK, Progress, ProgressFn, human_bytes
+from .images import HeadImage, read_state, record_manifest, registry_ref, update_state
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,8 @@ from ..build.dockercli import last_line
 from ..errors import DistributeError
 from .cluster import Node
 from .nodes import STALL_TIMEOUT, TRANSFER_TIMEOUT, NodeFailure, cli_env, docker_argv, transport_error
-from .deploy import (
-    CHUNK,
-    Deployment,
-    HeadImage,
-    NodeRun,
-    Progress,
-    ProgressFn,
-    deploy_all,
-    record_manifest,
-)
+from .deploy import CHUNK, Deployment, NodeRun, Progress, ProgressFn, deploy_all
+from .images import HeadImage, record_manifest
 
 LOAD_TIMEOUT = 900.0  # seconds a docker load may take to finish after its input ended
 BUFFER_CHUNKS = 32  # chunks held per node: a short hiccup of one node does not slow the others

@@ -22,7 +22,8 @@ from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS
 from tests.support.paths import ROOT
 from tests.infra.procs import processes, read_bytes
-from sparkforge.distribute import deploy, stream
+from sparkforge.distribute import stream
+from sparkforge.distribute.images import head_image, read_state
 from sparkforge.distribute.cluster import resolve_cluster
 from sparkforge.build.pipeline import LockPolicy, load_plan
 from sparkforge.recipe.plan import Layout
@@ -58,7 +59,7 @@ def head(test_image, frozen):
     plan = load_plan(Layout.default(ROOT, images_dir=VARIANTS, mods_dir=frozen[0]), VARIANT, base=BASE,
                      lock_policy=LockPolicy.AUTO).plan
     assert plan.tag == test_image.tag
-    return deploy.head_image(plan)
+    return head_image(plan)
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +328,7 @@ def test_stream_a_stalled_node_is_dropped_and_the_others_finish(cluster, cluster
     assert node_id(cluster, victim, test_image.moving_tag) == olds[victim.name]
     assert node_id(cluster, other, test_image.moving_tag) == node_id(cluster, other, test_image.tag)
     # The containerd node's ID is the manifest digest of the saved tarball, now recorded on the head.
-    recorded = deploy.read_state(tmp_path, head.repository)["manifests"][head.tag]
+    recorded = read_state(tmp_path, head.repository)["manifests"][head.tag]
     assert node_id(cluster, other, test_image.tag) in recorded
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", recorded[0])
     print(f"stream with one stalled node: {seconds:.1f}s")

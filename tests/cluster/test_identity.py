@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.distribute.deploy import ImageIdentity, NodeImage, same_image
+from sparkforge.distribute.images import ImageIdentity, NodeImage, same_image
 from sparkforge.distribute.stream import TarIndex
 
 FIXTURES = Path(__file__).parent / "fixtures"

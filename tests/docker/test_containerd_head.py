@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.distribute import deploy, push, stream
+from sparkforge.distribute import deploy, images, push, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.distribute.cluster import Registry as RegistrySpec
 
@@ -76,7 +76,7 @@ def on_head(engines, monkeypatch):
 
 
 def test_the_head_keeps_built_layers_compressed_and_saves_them_under_their_own_digests(on_head) -> None:
-    image = deploy.image_on_head(TAG, MOVING)
+    image = images.image_on_head(TAG, MOVING)
     assert image is not None
     saved = subprocess.run(["docker", "save", TAG], capture_output=True, timeout=300).stdout
     with tarfile.open(fileobj=io.BytesIO(saved)) as tar:
@@ -93,10 +93,10 @@ def test_the_head_keeps_built_layers_compressed_and_saves_them_under_their_own_d
 def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, engines, on_head, registry,
                                                              tmp_path: Path) -> None:
     state = tmp_path / "state"
-    pushed = push.push_to(deploy.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
+    pushed = push.push_to(images.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
                           compression, state_dir=state)
     assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 3, pushed
-    image = deploy.image_on_head(TAG, MOVING, state)
+    image = images.image_on_head(TAG, MOVING, state)
     assert pushed.digest in image.identity.manifests
     for name in ("classic", "ctd"):
         node = engines[name]
@@ -108,8 +108,8 @@ def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, en
     assert result.ok, result
     for name in ("classic", "ctd"):
         node = engines[name]
-        seen = deploy.NodeImage.from_inspect(json.loads(node.docker("image", "inspect", MOVING).stdout)[0])
-        assert deploy.same_image(image.identity, seen), (name, seen)
+        seen = images.NodeImage.from_inspect(json.loads(node.docker("image", "inspect", MOVING).stdout)[0])
+        assert images.same_image(image.identity, seen), (name, seen)
         run = node.docker("run", "--rm", "--network", "none", MOVING, "cat", "/one", "/two")
         assert run.stdout.split() == [b"one", b"two"], (name, run.stderr)
 
@@ -120,9 +120,9 @@ def test_stream_from_a_containerd_head_loads_on_both_stores(engines, on_head, tm
         for ref in (TAG, MOVING):
             engines[name].docker("rmi", "-f", ref, check=False)
         engines[name].docker("image", "prune", "-af", check=False)
-    result = stream.deploy_stream(deploy.image_on_head(TAG, MOVING, tmp_path), targets, state_dir=tmp_path)
+    result = stream.deploy_stream(images.image_on_head(TAG, MOVING, tmp_path), targets, state_dir=tmp_path)
     assert result.ok, result
-    image = deploy.image_on_head(TAG, MOVING, tmp_path)  # with the manifest digest recorded at save
+    image = images.image_on_head(TAG, MOVING, tmp_path)  # with the manifest digest recorded at save
     for name in ("classic", "ctd"):
-        seen = deploy.NodeImage.from_inspect(json.loads(engines[name].docker("image", "inspect", MOVING).stdout)[0])
-        assert deploy.same_image(image.identity, seen), (name, seen)
+        seen = images.NodeImage.from_inspect(json.loads(engines[name].docker("image", "inspect", MOVING).stdout)[0])
+        assert images.same_image(image.identity, seen), (name, seen)

@@ -21,7 +21,7 @@ import pytest
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS
 from tests.support.paths import ROOT, TEST_MODS
-from sparkforge.distribute import deploy, stream
+from sparkforge.distribute import deploy, images, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.recipe.plan import Layout, plan_variant
 from tests.infra.procs import processes, read_bytes
@@ -46,7 +46,7 @@ def plan(test_image):
 
 @pytest.fixture(scope="module")
 def head(plan, test_image):
-    image = deploy.head_image(plan)
+    image = images.head_image(plan)
     assert image.image_id == test_image.image_id
     return image
 

@@ -7,11 +7,11 @@ import threading
 import time
 from pathlib import Path
 
-from sparkforge.distribute import deploy, stream
+from sparkforge.distribute import deploy, images, stream
 from sparkforge.distribute.cluster import Node
 
-IMAGE = deploy.HeadImage("sparkforge/vllm:loop-0123456789ab", "sparkforge/vllm:loop", "sha256:" + "a" * 64, 1,
-                         deploy.ImageIdentity("sha256:" + "a" * 64, frozenset(), ("sha256:" + "b" * 64,)))
+IMAGE = images.HeadImage("sparkforge/vllm:loop-0123456789ab", "sparkforge/vllm:loop", "sha256:" + "a" * 64, 1,
+                         images.ImageIdentity("sha256:" + "a" * 64, frozenset(), ("sha256:" + "b" * 64,)))
 
 
 def gone(tmp_path: Path, *names: str) -> list[Node]:
@@ -54,7 +54,7 @@ def test_unanswered_checks_skip_each_node_once_and_serve_runs_on_the_calling_thr
     assert not result.ok and result.mode == "registry" and result.source == "127.0.0.1:1/" + IMAGE.tag
     failed = [p for p in seen if p.phase == "failed"]
     assert sorted(p.node for p in failed) == ["n1", "n2", "n3"] and all(p.detail for p in failed)
-    assert deploy.read_state(tmp_path, IMAGE.repository)["deploys"] == {}  # a failed node is not recorded
+    assert images.read_state(tmp_path, IMAGE.repository)["deploys"] == {}  # a failed node is not recorded
 
 
 def test_stream_to_unanswering_nodes_starts_no_stream_and_ends(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from sparkforge.build import dockercli
 from sparkforge.distribute.cluster import Node
 from sparkforge.distribute.nodes import NodeFailure
-from sparkforge.distribute.deploy import inspect
+from sparkforge.distribute.images import inspect
 
 FOUND = {"Id": "sha256:" + "a" * 64, "RepoTags": ["repo/x:v"], "RepoDigests": [], "RootFS": {"Layers": []}}
 NOISE = "rm: cannot remove '/root/.pyenv/shims/tmp.x': No such file or directory"  # a login script, seen on a node

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sparkforge.distribute.deploy import HeadImage, ImageIdentity
+from sparkforge.distribute.images import HeadImage, ImageIdentity
 from sparkforge.errors import DistributeError
 from sparkforge.distribute.push import LAYER_TYPES, STORED_TYPES, Layer, saved_image, stored_compression
 

@@ -1,0 +1,239 @@
+"""Which image is where: the identity of an image on every image store, the head's record of it, the
+head's builds, and what a node's tags point to.
+
+"The same image" is decided by what every image store agrees on (:func:`same_image`): the
+ordered layer diff IDs, and the config digest or a manifest digest recorded on the head. An
+image ID alone is not enough: the classic store's ID is the config digest, the containerd
+store's is the manifest digest. The head's record (``build/distribute/REPO.json``) keeps the
+manifest digests learnt at pushes and saves, and each node's deploys.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..build import dockercli
+from ..errors import DistributeError
+from ..imageref import ImageRef
+from ..recipe.plan import PROJECT_ROOT, Plan
+from .cluster import Node
+from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker
+
+STATE_DIR = PROJECT_ROOT / "build" / "distribute"
+
+@dataclass(frozen=True)
+class ImageIdentity:
+    """What names one image on every image store: config digest, manifest digests, layer diff IDs."""
+
+    config: str | None  # the config digest (the image ID on a classic-store engine)
+    manifests: frozenset[str]  # manifest digests it is known by: registry pushes, docker save
+    layers: tuple[str, ...]  # RootFS.Layers, in order
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """One image as an engine's `docker image inspect` shows it."""
+
+    id: str
+    digests: frozenset[str]  # the digest part of each RepoDigests entry
+    layers: tuple[str, ...]
+
+    @classmethod
+    def from_inspect(cls, data: dict) -> "NodeImage":
+        digests = frozenset(ImageRef.parse(d).digest for d in data.get("RepoDigests") or [] if "@" in d)
+        return cls(data["Id"], digests, tuple((data.get("RootFS") or {}).get("Layers") or ()))
+
+
+def same_image(head: ImageIdentity, node: NodeImage) -> bool:
+    """True when a node's image is the head's, on either image store; never by image ID alone."""
+    if not head.layers or node.layers != head.layers:
+        return False
+    if head.config is not None and node.id == head.config:  # classic store: the ID is the config digest
+        return True
+    # containerd store: the ID is a manifest digest (pulled: the registry's; loaded: the tarball's)
+    return node.id in head.manifests or bool(node.digests & head.manifests)
+
+
+@dataclass(frozen=True)
+class HeadImage:
+    """The image on the head (the engine that built it), the two names it goes by, and its identity."""
+
+    tag: str  # immutable, e.g. sparkforge/vllm:ng17e-0123456789ab
+    moving_tag: str  # e.g. sparkforge/vllm:ng17e
+    image_id: str
+    size: int  # uncompressed bytes, as the engine reports
+    identity: ImageIdentity
+
+    @property
+    def repository(self) -> str:
+        return ImageRef.parse(self.tag).repository
+
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def _state_file(state_dir: Path | None, repository: str) -> Path:
+    return (state_dir or STATE_DIR) / (repository.replace("/", "_") + ".json")
+
+
+def read_state(state_dir: Path | None, repository: str) -> dict:
+    """The head's record of a repository: manifest digests per tag, and deploys per node."""
+    path = _state_file(state_dir, repository)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"manifests": {}, "deploys": {}}
+    except (OSError, ValueError) as exc:
+        raise DistributeError(f"unreadable deploy record: {exc}", path=path) from None
+    data.setdefault("manifests", {})
+    data.setdefault("deploys", {})
+    return data
+
+
+def update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
+    path = _state_file(state_dir, repository)
+    data = read_state(state_dir, repository)
+    change(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)  # a crash never leaves half a record
+
+
+def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config: str | None = None,
+                    head_id: str | None = None) -> None:
+    """Remember a manifest digest the image of tag is known by (from a push or a docker save) and, with
+    head_id, its config digest: on a containerd-store head the image ID is a manifest digest, and a
+    classic-store node knows the image only by its config digest."""
+    repo = ImageRef.parse(tag).repository
+
+    def add(data: dict) -> None:
+        known = data["manifests"].setdefault(tag, [])
+        if digest and digest not in known:
+            known.append(digest)
+        if config and head_id:
+            data.setdefault("configs", {})[tag] = {"head_id": head_id, "config": config}
+
+    update_state(state_dir, repo, add)
+
+
+
+# ------------------------------------------------------------------------------------ head
+
+
+def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
+    """The image of a plan (or an older build, by its tag) on the head engine; it must be here."""
+    tag = tag or plan.tag
+    image = image_on_head(tag, plan.moving_tag, state_dir)
+    if image is None:
+        raise DistributeError(f"image {tag} is not on this machine; build it first with "
+                              f"`python build.py build {plan.variant}`", field=plan.variant)
+    return image
+
+
+def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> HeadImage | None:
+    """The image tagged `tag` on the head engine with every name recorded for it, or None when there is none."""
+    data = dockercli.inspect_images(tag)[tag]
+    if data is None:
+        return None
+    own = NodeImage.from_inspect(data)
+    state = read_state(state_dir, ImageRef.parse(tag).repository)
+    recorded = state["manifests"].get(tag, [])
+    # The head's ID is its config digest on the classic store, a manifest digest on containerd:
+    # either way a node showing it has the same image, so it goes in both places. A config digest
+    # learnt at a push or save of this very image (same head ID) is the better config.
+    learnt = (state.get("configs") or {}).get(tag) or {}
+    config = learnt.get("config") if learnt.get("head_id") == own.id else None
+    identity = ImageIdentity(config or own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
+    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One immutable tag of a variant on the head: when it was built, its vLLM and mods, where it went."""
+
+    tag: str
+    image_id: str
+    created: str
+    vllm: str
+    mods: str
+    nodes: tuple[str, ...]  # nodes whose last recorded deploy was this tag
+
+
+def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
+    """The builds of a variant on the head, newest first (by creation time)."""
+    repo = plan.image
+    prefix = f"{repo}:{plan.variant}-"
+    proc = dockercli.run(["images", repo, "--format", "{{.Repository}}:{{.Tag}}"], what="docker images")
+    tags = [t for t in proc.stdout.split() if t.startswith(prefix) and t[len(prefix):].isalnum()]
+    deploys = read_state(state_dir, repo)["deploys"]
+    last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
+    found = []
+    for tag, data in (dockercli.inspect_images(*tags) if tags else {}).items():  # one call for them all
+        if data is None:  # removed since `docker images` listed it
+            continue
+        labels = (data.get("Config") or {}).get("Labels") or {}
+        found.append(Build(tag, data["Id"], data.get("Created", "")[:19].replace("T", " "),
+                           labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),
+                           tuple(sorted(n for n, t in last.items() if t == tag))))
+    return sorted(found, key=lambda b: b.created, reverse=True)
+
+
+def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],
+                 state_dir: Path | None = None) -> str:
+    """The tag a `deploy --to TAG` or `--previous` goes to; refused unless it is a build on the head."""
+    repo = plan.image
+    if to:
+        tag = to if ImageRef.parse(to).tag else f"{repo}:{to}"
+        if dockercli.inspect_images(tag)[tag] is None:
+            raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
+                                  field="--to")
+        return tag
+    deploys = read_state(state_dir, repo)["deploys"]
+    # The tag the nodes ran before their current one, from the head's deploy record.
+    befores = set()
+    for node in nodes:
+        tags = [d["tag"] for d in deploys.get(node.name, [])]
+        if len(tags) >= 2:
+            befores.add(tags[-2])
+    if len(befores) != 1:
+        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG "
+                              f"(see `python build.py history {plan.variant}`)", field="--previous")
+    return befores.pop()
+
+
+def find_head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage | None:
+    try:
+        return head_image(plan, state_dir)
+    except DistributeError:
+        return None
+
+
+def registry_ref(registry: str, ref: str) -> str:
+    return f"{registry}/{ref}"
+
+
+# ----------------------------------------------------------------------------------- nodes
+
+
+def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
+    """The image each reference names on a node (None where there is none), in one call to the node."""
+    proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
+    try:
+        seen = dockercli.read_inspect(refs, proc.returncode, proc.stdout.decode(errors="replace"),
+                                      proc.stderr.decode(errors="replace"))
+        return {ref: None if data is None else NodeImage.from_inspect(data) for ref, data in seen.items()}
+    except (ValueError, LookupError, TypeError) as exc:  # also an image without an ID or with odd digests
+        raise NodeFailure(f"inspect of {' '.join(refs)} failed: {exc}") from None
+
+
+
+def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
+    """(the image the moving tag points to, the head's image when either tag names it), in one call."""
+    found = inspect(node, image.moving_tag, image.tag)
+    have = next((i for i in found.values() if i is not None and same_image(image.identity, i)), None)
+    return found[image.moving_tag], have
