@@ -51,7 +51,6 @@ UPDATED, CURRENT, FAILED = Outcome.UPDATED, Outcome.CURRENT, Outcome.FAILED
 CHUNK = 1 << 20  # bytes read at a time from a docker save
 
 
-
 @dataclass(frozen=True)
 class Progress:
     """One progress report of one node, sent from that node's worker thread."""
@@ -323,7 +322,6 @@ def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Reg
                     stall_timeout: float = PULL_STALL_TIMEOUT) -> Deployment:
     """Every node pulls the immutable tag from the registry in parallel; see the module docstring."""
     return deploy_all(nodes, RegistryPull(image, registry, stall_timeout), progress, state_dir)
-
 
 
 def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = None) -> ClusterStatus:

@@ -24,6 +24,7 @@ from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker
 
 STATE_DIR = PROJECT_ROOT / "build" / "distribute"
 
+
 @dataclass(frozen=True)
 class ImageIdentity:
     """What names one image on every image store: config digest, manifest digests, layer diff IDs."""
@@ -72,7 +73,6 @@ class HeadImage:
         return ImageRef.parse(self.tag).repository
 
 
-
 # ----------------------------------------------------------------------------- the record
 
 
@@ -119,7 +119,6 @@ def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config
             data.setdefault("configs", {})[tag] = {"head_id": head_id, "config": config}
 
     update_state(state_dir, repo, add)
-
 
 
 # ------------------------------------------------------------------------------------ head
@@ -229,7 +228,6 @@ def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
         return {ref: None if data is None else NodeImage.from_inspect(data) for ref, data in seen.items()}
     except (ValueError, LookupError, TypeError) as exc:  # also an image without an ID or with odd digests
         raise NodeFailure(f"inspect of {' '.join(refs)} failed: {exc}") from None
-
 
 
 def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
