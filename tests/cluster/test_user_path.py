@@ -65,7 +65,12 @@ def workspace(user: pwd.struct_passwd, git_setup: GitSource):
                 continue  # deleted in the working tree
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst, follow_symlinks=False)
-        (ws / "images" / f"{VARIANT}.yaml").write_text((git_setup.images / f"{VARIANT}.yaml").read_text())
+        # Its own image repository: the git-source tests build the same variant on this engine at the same
+        # time, and every build of a variant moves that variant's moving tag.
+        recipe = (git_setup.images / f"{VARIANT}.yaml").read_text()
+        assert "\nimage: sparkforge-test/vllm\n" in recipe
+        (ws / "images" / f"{VARIANT}.yaml").write_text(
+            recipe.replace("\nimage: sparkforge-test/vllm\n", "\nimage: sparkforge-test/userpath\n"))
         shutil.copytree(git_setup.mods / "probe-source-mark", ws / "mods" / "probe-source-mark")
         shutil.copy(git_setup.ca_bundle, ws / "ca-bundle.crt")
         (ws / "ssh").mkdir()
