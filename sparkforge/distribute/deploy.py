@@ -239,25 +239,24 @@ def deploy_all(nodes: Iterable[Node], transfer: Transfer, progress: ProgressFn =
 
 def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeResult:
     """Check a node, move the image when it lacks it, verify and tag; a failure stays this node's."""
-    run, arrived = NodeRun(node, time.monotonic()), False
+    run, told = NodeRun(node, time.monotonic()), False  # told: the transfer heard whether this node moves
     try:
         progress(Progress(node.name, "check"))
         before, have = check_node(node, transfer.image)
         run.previous = before.id if before else None
+        told = True
         if have is not None:
-            arrived = True
             transfer.skip(node)
             set_tags(node, have.id, transfer.image)
             progress(Progress(node.name, "done", 0, 0, "already current"))
             return run.result(CURRENT, have.id)
-        arrived = True
         transfer.move(node, run, progress)
         progress(Progress(node.name, "verify", run.moved, run.moved))
         got = verify_and_tag(node, transfer.image, transfer.ref)
         progress(Progress(node.name, "done", run.moved, run.moved, "updated"))
         return run.result(UPDATED, got.id)
     except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
-        if not arrived:
+        if not told:
             transfer.skip(node)
         return run.failed(exc, progress)
 

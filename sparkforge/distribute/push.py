@@ -183,8 +183,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     client = RegistryClient(registry.endpoint, transfer_deadline=TRANSFER_TIMEOUT, window=PUSH_WINDOW)
     saved = _SavedImage(client, repo, compression, set(image.identity.layers),
                         read_state(state_dir, repo).setdefault("blobs", {}))
-    save = dockercli.track(subprocess.Popen(["docker", "save", image.tag], stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE))
+    save = dockercli.start(["save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
     watchdog.daemon = True
     watchdog.start()

@@ -22,7 +22,6 @@ from typing import Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line
-from ..errors import DistributeError
 from .cluster import Node
 from .nodes import STALL_TIMEOUT, TRANSFER_TIMEOUT, NodeFailure, cli_env, docker_argv, transport_error
 from .deploy import CHUNK, Deployment, NodeRun, Progress, ProgressFn, deploy_all
@@ -261,7 +260,8 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     digests) when the save finished.
     """
     started = time.monotonic()
-    save = _start_save(image.tag)
+    # The head's save: the engine the build used, DOCKER_HOST or DOCKER_CONTEXT included.
+    save = dockercli.start(["save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # A save that hangs would hold every node: it gets as long as a whole transfer, then is stopped.
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)
     watchdog.daemon = True
@@ -281,15 +281,6 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     for w in writers:
         w.offer(None, stall)  # end of input: the load may commit now
     return _end_loads(writers, started), index if code == 0 else None
-
-
-def _start_save(tag: str) -> subprocess.Popen:
-    """The head's `docker save`: the engine the build used, DOCKER_HOST or DOCKER_CONTEXT included."""
-    try:
-        return dockercli.track(subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE))
-    except OSError as exc:
-        raise DistributeError(f"cannot run docker: {exc.strerror}", field="docker") from None
 
 
 def _start_loads(nodes: list[Node]) -> list[_Writer]:
