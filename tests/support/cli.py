@@ -9,7 +9,6 @@ afresh, as does a second run at the same time.
 from __future__ import annotations
 
 import atexit
-import json
 import locale
 import os
 import select
@@ -19,7 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tests.support.forkserver import send
+from tests.support.forkserver import receive, send
 from tests.support.paths import ROOT
 
 BUILD = ROOT / "build.py"
@@ -49,8 +48,8 @@ class _ForkServer:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=self.env)
 
     def takes(self, env: dict[str, str]) -> bool:
-        return (os.getpid() == self.owner and self.proc.poll() is None
-                and _read_at_start(env) == _read_at_start(self.env))
+        """Whether a run in env may be forked from here: what is read at start is the same."""
+        return _read_at_start(env) == _read_at_start(self.env)
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         send(self.proc.stdin.fileno(), {"argv": argv, "env": env, "cwd": str(cwd), "timeout": timeout,
@@ -65,14 +64,11 @@ class _ForkServer:
     def _reply(self, limit: float) -> dict:
         fd = self.proc.stdout.fileno()
         ready, _, _ = select.select([fd], [], [], limit)
-        head = os.read(fd, 10) if ready else b""
-        if len(head) < 10:  # the server died or hangs: no later run may use it
+        reply = receive(fd) if ready else None
+        if reply is None:  # the server died or hangs: no later run may use it
             self.proc.kill()
             raise RuntimeError(f"the fork server gave no answer within {limit:.0f} s (exit {self.proc.wait()})")
-        body = b""
-        while len(body) < int(head):
-            body += os.read(fd, int(head) - len(body))
-        return json.loads(body)
+        return reply
 
     def close(self) -> None:
         if os.getpid() == self.owner:

@@ -80,7 +80,7 @@ def serve() -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    while (request := _receive(channels[0])) is not None:
+    while (request := receive(channels[0])) is not None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -98,7 +98,8 @@ def send(fd: int, message: dict) -> None:
         data = data[os.write(fd, data):]
 
 
-def _receive(fd: int) -> dict | None:
+def receive(fd: int) -> dict | None:
+    """The next message on fd; None when the other end closed it, also in the middle of one."""
     head = _read_exactly(fd, 10)
     return None if head is None else json.loads(_read_exactly(fd, int(head)) or b"null")
 
