@@ -1,13 +1,19 @@
 """Build stage: a rendered context becomes an image through BuildKit (`docker buildx build`).
 
-The build itself sets no tag. The immutable and moving tags are set by `promote` after the
-smoke tests pass, so a failed build or smoke test never moves a tag; an image that fails its
-smoke test gets only a candidate tag, for a look inside.
+The build tags only its candidate (`TAG-candidate`): the engine then names the image by the ID its
+own image store uses, the config digest on the classic store and the manifest digest on the
+containerd store, whatever buildx writes in its metadata file. The immutable and moving tags are
+set by `promote` after the smoke tests pass, so a failed build or smoke test never moves them; an
+image that fails its smoke test keeps its candidate tag, for a look inside.
+
+Builds carry no provenance attestation (`--provenance=false`): on the containerd store buildx would
+otherwise add one, making every image an index whose digest changes with each build (the
+attestation holds the build's own invocation ID and times), even when every layer came from the
+cache, so an unchanged plan would never give the same image twice.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -92,7 +98,7 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
                    target: str | None = None) -> list[str]:
     """The exact `docker buildx build` command for a rendered context (of one stage, with target)."""
     cmd = ["docker", "buildx", "build", "--progress=plain", *(["--output", opts.output] if opts.output else ["--load"]),
-           "--file", str(context.dockerfile)]
+           "--provenance=false", "--file", str(context.dockerfile)]
     if target:
         cmd += ["--target", target]
     for name, folder in opts.contexts:
@@ -187,15 +193,14 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
     """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
     log_path = _log_path(plan, opts, "")
-    metadata = log_path.with_suffix(".json")
-    cmd = buildx_command(plan, context, opts)
-    cmd[-1:-1] = ["--metadata-file", str(metadata)]
-    reader = _buildx(plan, cmd, opts, log_path, progress)
-    try:
-        image_id = json.loads(metadata.read_text())["containerimage.config.digest"]
-    except (OSError, ValueError, KeyError):
-        raise BuildError(f"the build finished but wrote no image ID to {metadata}", field="docker") from None
-    return BuildResult(plan, image_id, candidate_tag(plan), log_path, time.monotonic() - reader.start,
+    loads = opts.output is None  # --load: into the engine, tagged as the candidate; else an exporter's file
+    candidate = candidate_tag(plan) if loads else ""
+    reader = _buildx(plan, buildx_command(plan, context, opts, tag=candidate or None), opts, log_path, progress)
+    image_id = (image_ids(candidate)[candidate] or "") if loads else ""
+    if loads and not image_id:
+        raise BuildError(f"the build finished but the engine has no image {candidate} (build log: {log_path})",
+                         field="docker")
+    return BuildResult(plan, image_id, candidate, log_path, time.monotonic() - reader.start,
                        sorted(reader.steps.values(), key=lambda s: s.number))
 
 

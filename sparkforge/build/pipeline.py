@@ -42,6 +42,7 @@ from .builder import (
     Step,
     build_image,
     buildx_command,
+    candidate_tag,
     current_image,
     export_stage,
     image_ids,
@@ -177,7 +178,8 @@ def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
     elif plan.vllm.source == "git" and wheel_cache:
         note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
                 "command of --no-wheel-cache, which compiles inside the image build")
-    return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts)), ctx.path, note)
+    return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts, tag=candidate_tag(plan))), ctx.path,
+                  note)
 
 
 def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
