@@ -135,8 +135,10 @@ def smoke_table(results: Iterable[Any]) -> Table:
 
 def kernels_table(kernels: dict) -> Table:
     """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
-    what it runs there (a cubin, or PTX it must JIT-compile), NONE, how many kernels it cannot run
-    (`90 missing`), `partial?` (kernel names unreadable), `not needed` or `unreadable`."""
+    what it runs there (a cubin; `JIT compute_NN` where it runs PTX only, which the driver compiles
+    at first start), NONE, how many kernels it cannot run (`90 missing`), `partial?` (kernel names
+    unreadable), `not needed` or `unreadable`. Relocatable code (nvlink's input, never loaded from
+    the file) is listed after the SASS as `rel 90 120`."""
     from ..inimage.kernels import exempt, verdicts
 
     gpus = list(kernels.get("gpus") or [])
@@ -147,10 +149,13 @@ def kernels_table(kernels: dict) -> Table:
         short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
         runs = verdicts(ext, gpus)
         not_needed = exempt(path, kernels.get("not_needed") or [])
-        cells = [_styled(label, "green") if state == "ok"
+        cells = [_styled(label, "green") if state in ("ok", "relocatable")
+                 else _styled(label, "yellow") if state == "jit"
                  else _styled("not needed", "yellow") if not_needed and state != "unreadable"
                  else _styled(label, "bold red") for state, label in runs.values()]
         sass = " ".join(n.removeprefix("sm_") for n in ext["cubins"]) or "-"
+        if ext.get("relocatable"):
+            sass += "  rel " + " ".join(n.removeprefix("sm_") for n in ext["relocatable"])
         ptx = " ".join(n.removeprefix("compute_") for n in ext["ptx"]) or "-"
         if ext.get("error"):
             sass, ptx = "unreadable", ext["error"]

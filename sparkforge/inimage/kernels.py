@@ -21,50 +21,63 @@ import stat
 import sys
 from pathlib import Path
 
-from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, Entry, FatbinError, Target,
-                     kernel_names, open_fatbins)
+from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, DeviceCode, Entry, FatbinError, Target,
+                     open_device_code, sort_key)
 
-FORMAT = 2
+FORMAT = 3  # 3: relocatable code, `jit`, coverage's `kernels` counts the code a GPU cannot run
 GPU_RE = re.compile(r"\A([0-9]+)\.([0-9])\Z")
 
 
-def coverage(data, entries: list[Entry], gpus: list[str]) -> dict[str, dict]:
+def _cover_order(entries: list[Entry], runnable: list[int], blocked: list[int]) -> list[int]:
+    """The order in which to read what a GPU runs until it holds every kernel of what it cannot run:
+    first the entries of the containers that hold the blocked code (nvcc writes one container per
+    compiled file, so the same kernels for other archs sit beside them), uncompressed before
+    compressed, then file order."""
+    containers = {entries[i].container for i in blocked}
+    return sorted(runnable, key=lambda i: (entries[i].container not in containers,
+                                           bool(entries[i].flags & FLAG_COMPRESSED), i))
+
+
+def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict]:
     """Per GPU, the kernels that code of the GPU's major holds and no code the GPU runs holds.
 
-    The answer per GPU: `kernels` (how many kernels code of its major holds, None if unknown),
-    `missing` (how many of them it cannot run), `examples` (two of those names, shortest first),
-    `only_in` (the targets that hold them) and `unread` (targets of its major whose kernel names
-    could not be read, which leaves the answer open when it has code of that major it cannot run).
-    Only entries of a listed GPU's major and PTX a listed GPU can JIT are decompressed."""
+    The answer per GPU: `kernels` (how many kernels the code of its major that it cannot run holds,
+    None if unknown), `missing` (how many of them no code it runs holds), `examples` (two of those
+    names, shortest first), `only_in` (the targets that hold them) and `unread` (targets of its
+    major whose kernel names could not be read, which leaves the answer open). Only the entries of
+    code a GPU cannot run, and what it runs until that covers them, are decompressed. Raises
+    FatbinError for an entry that cannot be decoded."""
+    entries = code.entries
     names: dict[int, frozenset[str] | None] = {}
 
     def names_of(i: int) -> frozenset[str] | None:
         if i not in names:
-            names[i] = kernel_names(data, entries[i])
+            names[i] = code.kernel_names(entries[i])
         return names[i]
 
+    loadable = [i for i, e in enumerate(entries) if not e.relocatable]
     out: dict[str, dict] = {}
     for gpu in gpus:
         major = parse_gpu(gpu)[0]
-        mine = [i for i, e in enumerate(entries) if e.target.arch // 10 == major]
-        runnable = [i for i, e in enumerate(entries) if runs_on(e.target, gpu)]
-        blocked = [i for i in mine if i not in runnable]
-        answer = {"kernels": None, "missing": 0, "examples": [], "only_in": [], "unread": []}
+        runnable = [i for i in loadable if runs_on(entries[i].target, gpu)]
+        can = set(runnable)
+        blocked = [i for i in loadable if entries[i].target.arch // 10 == major and i not in can]
+        answer: dict = {"kernels": None, "missing": 0, "examples": [], "only_in": [], "unread": []}
         out[gpu] = answer
         if not blocked:
             continue  # every piece of code of its major runs: nothing of that major is out of reach
-        universe: set[str] = set()
+        wanted: set[str] = set()
         unread = set()
-        for i in mine:
+        for i in blocked:
             found = names_of(i)
             if found is None:
                 unread.add(entries[i].target.name)
             else:
-                universe |= found
+                wanted |= found
         covered: set[str] = set()
         runnable_unread = False
-        for i in sorted(runnable, key=lambda i: bool(entries[i].flags & FLAG_COMPRESSED)):
-            if not universe - covered:
+        for i in _cover_order(entries, runnable, blocked):
+            if not wanted - covered:
                 break
             found = names_of(i)
             if found is None:
@@ -72,26 +85,27 @@ def coverage(data, entries: list[Entry], gpus: list[str]) -> dict[str, dict]:
                 runnable_unread = True
             else:
                 covered |= found
-        answer["unread"] = sorted(unread)
-        answer["kernels"] = None if unread else len(universe)
-        lacking = set() if runnable_unread else universe - covered
-        answer["missing"] = len(lacking)
-        answer["examples"] = sorted(lacking, key=lambda n: (len(n), n))[:2]
-        answer["only_in"] = sorted({entries[i].target.name for i in blocked
-                                    if (names_of(i) or frozenset()) & lacking})
+        lacking = set() if runnable_unread else wanted - covered
+        answer.update(unread=sorted(unread), kernels=None if unread else len(wanted), missing=len(lacking),
+                      examples=sorted(lacking, key=lambda n: (len(n), n))[:2],
+                      only_in=sorted({entries[i].target.name for i in blocked if (names[i] or frozenset()) & lacking}))
     return out
 
 
-def read_extension(path: Path, gpus: list[str]) -> tuple[list[Target], dict[str, dict]] | None:
-    """The targets of an ELF file and their per-kernel coverage of each GPU, or None without device
-    code. Raises FatbinError for an ELF file that cannot be read."""
-    opened = open_fatbins(path)
-    if opened is None:
+def read_extension(path: Path, gpus: list[str]) -> tuple[list[Target], list[Target], dict[str, dict]] | None:
+    """The targets of an ELF file (the loadable and the relocatable ones) and their per-kernel
+    coverage of each GPU, or None without device code. Raises FatbinError for an ELF file that
+    cannot be read."""
+    code = open_device_code(path)
+    if code is None:
         return None
-    fh, data, entries = opened
-    with fh, data:
-        targets = sorted({e.target for e in entries}, key=lambda t: (t.kind, t.arch, t.variant))
-        return targets, coverage(data, entries, gpus)
+    with code:
+        loadable = sorted({e.target for e in code.entries if not e.relocatable}, key=sort_key)
+        relocatable = sorted({e.target for e in code.entries if e.relocatable}, key=sort_key)
+        try:
+            return loadable, relocatable, coverage(code, gpus)
+        except MemoryError:
+            raise FatbinError("out of memory reading its kernel names") from None
 
 
 # ------------------------------------------------------------------ the rule
@@ -175,29 +189,41 @@ def exempt(path: str, not_needed: list[str]) -> bool:
     return Path(path).name.split(".", 1)[0] in not_needed
 
 
-def scan(paths: list[Path], gpus: list[str], not_needed: list[str] = (),
+def _read(path: Path, gpus: list[str]) -> dict | None:
+    """One file's entry of the record, None without device code; a file that cannot be read is
+    listed with the reason, in one line (the check of the other files goes on)."""
+    try:
+        read = read_extension(path, gpus)
+    except (FatbinError, OSError) as exc:
+        reason = str(exc) if isinstance(exc, FatbinError) else exc.strerror or str(exc)
+        return {"path": str(path), "cubins": [], "ptx": [], "relocatable": [], "coverage": {},
+                "error": " ".join(reason.split())}
+    if read is None or not (read[0] or read[1]):
+        return None
+    loadable, relocatable, per_gpu = read
+    return {"path": str(path),
+            "cubins": [t.name for t in loadable if t.kind == "cubin"],
+            "ptx": [t.name for t in loadable if t.kind == "ptx"],
+            "relocatable": [t.name for t in relocatable],
+            "coverage": per_gpu,
+            "error": None}
+
+
+def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, ...] = (),
          dists: dict[str, list[Path]] | None = None) -> dict:
-    """The kernel record of these files, for these GPUs: per extension its cubins and PTX and, per
-    GPU, its per-kernel coverage (see coverage()); files without device code are only counted; a
-    file that cannot be read is listed with the reason. `not_needed` names extensions that vLLM
-    loads only on other GPUs (the recipe's kernels_not_needed); `dists` the files of each scanned
-    distribution, whose extensions with device code are counted per distribution."""
+    """The kernel record of these files, for these GPUs: per extension its cubins, PTX and
+    relocatable code and, per GPU, its per-kernel coverage (see coverage()); files without device
+    code are only counted; a file that cannot be read is listed with the reason. `not_needed` names
+    extensions that vLLM loads only on other GPUs (the recipe's kernels_not_needed); `dists` the
+    files of each scanned distribution, whose extensions with device code are counted per
+    distribution."""
     extensions, without = [], 0
     for path in dict.fromkeys(paths):
-        try:
-            read = read_extension(path, gpus)
-        except (FatbinError, OSError, ValueError) as exc:
-            extensions.append({"path": str(path), "cubins": [], "ptx": [], "coverage": {}, "error": str(exc)})
-            continue
-        if read is None or not read[0]:
+        ext = _read(path, gpus)
+        if ext is None:
             without += 1
-            continue
-        targets, per_gpu = read
-        extensions.append({"path": str(path),
-                           "cubins": [t.name for t in targets if t.kind == "cubin"],
-                           "ptx": [t.name for t in targets if t.kind == "ptx"],
-                           "coverage": per_gpu,
-                           "error": None})
+        else:
+            extensions.append(ext)
     with_code = {e["path"] for e in extensions}
     counts = {name: sum(str(p) in with_code for p in dict.fromkeys(files)) for name, files in (dists or {}).items()}
     return {"format": FORMAT, "gpus": list(gpus), "not_needed": sorted(not_needed), "extensions": extensions,
@@ -206,12 +232,16 @@ def scan(paths: list[Path], gpus: list[str], not_needed: list[str] = (),
 
 def verdict(ext: dict, gpu: str) -> tuple[str, str]:
     """(state, what the table shows) of one extension on one GPU. States: `ok` (the label is the
-    best code it runs), `none` (nothing it runs), `missing` (kernels that exist only in code it
-    cannot run), `partial` (it cannot run some code of its major, and the kernel names that would
-    tell are unreadable), `unreadable` (the file)."""
+    best cubin it runs), `jit` (it runs PTX only, which the driver compiles at first start: the
+    label is `JIT compute_NN`), `relocatable` (its only device code is relocatable: nothing of it
+    is loaded from this file), `none` (nothing it runs), `missing` (kernels that exist only in
+    code it cannot run), `partial` (it cannot run some code of its major, and the kernel names that
+    would tell are unreadable), `unreadable` (the file)."""
     if ext.get("error"):
         return "unreadable", "unreadable"
     targets = [Target.parse(n) for n in ext["cubins"] + ext["ptx"]]
+    if not targets and ext.get("relocatable"):
+        return "relocatable", "relocatable only"
     ok = usable(targets, gpu)
     if not ok:
         return "none", "NONE"
@@ -222,7 +252,12 @@ def verdict(ext: dict, gpu: str) -> tuple[str, str]:
         return "missing", f"{cov['missing']} missing"
     if blocked and (cov is None or cov.get("unread")):
         return "partial", "partial?"
+    if ok[0].kind == "ptx":
+        return "jit", f"JIT {ok[0].name}"
     return "ok", ok[0].name
+
+
+RUNS = ("ok", "jit", "relocatable")  # the states in which a GPU runs (or needs nothing of) an extension
 
 
 def verdicts(ext: dict, gpus: list[str]) -> dict[str, tuple[str, str]]:
@@ -238,19 +273,27 @@ def _problem(ext: dict, gpu: str, state: str) -> str:
         return f"no kernel for GPU {gpu} (it holds {have})"
     if state == "missing":
         examples = ", ".join(n if len(n) <= 100 else n[:97] + "..." for n in cov.get("examples", []))
-        of = f" of its {cov['kernels']}" if cov.get("kernels") is not None else ""
-        return (f"GPU {gpu} cannot run {cov['missing']}{of} kernels, which exist only in "
+        return (f"GPU {gpu} cannot run {cov['missing']} kernels, which exist only in "
                 f"{', '.join(cov.get('only_in', []))} (e.g. {examples})")
     blocked = [t.name for t in map(Target.parse, ext["cubins"] + ext["ptx"])
                if t.arch // 10 == parse_gpu(gpu)[0] and not runs_on(t, gpu)]
-    why = (f"the kernel names of {', '.join(cov['unread'])} cannot be read (zstd-compressed)" if cov.get("unread")
+    why = (f"the kernel names of {', '.join(cov['unread'])} cannot be read" if cov.get("unread")
            else "its kernels were not read for this GPU")
     return (f"GPU {gpu} may lack kernels: it cannot run {', '.join(blocked)}, and {why}")
 
 
+def _runs(gpu: str, state: str, label: str, ext: dict) -> str:
+    """What a GPU runs of an extension that passes, for the check's detail."""
+    if state == "jit":
+        return f"{gpu}: {label.removeprefix('JIT ')} PTX only, compiled by the driver at first start"
+    if state == "relocatable":
+        return f"{gpu}: nothing to load (only relocatable code: {', '.join(ext['relocatable'])})"
+    return f"{gpu}: {label}"
+
+
 def check(record: dict, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(check, ok|failed|skipped, detail) per extension: the GPUs it lacks kernels for, or what each
-    runs. The GPUs are the record's own unless given."""
+    runs (saying so where that is PTX only). The GPUs are the record's own unless given."""
     checks = []
     gpus = list(record.get("gpus") or []) if gpus is None else gpus
     if not gpus:
@@ -266,14 +309,14 @@ def check(record: dict, gpus: list[str] | None = None) -> list[tuple[str, str, s
             checks.append((f"kernels {path}", "failed", f"cannot read its device code: {ext['error']}"))
             continue
         runs = verdicts(ext, gpus)
-        problems = [_problem(ext, g, state) for g, (state, _) in runs.items() if state != "ok"]
+        problems = [_problem(ext, g, state) for g, (state, _) in runs.items() if state not in RUNS]
         if problems and exempt(path, record.get("not_needed") or []):
             checks.append((f"kernels {path}", "skipped",
                            "; ".join(problems) + "; not needed: listed in the recipe's kernels_not_needed"))
         elif problems:
             checks.append((f"kernels {path}", "failed", "; ".join(problems)))
         else:
-            checks.append((f"kernels {path}", "ok", "; ".join(f"{g}: {label}" for g, (_, label) in runs.items())))
+            checks.append((f"kernels {path}", "ok", "; ".join(_runs(g, *runs[g], ext) for g in runs)))
     per_dist = "".join(f"; {name}: {n}" for name, n in sorted(counts.items()))
     checks.append(("kernels: extensions checked", "ok",
                    f"{len(record['extensions'])} with device code, {record['without_device_code']} without, "

@@ -1,0 +1,556 @@
+"""A Zstandard decoder (RFC 8878), stdlib only: CUDA 13 compresses fat-binary entries with zstd.
+
+Python has no zstd in its standard library before 3.14 (`compression.zstd`), and the image's Python
+may be 3.10. This decoder reads frames block by block, and each block is checked against what is
+left of the output cap before a byte of it is kept, so a frame that claims or holds more than the cap
+stops with ZstdError as soon as it passes it; every length, offset and table it reads is checked
+against the input first. It does not verify the optional content checksum (nvcc 13.0 writes
+none) and refuses frames that need a dictionary (nvcc uses none).
+
+Speed on a 2-core machine: see tests/unit/test_zstd.py and the kernel check's README section.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+MAGIC = 0xFD2FB528
+SKIPPABLE_MASK, SKIPPABLE = 0xFFFFFFF0, 0x184D2A50
+BLOCK_MAX = 128 * 1024  # RFC 8878 3.1.1.2.3: Block_Maximum_Size is at most 128 KiB
+
+
+class ZstdError(ValueError):
+    """Input that is not a whole zstd frame this decoder can read, or that decodes past its cap."""
+
+
+# ------------------------------------------------------------------ bit readers
+
+
+def _highbit(x: int) -> int:
+    return x.bit_length() - 1
+
+
+class _Backward:
+    """A backward bitstream (RFC 8878 4.1): read from the last byte down, the highest set bit of the
+    last byte marks where the stream starts. Bits past its beginning read as zeros, and `left`
+    turns negative, so an overrun is seen at the end."""
+
+    def __init__(self, buf: bytes, start: int, end: int) -> None:
+        if end <= start or buf[end - 1] == 0:
+            raise ZstdError("a bitstream has no start marker")
+        self.buf, self.pos = buf, end - 1
+        last = buf[end - 1]
+        self.n = _highbit(last)  # the bits below the marker
+        self.acc = last & ((1 << self.n) - 1)
+        self.left = (end - 1 - start) * 8 + self.n  # real bits not yet read
+        self.start = start
+
+    def fill(self) -> None:
+        """Load up to 7 more bytes (zeros past the start) so that at least 56 bits are held."""
+        take = min(7, self.pos - self.start)
+        if take > 0:
+            self.acc = ((self.acc & ((1 << self.n) - 1)) << (8 * take)) | int.from_bytes(
+                self.buf[self.pos - take:self.pos], "little")
+            self.pos -= take
+            self.n += 8 * take
+        if self.n < 56:
+            self.acc = (self.acc & ((1 << self.n) - 1)) << (56 - self.n)
+            self.n = 56
+
+    def read(self, nbits: int) -> int:
+        if self.n < nbits:
+            self.fill()
+        self.n -= nbits
+        self.left -= nbits
+        return (self.acc >> self.n) & ((1 << nbits) - 1)
+
+
+# ------------------------------------------------------------------ FSE (RFC 8878 4.1.1)
+
+LL_DEFAULT = (4, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 2, 1, 1, 1, 1, 1,
+              -1, -1, -1, -1)
+ML_DEFAULT = (1, 4, 3, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1)
+OF_DEFAULT = (1, 1, 1, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1)
+
+# (baseline, extra bits) of each Literals_Length and Match_Length code (RFC 8878 3.1.1.3.2.1.1).
+LL_CODES = tuple((i, 0) for i in range(16)) + (
+    (16, 1), (18, 1), (20, 1), (22, 1), (24, 2), (28, 2), (32, 3), (40, 3), (48, 4), (64, 6), (128, 7),
+    (256, 8), (512, 9), (1024, 10), (2048, 11), (4096, 12), (8192, 13), (16384, 14), (32768, 15), (65536, 16))
+ML_CODES = tuple((i + 3, 0) for i in range(32)) + (
+    (35, 1), (37, 1), (39, 1), (41, 1), (43, 2), (47, 2), (51, 3), (59, 3), (67, 4), (83, 4), (99, 5), (131, 7),
+    (259, 8), (515, 9), (1027, 10), (2051, 11), (4099, 12), (8195, 13), (16387, 14), (32771, 15), (65539, 16))
+OF_MAX_CODE = 31
+LL_MAX_LOG, ML_MAX_LOG, OF_MAX_LOG, HUF_WEIGHT_MAX_LOG = 9, 9, 8, 6
+
+# A decoding table: per state, (symbol, bits to read, baseline of the next state).
+Table = list[tuple[int, int, int]]
+
+
+def fse_table(probs: tuple[int, ...] | list[int], log: int) -> Table:
+    """The FSE decoding table of a normalized distribution (RFC 8878 4.1.1)."""
+    size = 1 << log
+    symbols = [0] * size
+    high = size - 1
+    for s, p in enumerate(probs):
+        if p == -1:
+            symbols[high] = s
+            high -= 1
+    pos, step, mask = 0, (size >> 1) + (size >> 3) + 3, size - 1
+    for s, p in enumerate(probs):
+        for _ in range(p if p > 0 else 0):
+            symbols[pos] = s
+            pos = (pos + step) & mask
+            while pos > high:
+                pos = (pos + step) & mask
+    if pos != 0:
+        raise ZstdError("an FSE distribution does not fill its table")
+    following = [1 if p == -1 else p for p in probs]
+    table: Table = []
+    for s in symbols:
+        state = following[s]
+        following[s] += 1
+        nbits = log - _highbit(state)
+        table.append((s, nbits, (state << nbits) - size))
+    return table
+
+
+def read_fse_header(buf: bytes, pos: int, end: int, max_symbol: int, max_log: int) -> tuple[Table, int]:
+    """An FSE table description at buf[pos:end]: (the table, where the description ends)."""
+    if pos >= end:
+        raise ZstdError("an FSE table description is cut short")
+    window = int.from_bytes(buf[pos:min(end, pos + 64)], "little")  # at most 256 symbols * 10 bits: < 64 B
+    avail = 8 * min(end - pos, 64)
+    bit = 0
+
+    def bits(n: int) -> int:
+        nonlocal bit
+        if bit + n > avail:
+            raise ZstdError("an FSE table description is cut short")
+        v = (window >> bit) & ((1 << n) - 1)
+        bit += n
+        return v
+
+    log = bits(4) + 5
+    if log > max_log:
+        raise ZstdError(f"an FSE table's accuracy log {log} exceeds {max_log}")
+    remaining, threshold, nbits = (1 << log) + 1, 1 << log, log + 1
+    probs: list[int] = []
+    while remaining > 1:
+        if len(probs) > max_symbol:
+            raise ZstdError("an FSE table has too many symbols")
+        peek_max = (2 * threshold - 1) - remaining
+        if bit + nbits - 1 > avail:
+            raise ZstdError("an FSE table description is cut short")
+        low = (window >> bit) & (threshold - 1)
+        if low < peek_max:
+            count = low
+            bit += nbits - 1
+        else:
+            count = bits(nbits)
+            if count >= threshold:
+                count -= peek_max
+        prob = count - 1
+        probs.append(prob)
+        remaining -= abs(prob)
+        if remaining < 1:
+            raise ZstdError("an FSE table's probabilities exceed its size")
+        if prob == 0:
+            while True:
+                repeat = bits(2)
+                probs += [0] * repeat
+                if repeat != 3:
+                    break
+            if len(probs) > max_symbol + 1:
+                raise ZstdError("an FSE table has too many symbols")
+        while remaining < threshold:
+            nbits -= 1
+            threshold >>= 1
+    if remaining != 1 or len(probs) > max_symbol + 1:
+        raise ZstdError("an FSE table's probabilities do not add up")
+    return fse_table(probs, log), pos + (bit + 7) // 8
+
+
+# ------------------------------------------------------------------ Huffman literals (RFC 8878 4.2)
+
+
+def _huffman_weights(buf: bytes, pos: int, end: int) -> tuple[list[int], int]:
+    """The weights of a Huffman tree description at buf[pos:end] (without the last, implied one)."""
+    if pos >= end:
+        raise ZstdError("a Huffman tree description is cut short")
+    header = buf[pos]
+    pos += 1
+    if header >= 128:
+        count = header - 127
+        stop = pos + (count + 1) // 2
+        if stop > end:
+            raise ZstdError("a Huffman tree description is cut short")
+        weights = []
+        for i in range(count):
+            byte = buf[pos + i // 2]
+            weights.append(byte >> 4 if i % 2 == 0 else byte & 15)
+        return weights, stop
+    stop = pos + header
+    if header == 0 or stop > end:
+        raise ZstdError("a Huffman tree description is cut short")
+    table, start = read_fse_header(buf, pos, stop, 255, HUF_WEIGHT_MAX_LOG)
+    stream = _Backward(buf, start, stop)
+    log = _highbit(len(table))
+    states = [stream.read(log), stream.read(log)]
+    weights = []
+    turn = 0
+    while len(weights) < 255:
+        sym, nbits, base = table[states[turn]]
+        weights.append(sym)
+        states[turn] = base + stream.read(nbits)
+        if stream.left < 0:
+            weights.append(table[states[1 - turn]][0])
+            break
+        turn = 1 - turn
+    else:
+        raise ZstdError("a Huffman tree has too many weights")
+    return weights, stop
+
+
+def huffman_table(buf: bytes, pos: int, end: int) -> tuple[list[int], int, int]:
+    """A Huffman decoding table from its tree description: (per peeked value, symbol | bits << 8;
+    the maximum code length; where the description ends)."""
+    weights, stop = _huffman_weights(buf, pos, end)
+    if any(w > 11 for w in weights):
+        raise ZstdError("a Huffman weight exceeds 11")
+    total = sum(1 << (w - 1) for w in weights if w)
+    if total == 0:
+        raise ZstdError("a Huffman tree has no symbol")
+    max_bits = _highbit(total) + 1
+    rest = (1 << max_bits) - total
+    if rest & (rest - 1) or max_bits > 11:
+        raise ZstdError("a Huffman tree is not complete")
+    weights.append(_highbit(rest) + 1)
+    if len(weights) > 256:
+        raise ZstdError("a Huffman tree has too many symbols")
+    table = [0] * (1 << max_bits)
+    at = 0
+    for w in range(1, max_bits + 1):
+        for sym, weight in enumerate(weights):
+            if weight == w:
+                span = 1 << (w - 1)
+                table[at:at + span] = [sym | (max_bits + 1 - w) << 8] * span
+                at += span
+    return table, max_bits, stop
+
+
+def _huffman_stream(buf: bytes, start: int, end: int, count: int, table: list[int], max_bits: int,
+                    out: bytearray) -> None:
+    """Decode count literals from one Huffman stream buf[start:end] into out."""
+    stream = _Backward(buf, start, end)
+    acc, n, pos, left = stream.acc, stream.n, stream.pos, stream.left
+    mask = (1 << max_bits) - 1
+    symbols = bytearray(count)
+    for i in range(count):
+        if n < max_bits:
+            take = min(7, pos - start)
+            if take > 0:
+                acc = ((acc & ((1 << n) - 1)) << (8 * take)) | int.from_bytes(buf[pos - take:pos], "little")
+                pos -= take
+                n += 8 * take
+            if n < max_bits:
+                acc <<= max_bits - n
+                n = max_bits
+        e = table[(acc >> (n - max_bits)) & mask]
+        nbits = e >> 8
+        n -= nbits
+        left -= nbits
+        symbols[i] = e & 0xFF
+    if left != 0:
+        raise ZstdError("a Huffman stream does not end where its literals do")
+    out += symbols
+
+
+# ------------------------------------------------------------------ frames and blocks
+
+
+class _Frame:
+    """What a frame's blocks share: the history, the repeat offsets and the tables to repeat."""
+
+    def __init__(self, cap: int) -> None:
+        self.out = bytearray()
+        self.cap = cap
+        self.reps = [1, 4, 8]
+        self.huffman: tuple[list[int], int] | None = None
+        self.tables: list[Table | None] = [None, None, None]  # LL, OF, ML
+
+    def room(self, size: int) -> None:
+        if len(self.out) + size > self.cap:
+            raise ZstdError(f"it decodes to more than its limit of {self.cap} bytes")
+
+
+def _literals(frame: _Frame, buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    """A compressed block's literals section at buf[pos:end]: (the literals, where it ends)."""
+    b0 = buf[pos]
+    kind, size_format = b0 & 3, (b0 >> 2) & 3
+    if kind in (0, 1):  # raw or RLE
+        if size_format in (0, 2):
+            size, pos = b0 >> 3, pos + 1
+        elif size_format == 1:
+            size, pos = (b0 >> 4) + (buf[pos + 1] << 4), pos + 2
+        else:
+            size, pos = (b0 >> 4) + (buf[pos + 1] << 4) + (buf[pos + 2] << 12), pos + 3
+        if size > BLOCK_MAX:
+            raise ZstdError("a block's literals exceed 128 KiB")
+        if kind == 0:
+            if pos + size > end:
+                raise ZstdError("a block's literals are cut short")
+            return bytes(buf[pos:pos + size]), pos + size
+        if pos >= end:
+            raise ZstdError("a block's literals are cut short")
+        return bytes([buf[pos]]) * size, pos + 1
+    width = {0: 3, 1: 3, 2: 4, 3: 5}[size_format]
+    if pos + width > end:
+        raise ZstdError("a block's literals header is cut short")
+    header = int.from_bytes(buf[pos:pos + width], "little")
+    bits = {3: 10, 4: 14, 5: 18}[width]
+    size = (header >> 4) & ((1 << bits) - 1)
+    packed = (header >> (4 + bits)) & ((1 << bits) - 1)
+    streams = 1 if size_format == 0 else 4
+    pos += width
+    stop = pos + packed
+    if size > BLOCK_MAX or stop > end:
+        raise ZstdError("a block's literals are cut short or too large")
+    if kind == 2:
+        table, max_bits, pos = huffman_table(buf, pos, stop)
+        frame.huffman = (table, max_bits)
+    elif frame.huffman is None:
+        raise ZstdError("a block repeats a Huffman table that no earlier block gave")
+    table, max_bits = frame.huffman
+    out = bytearray()
+    if streams == 1:
+        _huffman_stream(buf, pos, stop, size, table, max_bits, out)
+        return bytes(out), stop
+    if pos + 6 > stop:
+        raise ZstdError("a block's literal streams are cut short")
+    sizes = [int.from_bytes(buf[pos + 2 * i:pos + 2 * i + 2], "little") for i in range(3)]
+    pos += 6
+    each = (size + 3) // 4
+    if 3 * each > size:
+        raise ZstdError("a block's literals are too few for four streams")
+    counts = [each, each, each, size - 3 * each]
+    sizes.append(stop - pos - sum(sizes))
+    if sizes[3] <= 0:
+        raise ZstdError("a block's literal streams are cut short")
+    for count, length in zip(counts, sizes):
+        _huffman_stream(buf, pos, pos + length, count, table, max_bits, out)
+        pos += length
+    return bytes(out), stop
+
+
+def _sequence_tables(frame: _Frame, buf: bytes, pos: int, end: int) -> int:
+    """The three tables a block's sequences use (literal lengths, offsets, match lengths)."""
+    if pos >= end:
+        raise ZstdError("a block's sequence modes are cut short")
+    modes = buf[pos]
+    pos += 1
+    if modes & 3:
+        raise ZstdError("a block's sequence modes use reserved bits")
+    setups = ((modes >> 6, LL_DEFAULT, 6, 35, LL_MAX_LOG), (modes >> 4 & 3, OF_DEFAULT, 5, OF_MAX_CODE, OF_MAX_LOG),
+              (modes >> 2 & 3, ML_DEFAULT, 6, 52, ML_MAX_LOG))
+    for i, (mode, default, default_log, max_symbol, max_log) in enumerate(setups):
+        if mode == 0:
+            frame.tables[i] = _DEFAULT_TABLES[i]
+        elif mode == 1:
+            if pos >= end:
+                raise ZstdError("a block's sequence tables are cut short")
+            if buf[pos] > max_symbol:
+                raise ZstdError("a block's RLE sequence symbol is out of range")
+            frame.tables[i] = [(buf[pos], 0, 0)]
+            pos += 1
+        elif mode == 2:
+            frame.tables[i], pos = read_fse_header(buf, pos, end, max_symbol, max_log)
+        elif frame.tables[i] is None:
+            raise ZstdError("a block repeats a sequence table that no earlier block gave")
+    return pos
+
+
+_DEFAULT_TABLES: list[Table | None] = [fse_table(LL_DEFAULT, 6), fse_table(OF_DEFAULT, 5), fse_table(ML_DEFAULT, 6)]
+
+
+def _sequences(frame: _Frame, buf: bytes, pos: int, end: int, literals: bytes) -> None:
+    """Decode a block's sequences at buf[pos:end] and execute them into the frame's output."""
+    b0 = buf[pos] if pos < end else -1
+    if b0 < 0:
+        raise ZstdError("a block's sequence count is cut short")
+    if b0 < 128:
+        count, pos = b0, pos + 1
+    elif b0 < 255:
+        if pos + 2 > end:
+            raise ZstdError("a block's sequence count is cut short")
+        count, pos = ((b0 - 128) << 8) + buf[pos + 1], pos + 2
+    else:
+        if pos + 3 > end:
+            raise ZstdError("a block's sequence count is cut short")
+        count, pos = buf[pos + 1] + (buf[pos + 2] << 8) + 0x7F00, pos + 3
+    out = frame.out
+    if count == 0:
+        if pos != end:
+            raise ZstdError("a block without sequences has bytes after its literals")
+        frame.room(len(literals))
+        out += literals
+        return
+    pos = _sequence_tables(frame, buf, pos, end)
+    ll_table, of_table, ml_table = frame.tables
+    assert ll_table is not None and of_table is not None and ml_table is not None
+    stream = _Backward(buf, pos, end)
+    ll_state = stream.read(_highbit(len(ll_table)))
+    of_state = stream.read(_highbit(len(of_table)))
+    ml_state = stream.read(_highbit(len(ml_table)))
+    reps = frame.reps
+    lit = 0
+    nlit = len(literals)
+    block_end = len(out) + BLOCK_MAX
+    limit = min(block_end, frame.cap)
+    read = stream.read
+    for i in range(count):
+        of_code = of_table[of_state][0]
+        ml_code = ml_table[ml_state][0]
+        ll_code = ll_table[ll_state][0]
+        if of_code > OF_MAX_CODE or ml_code > 52 or ll_code > 35:
+            raise ZstdError("a sequence code is out of range")
+        value = (1 << of_code) + read(of_code) if of_code else 1
+        base, extra = ML_CODES[ml_code]
+        ml = base + (read(extra) if extra else 0)
+        base, extra = LL_CODES[ll_code]
+        ll = base + (read(extra) if extra else 0)
+        if value > 3:
+            offset = value - 3
+            reps[2], reps[1], reps[0] = reps[1], reps[0], offset
+        else:
+            index = value - 1 + (ll == 0)
+            if index == 0:
+                offset = reps[0]
+            elif index == 3:
+                offset = reps[0] - 1
+                reps[2], reps[1], reps[0] = reps[1], reps[0], offset
+            else:
+                offset = reps[index]
+                if index == 2:
+                    reps[2] = reps[1]
+                reps[1], reps[0] = reps[0], offset
+        if i + 1 < count:
+            _, nbits, base = ll_table[ll_state]
+            ll_state = base + read(nbits)
+            _, nbits, base = ml_table[ml_state]
+            ml_state = base + read(nbits)
+            _, nbits, base = of_table[of_state]
+            of_state = base + read(nbits)
+        if lit + ll > nlit:
+            raise ZstdError("a sequence takes more literals than its block has")
+        if len(out) + ll + ml > limit:
+            frame.room(ll + ml)
+            raise ZstdError("a block decodes to more than 128 KiB")
+        if ll:
+            out += literals[lit:lit + ll]
+            lit += ll
+        start = len(out) - offset
+        if offset <= 0 or start < 0:
+            raise ZstdError("a sequence refers to bytes before the start of its frame")
+        if offset >= ml:
+            out += out[start:start + ml]
+        else:
+            out += (out[start:] * (ml // offset + 1))[:ml]
+    if stream.left != 0:
+        raise ZstdError("a block's sequences do not end where its bitstream does")
+    rest = nlit - lit
+    if len(out) + rest > limit:
+        frame.room(rest)
+        raise ZstdError("a block decodes to more than 128 KiB")
+    out += literals[lit:]
+
+
+def _frame_header(buf: bytes, pos: int, end: int) -> tuple[int | None, bool, int]:
+    """(content size or None, whether a checksum follows, where the blocks start)."""
+    if pos + 1 > end:
+        raise ZstdError("a frame header is cut short")
+    fhd = buf[pos]
+    pos += 1
+    fcs_flag, single, checksum, dict_flag = fhd >> 6, bool(fhd & 0x20), bool(fhd & 4), fhd & 3
+    if fhd & 8:
+        raise ZstdError("a frame header sets its reserved bit")
+    pos += 0 if single else 1  # the window descriptor: the output cap bounds the history instead
+    dict_size = (0, 1, 2, 4)[dict_flag]
+    fcs_size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if pos + dict_size + fcs_size > end:
+        raise ZstdError("a frame header is cut short")
+    if dict_size and int.from_bytes(buf[pos:pos + dict_size], "little"):
+        raise ZstdError("a frame needs a dictionary")
+    pos += dict_size
+    size = int.from_bytes(buf[pos:pos + fcs_size], "little") + (256 if fcs_size == 2 else 0) if fcs_size else None
+    return size, checksum, pos + fcs_size
+
+
+def blocks(src: bytes, cap: int) -> Iterator[bytes]:
+    """Decode src (zstd frames, skippable frames between them) and yield the output a block at a
+    time. Raises ZstdError for input that is not whole, and once the output would pass cap bytes."""
+    buf = bytes(src)
+    pos, end, total = 0, len(buf), 0
+    if end == 0:
+        raise ZstdError("no zstd frame")
+    while pos < end:
+        if pos + 4 > end:
+            raise ZstdError("a frame's magic number is cut short")
+        magic = int.from_bytes(buf[pos:pos + 4], "little")
+        pos += 4
+        if magic & SKIPPABLE_MASK == SKIPPABLE:
+            if pos + 4 > end:
+                raise ZstdError("a skippable frame is cut short")
+            pos += 4 + int.from_bytes(buf[pos:pos + 4], "little")
+            if pos > end:
+                raise ZstdError("a skippable frame is cut short")
+            continue
+        if magic != MAGIC:
+            raise ZstdError("not a zstd frame (bad magic number)")
+        size, checksum, pos = _frame_header(buf, pos, end)
+        if size is not None and total + size > cap:
+            raise ZstdError(f"a frame says it decodes to {size} bytes, past the limit of {cap}")
+        frame = _Frame(cap - total)
+        last = False
+        while not last:
+            if pos + 3 > end:
+                raise ZstdError("a block header is cut short")
+            header = int.from_bytes(buf[pos:pos + 3], "little")
+            pos += 3
+            last, kind, size_field = bool(header & 1), (header >> 1) & 3, header >> 3
+            before = len(frame.out)
+            if kind == 3:
+                raise ZstdError("a block of the reserved type")
+            if size_field > BLOCK_MAX:
+                raise ZstdError("a block exceeds 128 KiB")
+            if kind == 1:  # RLE: one byte, repeated
+                if pos + 1 > end:
+                    raise ZstdError("a block is cut short")
+                frame.room(size_field)
+                frame.out += bytes([buf[pos]]) * size_field
+                pos += 1
+            else:
+                if pos + size_field > end:
+                    raise ZstdError("a block is cut short")
+                if kind == 0:
+                    frame.room(size_field)
+                    frame.out += buf[pos:pos + size_field]
+                elif size_field == 0:
+                    raise ZstdError("an empty compressed block")
+                else:
+                    literals, at = _literals(frame, buf, pos, pos + size_field)
+                    _sequences(frame, buf, at, pos + size_field, literals)
+                pos += size_field
+            yield bytes(frame.out[before:])
+        if size is not None and len(frame.out) != size:
+            raise ZstdError(f"a frame decodes to {len(frame.out)} bytes, not the {size} its header says")
+        if checksum:
+            if pos + 4 > end:
+                raise ZstdError("a frame's checksum is cut short")
+            pos += 4
+        total += len(frame.out)
+
+
+def decompress(src: bytes, cap: int) -> bytes:
+    """The whole output of src's zstd frames; ZstdError past cap bytes or for input not whole."""
+    return b"".join(blocks(src, cap))
