@@ -81,6 +81,8 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     else:
         lines.append(_line("  gpus        none: the recipe says the image runs no CUDA code, so no kernel check"))
     lines += [_line(f"  not needed  {name}: {reason}") for name, reason in plan.kernels_not_needed]
+    if plan.kernels_scan:
+        lines.append(_line(f"  scan        {', '.join(plan.kernels_scan)}  (their libraries are checked too)"))
     lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
     lines += [_line(f"  env         {k}={val}") for k, val in plan.env]
     lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}"

@@ -171,6 +171,8 @@ class Plan:
     gpus: tuple[str, ...] = ()
     # Extensions no listed GPU needs (vLLM loads them only on others), with the recipe's reason.
     kernels_not_needed: tuple[tuple[str, str], ...] = ()
+    # Distributions whose libraries the kernel check reads too (besides vLLM and the pip components).
+    kernels_scan: tuple[str, ...] = ()
     tool_version: str = __version__
     # From a lock file (sparkforge/recipe/lock.py): every installed package's version, as pip
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
@@ -224,6 +226,8 @@ class Plan:
         data = _jsonable(self)
         for key in ("plan_hash", "description", "recipe_files"):
             data.pop(key)
+        if not data["kernels_scan"]:
+            data.pop("kernels_scan")  # plans from before the field keep their tags
         for mod in data["mods"]:
             mod.pop("folder")
         if data["vllm"]["wheel"]:
@@ -324,6 +328,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         tooling_digest=digest_tooling(layout),
         gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
         kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
+        kernels_scan=tuple(data.kernels_scan or ()),
     )
     return rehash(plan)
 

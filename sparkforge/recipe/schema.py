@@ -36,6 +36,7 @@ EXTENSION_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_-]{0,99}\Z")
 ARCH_LIST_RE = re.compile(r"\A[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*\Z")
 ABS_PATH_RE = re.compile(r"\A(/[A-Za-z0-9._-]+)+\Z")
 REL_PATH_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*\Z")
+DIST_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")  # PEP 508 name, no extras
 OS_PKG_RE = re.compile(r"\A[a-z0-9][a-z0-9.+-]*(=[A-Za-z0-9.+:~-]+)?\Z")
 PEP440_CHARS_RE = re.compile(r"\A[A-Za-z0-9.+!_-]+\Z")
 MODE_RE = re.compile(r"\A0[0-7]{3}\Z")
@@ -135,6 +136,7 @@ FileUrl = _matching(FILE_URL_RE, "https URL of a file")
 Repository = _matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)
 ImageTag = _matching(TAG_RE, "image tag")
 Package = _matching(PKG_RE, "pip package name")
+Distribution = _matching(DIST_RE, "installed distribution name such as torch (no extras)")
 EnvName = _matching(ENV_NAME_RE, "environment variable name")
 EnvValue = _matching(ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")
 ArchList = _matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")
@@ -239,6 +241,9 @@ class RecipeFile(Strict):
     gpus: list[Gpu] | None = None
     # Extensions that vLLM loads only on other GPUs than those, each with the reason.
     kernels_not_needed: dict[Extension, Union[Text, None]] | None = None
+    # Installed distributions whose libraries the kernel check reads besides vLLM's and the pip
+    # components' (torch, nvidia-nccl-cu13, ...).
+    kernels_scan: list[Distribution] | None = None
     env: dict[EnvName, Union[EnvValue, None]] | None = None
     mods: Union[list[Name], ModChanges, None] = None
 
@@ -247,6 +252,13 @@ class RecipeFile(Strict):
     def _gpus_once(cls, v: Any) -> Any:
         if v is not None and len(set(v)) != len(v):
             raise ValueError("a GPU is listed twice")
+        return v
+
+    @field_validator("kernels_scan")
+    @classmethod
+    def _scan_once(cls, v: Any) -> Any:
+        if v is not None and len({name.lower().replace("_", "-") for name in v}) != len(v):
+            raise ValueError("a distribution is listed twice")
         return v
 
     @field_validator("mods")
