@@ -16,6 +16,7 @@ import pytest
 from sparkforge.inimage import fatbin, kernels, zstd
 from sparkforge.inimage.fatbin import FatbinError, Target, read_targets
 from sparkforge.inimage.kernels import runs_on
+from tests.support.fatbins import python_decoders
 from tests.support.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -309,18 +310,6 @@ def test_kernel_names_are_read_from_each_cubin(name):
     assert _names_by_target(FIXTURES / name) == TWO_KERNELS
     with python_decoders():
         assert _names_by_target(FIXTURES / name) == TWO_KERNELS
-
-
-@contextlib.contextmanager
-def python_decoders():
-    """Decode LZ4 and zstd in Python only, as in an image without liblz4 and libzstd."""
-    saved = dict(fatbin._SYSTEM)
-    fatbin._SYSTEM.update(lz4=None, zstd=None)
-    try:
-        yield
-    finally:
-        fatbin._SYSTEM.clear()
-        fatbin._SYSTEM.update(saved)
 
 
 @pytest.mark.parametrize("name", ["two.so", "two_lz4.so", "two_zstd.so"])
