@@ -18,6 +18,7 @@ import json
 import os
 import re
 import stat
+import struct
 import sys
 from pathlib import Path
 
@@ -194,8 +195,10 @@ def _read(path: Path, gpus: list[str]) -> dict | None:
     listed with the reason, in one line (the check of the other files goes on)."""
     try:
         read = read_extension(path, gpus)
-    except (FatbinError, OSError) as exc:
-        reason = str(exc) if isinstance(exc, FatbinError) else exc.strerror or str(exc)
+    except (FatbinError, OSError, MemoryError, IndexError, struct.error, OverflowError) as exc:
+        # The reader checks every size before use; the last three are the net under those checks.
+        reason = (str(exc) if isinstance(exc, FatbinError) else exc.strerror or str(exc) if isinstance(exc, OSError)
+                  else f"malformed device code ({type(exc).__name__})")
         return {"path": str(path), "cubins": [], "ptx": [], "relocatable": [], "coverage": {},
                 "error": " ".join(reason.split())}
     if read is None or not (read[0] or read[1]):

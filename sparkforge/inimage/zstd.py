@@ -289,6 +289,8 @@ def _literals(frame: _Frame, buf: bytes, pos: int, end: int) -> tuple[bytes, int
     b0 = buf[pos]
     kind, size_format = b0 & 3, (b0 >> 2) & 3
     if kind in (0, 1):  # raw or RLE
+        if pos + (1, 2, 1, 3)[size_format] > end:
+            raise ZstdError("a block's literals header is cut short")
         if size_format in (0, 2):
             size, pos = b0 >> 3, pos + 1
         elif size_format == 1:
@@ -538,8 +540,11 @@ def blocks(src: bytes, cap: int) -> Iterator[bytes]:
                 elif size_field == 0:
                     raise ZstdError("an empty compressed block")
                 else:
-                    literals, at = _literals(frame, buf, pos, pos + size_field)
-                    _sequences(frame, buf, at, pos + size_field, literals)
+                    try:
+                        literals, at = _literals(frame, buf, pos, pos + size_field)
+                        _sequences(frame, buf, at, pos + size_field, literals)
+                    except IndexError:  # every read is checked first; this is the net under those checks
+                        raise ZstdError("a compressed block is malformed") from None
                 pos += size_field
             yield bytes(frame.out[before:])
         if size is not None and len(frame.out) != size:
