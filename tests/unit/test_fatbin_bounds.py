@@ -4,19 +4,15 @@ limit, and the check of the other files goes on."""
 
 from __future__ import annotations
 
-import json
-import random
 import re
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sparkforge.inimage import fatbin, kernels
 from sparkforge.inimage.fatbin import FATBIN_MAGIC, FatbinError
-from tests.support.fatbins import python_decoders
+from tests.support.fatbins import fuzz, limited, python_decoders
 from tests.support.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -118,7 +114,7 @@ def test_four_gib_of_padding_is_skipped_in_bulk(tmp_path):
     containers: read in seconds (reading 8 bytes a step took 35 CPU-seconds a GiB)."""
     path = with_fatbin((FIXTURES / "sm90.so").read_bytes(), tmp_path / "padded.so",
                        [4 << 30, bytes(64 << 20), containers("sm90.so")])
-    proc = _limited(f"print(sorted(t.name for t in fatbin.read_targets(Path({str(path)!r}))))", cpu=20)
+    proc = limited(f"print(sorted(t.name for t in fatbin.read_targets(Path({str(path)!r}))))", cpu=20)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['sm_90']"
 
@@ -131,76 +127,6 @@ def test_garbage_where_padding_should_be_names_the_offset(tmp_path):
 
 
 # ------------------------------------------------------------------ fuzzed and truncated real binaries
-
-
-def _limited(body: str, *, cpu: int, memory: int = 1 << 30) -> subprocess.CompletedProcess:
-    """Run body in a child Python that has only the standard library and the in-image package, with
-    RLIMIT_DATA (the heap; the mapped library does not count) and RLIMIT_CPU set."""
-    script = (
-        "import resource, sys\n"
-        f"resource.setrlimit(resource.RLIMIT_DATA, ({memory}, {memory}))\n"
-        f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from pathlib import Path\n"
-        "from sparkforge.inimage import fatbin, kernels\n" + body)
-    return subprocess.run([sys.executable, "-I", "-B", "-c", script], capture_output=True, text=True,
-                          timeout=cpu * 10)
-
-
-def mutants(sources: list[Path], out: Path, count: int, seed: int) -> list[Path]:
-    """Damaged copies of real binaries: cut at random, bytes flipped inside the fat binaries, and
-    header fields (sizes, offsets, flags) set to extreme values."""
-    rnd = random.Random(seed)
-    made = []
-    for n in range(count):
-        src = sources[n % len(sources)]
-        data = bytearray(src.read_bytes())
-        regions = [(off, size) for name, _, off, size in fatbin.sections(bytes(data))
-                   if name in (fatbin.FATBIN_SECTION, fatbin.RELOCATABLE_SECTION)]
-        off, size = rnd.choice(regions)
-        how = n % 4
-        if how == 0:
-            data = data[:rnd.randrange(64, len(data))]
-        elif how == 1:
-            for _ in range(rnd.randint(1, 8)):
-                data[off + rnd.randrange(size)] ^= 1 << rnd.randrange(8)
-        elif how == 2:
-            at = off + rnd.randrange(0, size - 8) // 8 * 8
-            struct.pack_into("<Q", data, at, rnd.choice([0, 1, 2**31, 2**32 - 1, 2**62, 2**64 - 1]))
-        else:  # inside a compressed payload: what the decoders see
-            with fatbin.open_device_code(src) as code:
-                packed = [e for e in code.entries if e.flags & fatbin.FLAG_COMPRESSED] or code.entries
-                entry = rnd.choice(packed)
-            for _ in range(rnd.randint(1, 4)):
-                data[entry.offset + rnd.randrange(entry.size)] = rnd.randrange(256)
-        path = out / f"m{n:04d}-{src.name}"
-        path.write_bytes(bytes(data))
-        made.append(path)
-    return made
-
-
-FUZZ = """
-import json
-for codec in ("lz4", "zstd"):
-    fatbin._SYSTEM[codec] = None  # the Python decoders: the code of this project under test
-paths = [Path(p) for p in sys.argv[1:]]
-record = kernels.scan(paths, ["8.0", "9.0", "12.0", "12.1"])
-checks = kernels.check(record)
-print(json.dumps({"record": record, "checks": checks}))
-"""
-
-
-def fuzz(sources: list[Path], tmp_path: Path, count: int, seed: int, cpu: int) -> dict:
-    paths = mutants(sources, tmp_path, count, seed)
-    script = FUZZ.replace("sys.argv[1:]", repr([str(p) for p in paths]))
-    proc = _limited(script, cpu=cpu)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr == ""
-    result = json.loads(proc.stdout)
-    errors = [e["error"] for e in result["record"]["extensions"] if e["error"]]
-    assert all(error.strip() and "\n" not in error for error in errors)
-    assert len(result["checks"]) == len(result["record"]["extensions"]) + 1
-    return result
 
 
 def test_fuzzed_and_truncated_fixtures(tmp_path):
