@@ -57,10 +57,10 @@ EF_ARCH_SPECIFIC_OLD, EF_ARCH_SPECIFIC_V8 = 0x800, 0x8
 
 # Limits, from the largest CUDA library read here, torch 2.14.0's libtorch_cuda.so (aarch64, 461 MB):
 # 2,558 entries; its largest entry (an sm_100 cubin) decodes to 42,284,232 bytes; the entries of
-# one major (sm_100, sm_100a, sm_103f), the most a check of one GPU can need, to 1.18 GB.
+# one major (sm_100, sm_100a, sm_103f), the most a check of one GPU can need, to 1,239,579,456.
 MAX_ENTRIES = 100_000          # per file, ~40 times that
 MAX_PLAIN = 256 << 20          # one entry's decoded size, 6 times that
-MAX_DECODED = 2 << 30          # all that one file's check decodes, 1.8 times that
+MAX_DECODED = 2 << 30          # all that one file's check decodes, 1.7 times that
 _CHUNK = 1 << 20               # padding is read a MiB at a time
 SEEK_DATA = getattr(os, "SEEK_DATA", os.SEEK_SET)  # Linux: the next byte that is not in a hole
 _NONZERO = re.compile(rb"[^\x00]")
