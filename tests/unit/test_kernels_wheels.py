@@ -124,3 +124,14 @@ def test_fuzzed_real_cuda_13_libraries(tmp_path):
     sources = [flashkda(), wheel_member("torch", TORCH, "torch/lib/libtorch_nvshmem.so")]
     result = fuzz(sources, tmp_path, 32, seed=27, cpu=300)
     assert any(e["error"] for e in result["record"]["extensions"])
+
+
+def test_extensions_with_nothing_a_gb10_runs_are_excused_by_name(tmp_path):
+    """vLLM 0.33.0's _qutlass_C (sm_100f) and _deepselect_C hold nothing a 12.x runs: the check fails
+    them for 12.1, and passes them as skipped once kernels_not_needed lists them, with the reason."""
+    paths = [wheel_member("vllm", VLLM, f"vllm/{name}.abi3.so") for name in ("_qutlass_C", "_deepselect_C")]
+    failed = kernels.check(kernels.scan(paths, ["12.1"]))
+    assert [state for _, state, _ in failed[:2]] == ["failed", "failed"]
+    assert all("no kernel for GPU 12.1" in detail for _, _, detail in failed[:2])
+    excused = kernels.check(kernels.scan(paths, ["12.1"], ["_qutlass_C", "_deepselect_C"]))
+    assert [state for _, state, _ in excused] == ["skipped", "skipped", "ok"]
