@@ -21,6 +21,7 @@ import stat
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, DeviceCode, Entry, FatbinError, Target,
                      open_device_code, sort_key)
@@ -39,7 +40,7 @@ def _cover_order(entries: list[Entry], runnable: list[int], blocked: list[int]) 
                                            bool(entries[i].flags & FLAG_COMPRESSED), i))
 
 
-def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict]:
+def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict[str, Any]]:
     """Per GPU, the kernels that code of the GPU's major holds and no code the GPU runs holds.
 
     The answer per GPU: `kernels` (how many kernels the code of its major that it cannot run holds,
@@ -57,13 +58,13 @@ def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict]:
         return names[i]
 
     loadable = [i for i, e in enumerate(entries) if not e.relocatable]
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for gpu in gpus:
         major = parse_gpu(gpu)[0]
         runnable = [i for i in loadable if runs_on(entries[i].target, gpu)]
         can = set(runnable)
         blocked = [i for i in loadable if entries[i].target.arch // 10 == major and i not in can]
-        answer: dict = {"kernels": None, "missing": 0, "examples": [], "only_in": [], "unread": []}
+        answer: dict[str, Any] = {"kernels": None, "missing": 0, "examples": [], "only_in": [], "unread": []}
         out[gpu] = answer
         if not blocked:
             continue  # every piece of code of its major runs: nothing of that major is out of reach
@@ -93,7 +94,7 @@ def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict]:
     return out
 
 
-def read_extension(path: Path, gpus: list[str]) -> tuple[list[Target], list[Target], dict[str, dict]] | None:
+def read_extension(path: Path, gpus: list[str]) -> tuple[list[Target], list[Target], dict[str, dict[str, Any]]] | None:
     """The targets of an ELF file (the loadable and the relocatable ones) and their per-kernel
     coverage of each GPU, or None without device code. Raises FatbinError for an ELF file that
     cannot be read."""
@@ -190,7 +191,7 @@ def exempt(path: str, not_needed: list[str]) -> bool:
     return Path(path).name.split(".", 1)[0] in not_needed
 
 
-def _read(path: Path, gpus: list[str]) -> dict | None:
+def _read(path: Path, gpus: list[str]) -> dict[str, Any] | None:
     """One file's entry of the record, None without device code; a file that cannot be read is
     listed with the reason, in one line (the check of the other files goes on)."""
     try:
@@ -213,7 +214,7 @@ def _read(path: Path, gpus: list[str]) -> dict | None:
 
 
 def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, ...] = (),
-         dists: dict[str, list[Path]] | None = None) -> dict:
+         dists: dict[str, list[Path]] | None = None) -> dict[str, Any]:
     """The kernel record of these files, for these GPUs: per extension its cubins, PTX and
     relocatable code and, per GPU, its per-kernel coverage (see coverage()); files without device
     code are only counted; a file that cannot be read is listed with the reason. `not_needed` names
@@ -233,7 +234,7 @@ def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, 
             "without_device_code": without, "dists": counts}
 
 
-def verdict(ext: dict, gpu: str) -> tuple[str, str]:
+def verdict(ext: dict[str, Any], gpu: str) -> tuple[str, str]:
     """(state, what the table shows) of one extension on one GPU. States: `ok` (the label is the
     best cubin it runs), `jit` (it runs PTX only, which the driver compiles at first start: the
     label is `JIT compute_NN`), `relocatable` (its only device code is relocatable: nothing of it
@@ -263,12 +264,12 @@ def verdict(ext: dict, gpu: str) -> tuple[str, str]:
 RUNS = ("ok", "jit", "relocatable")  # the states in which a GPU runs (or needs nothing of) an extension
 
 
-def verdicts(ext: dict, gpus: list[str]) -> dict[str, tuple[str, str]]:
+def verdicts(ext: dict[str, Any], gpus: list[str]) -> dict[str, tuple[str, str]]:
     """Per GPU, verdict(ext, gpu)."""
     return {gpu: verdict(ext, gpu) for gpu in gpus}
 
 
-def _problem(ext: dict, gpu: str, state: str) -> str:
+def _problem(ext: dict[str, Any], gpu: str, state: str) -> str:
     """The one-line reason an extension fails a GPU."""
     have = ", ".join(ext["cubins"] + ext["ptx"])
     cov = (ext.get("coverage") or {}).get(gpu) or {}
@@ -285,7 +286,7 @@ def _problem(ext: dict, gpu: str, state: str) -> str:
     return (f"GPU {gpu} may lack kernels: it cannot run {', '.join(blocked)}, and {why}")
 
 
-def _runs(gpu: str, state: str, label: str, ext: dict) -> str:
+def _runs(gpu: str, state: str, label: str, ext: dict[str, Any]) -> str:
     """What a GPU runs of an extension that passes, for the check's detail."""
     if state == "jit":
         return f"{gpu}: {label.removeprefix('JIT ')} PTX only, compiled by the driver at first start"
@@ -294,7 +295,7 @@ def _runs(gpu: str, state: str, label: str, ext: dict) -> str:
     return f"{gpu}: {label}"
 
 
-def check(record: dict, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
+def check(record: dict[str, Any], gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(check, ok|failed|skipped, detail) per extension: the GPUs it lacks kernels for, or what each
     runs (saying so where that is PTX only). The GPUs are the record's own unless given."""
     checks = []

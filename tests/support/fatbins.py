@@ -63,7 +63,9 @@ def mutants(sources: list[Path], out: Path, count: int, seed: int) -> list[Path]
             at = off + rnd.randrange(0, size - 8) // 8 * 8
             struct.pack_into("<Q", data, at, rnd.choice([0, 1, 2**31, 2**32 - 1, 2**62, 2**64 - 1]))
         else:  # inside a compressed payload: what the decoders see
-            with fatbin.open_device_code(src) as code:
+            opened = fatbin.open_device_code(src)
+            assert opened is not None
+            with opened as code:
                 packed = [e for e in code.entries if e.flags & fatbin.FLAG_COMPRESSED] or code.entries
                 entry = rnd.choice(packed)
             for _ in range(rnd.randint(1, 4)):
