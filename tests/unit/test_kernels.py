@@ -470,3 +470,19 @@ def test_the_table_shows_missing_partial_and_unreadable(tmp_path):
     assert rows["ptx120.so"][-4:] == ["JIT", "compute_120", "JIT", "compute_120"]
     assert rows["broken.so"][-2:] == ["unreadable", "unreadable"]
     assert [state for name, state, _ in kernels.check(record) if name.endswith("broken.so")] == ["failed"]
+
+
+def test_a_library_with_only_relocatable_code_needs_nothing_of_a_gpu(tmp_path):
+    """rdc.so with its .nv_fatbin section renamed: what is left is nvlink's input, which no GPU loads
+    from this file; it is recorded, shown, and passes."""
+    data = (FIXTURES / "rdc.so").read_bytes()
+    assert data.count(b".nv_fatbin\0") == 1
+    path = tmp_path / "relonly.so"
+    path.write_bytes(data.replace(b".nv_fatbin\0", b".nv_fatbiX\0"))
+    assert read_targets(path) == []
+    record = kernels.scan([path], ["12.1"])
+    (ext,) = record["extensions"]
+    assert ext["cubins"] == ext["ptx"] == [] and ext["relocatable"] == ["sm_90", "sm_120"]
+    assert kernels.verdict(ext, "12.1") == ("relocatable", "relocatable only")
+    (result, _) = kernels.check(record)
+    assert result[1:] == ("ok", "12.1: nothing to load (only relocatable code: sm_90, sm_120)")
