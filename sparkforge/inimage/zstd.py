@@ -407,20 +407,40 @@ def _sequences(frame: _Frame, buf: bytes, pos: int, end: int, literals: bytes) -
     reps = frame.reps
     lit = 0
     nlit = len(literals)
-    block_end = len(out) + BLOCK_MAX
-    limit = min(block_end, frame.cap)
-    read = stream.read
+    limit = min(len(out) + BLOCK_MAX, frame.cap)
+    # The bitstream read inline (the hot loop): acc holds n bits, the next ones at its top; zeros
+    # are added past the stream's start, and `padded` counts them to find an overrun at the end.
+    acc, n, at, low = stream.acc, stream.n, stream.pos, stream.start
+    padded = (at - low) * 8 + n - stream.left
     for i in range(count):
+        while n < 96:  # a sequence reads at most 31 + 16 + 16 + 9 + 9 + 8 bits
+            take = min(7, at - low)
+            if take > 0:
+                acc = ((acc & ((1 << n) - 1)) << (8 * take)) | int.from_bytes(buf[at - take:at], "little")
+                at -= take
+                n += 8 * take
+            else:
+                acc = (acc & ((1 << n) - 1)) << 56
+                n += 56
+                padded += 56
         of_code = of_table[of_state][0]
         ml_code = ml_table[ml_state][0]
         ll_code = ll_table[ll_state][0]
         if of_code > OF_MAX_CODE or ml_code > 52 or ll_code > 35:
             raise ZstdError("a sequence code is out of range")
-        value = (1 << of_code) + read(of_code) if of_code else 1
-        base, extra = ML_CODES[ml_code]
-        ml = base + (read(extra) if extra else 0)
-        base, extra = LL_CODES[ll_code]
-        ll = base + (read(extra) if extra else 0)
+        if of_code:
+            n -= of_code
+            value = (1 << of_code) + ((acc >> n) & ((1 << of_code) - 1))
+        else:
+            value = 1
+        ml, extra = ML_CODES[ml_code]
+        if extra:
+            n -= extra
+            ml += (acc >> n) & ((1 << extra) - 1)
+        ll, extra = LL_CODES[ll_code]
+        if extra:
+            n -= extra
+            ll += (acc >> n) & ((1 << extra) - 1)
         if value > 3:
             offset = value - 3
             reps[2], reps[1], reps[0] = reps[1], reps[0], offset
@@ -438,27 +458,32 @@ def _sequences(frame: _Frame, buf: bytes, pos: int, end: int, literals: bytes) -
                 reps[1], reps[0] = reps[0], offset
         if i + 1 < count:
             _, nbits, base = ll_table[ll_state]
-            ll_state = base + read(nbits)
+            n -= nbits
+            ll_state = base + ((acc >> n) & ((1 << nbits) - 1))
             _, nbits, base = ml_table[ml_state]
-            ml_state = base + read(nbits)
+            n -= nbits
+            ml_state = base + ((acc >> n) & ((1 << nbits) - 1))
             _, nbits, base = of_table[of_state]
-            of_state = base + read(nbits)
+            n -= nbits
+            of_state = base + ((acc >> n) & ((1 << nbits) - 1))
         if lit + ll > nlit:
             raise ZstdError("a sequence takes more literals than its block has")
-        if len(out) + ll + ml > limit:
+        size = len(out)
+        if size + ll + ml > limit:
             frame.room(ll + ml)
             raise ZstdError("a block decodes to more than 128 KiB")
         if ll:
             out += literals[lit:lit + ll]
             lit += ll
-        start = len(out) - offset
+            size += ll
+        start = size - offset
         if offset <= 0 or start < 0:
             raise ZstdError("a sequence refers to bytes before the start of its frame")
         if offset >= ml:
             out += out[start:start + ml]
         else:
             out += (out[start:] * (ml // offset + 1))[:ml]
-    if stream.left != 0:
+    if (at - low) * 8 + n - padded != 0:
         raise ZstdError("a block's sequences do not end where its bitstream does")
     rest = nlit - lit
     if len(out) + rest > limit:
