@@ -12,20 +12,20 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from sparkforge.inimage import fatbin
+from sparkforge.inimage import decompress, fatbin
 from tests.support.paths import ROOT
 
 
 @contextlib.contextmanager
 def python_decoders() -> Iterator[None]:
     """Decode LZ4 and zstd in Python only, as in an image without liblz4 and libzstd."""
-    saved = dict(fatbin._SYSTEM)
-    fatbin._SYSTEM.update(lz4=None, zstd=None)
+    saved = dict(decompress.SYSTEM)
+    decompress.SYSTEM.update(lz4=None, zstd=None)
     try:
         yield
     finally:
-        fatbin._SYSTEM.clear()
-        fatbin._SYSTEM.update(saved)
+        decompress.SYSTEM.clear()
+        decompress.SYSTEM.update(saved)
 
 
 def limited(body: str, *, cpu: int, memory: int = 1 << 30) -> subprocess.CompletedProcess[str]:
@@ -37,7 +37,7 @@ def limited(body: str, *, cpu: int, memory: int = 1 << 30) -> subprocess.Complet
         f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
         "from pathlib import Path\n"
-        "from sparkforge.inimage import fatbin, kernels\n" + body)
+        "from sparkforge.inimage import decompress, fatbin, kernels\n" + body)
     return subprocess.run([sys.executable, "-I", "-B", "-c", script], capture_output=True, text=True,
                           timeout=cpu * 10)
 
@@ -79,7 +79,7 @@ def mutants(sources: list[Path], out: Path, count: int, seed: int) -> list[Path]
 FUZZ = """
 import json
 for codec in ("lz4", "zstd"):
-    fatbin._SYSTEM[codec] = None  # the Python decoders: the code of this project under test
+    decompress.SYSTEM[codec] = None  # the Python decoders: the code of this project under test
 paths = [Path(p) for p in sys.argv[1:]]
 record = kernels.scan(paths, ["8.0", "9.0", "12.0", "12.1"])
 checks = kernels.check(record)

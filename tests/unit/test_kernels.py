@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.inimage import fatbin, kernels, zstd
+from sparkforge.inimage import decompress, fatbin, kernels, zstd
 from sparkforge.inimage.fatbin import FatbinError, Target, read_targets
 from sparkforge.inimage.kernels import runs_on
 from tests.support.fatbins import python_decoders
@@ -352,14 +352,14 @@ def test_the_python_lz4_decoder_agrees_with_liblz4():
     with fatbin.open_device_code(FIXTURES / "two_lz4.so") as code:
         for e in code.entries:
             raw = bytes(code.data[e.offset:e.offset + e.size])
-            mine = fatbin.lz4_block(raw, e.plain_size)
+            mine = decompress.lz4_block(raw, e.plain_size)
             assert mine[:4] == b"\x7fELF" and len(mine) == e.plain_size
-            if fatbin._system("lz4") is not None:
-                assert fatbin.lz4_decode(raw, e.plain_size) == mine
-            with pytest.raises(FatbinError):
-                fatbin.lz4_block(raw[:len(raw) // 2], e.plain_size)
-            with pytest.raises(FatbinError):
-                fatbin.lz4_block(raw, e.plain_size + 1)
+            if decompress.system("lz4") is not None:
+                assert decompress.lz4_decode(raw, e.plain_size) == mine
+            with pytest.raises(decompress.DecodeError):
+                decompress.lz4_block(raw[:len(raw) // 2], e.plain_size)
+            with pytest.raises(decompress.DecodeError):
+                decompress.lz4_block(raw, e.plain_size + 1)
 
 
 def test_the_python_zstd_decoder_agrees_with_libzstd():
@@ -373,8 +373,8 @@ def test_the_python_zstd_decoder_agrees_with_libzstd():
                     mine = zstd.decompress(raw, e.plain_size)
                     assert len(mine) == e.plain_size
                     assert mine[:4] == b"\x7fELF" if e.target.kind == "cubin" else b".entry" in mine
-                    if fatbin._system("zstd") is not None:
-                        assert fatbin.zstd_decode(raw, e.plain_size) == mine
+                    if decompress.system("zstd") is not None:
+                        assert decompress.zstd_decode(raw, e.plain_size) == mine
                     seen += 1
     assert seen >= 10
 
@@ -382,9 +382,9 @@ def test_the_python_zstd_decoder_agrees_with_libzstd():
 def test_lz4_overlapping_matches():
     # "ab" then a match of offset 2, length 4+6: "ab" repeated; then a literal-only last sequence.
     block = bytes([0x26]) + b"ab" + bytes([2, 0]) + bytes([0x10]) + b"z"
-    assert fatbin.lz4_block(block, 13) == b"ab" * 6 + b"z"
-    with pytest.raises(FatbinError, match="refers|size"):
-        fatbin.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
+    assert decompress.lz4_block(block, 13) == b"ab" * 6 + b"z"
+    with pytest.raises(decompress.DecodeError, match="refers|size"):
+        decompress.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
 
 
 @pytest.mark.parametrize("pad", [8, 16, 24])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.inimage import fatbin, kernels
+from sparkforge.inimage import decompress, fatbin, kernels
 from tests.support.fatbins import fuzz, python_decoders
 from tests.support.wheelmember import wheel_member
 
@@ -85,7 +85,7 @@ def test_torch_libtorch_cuda_covers_a_gb10():
 def test_torch_sm_120_holds_every_kernel_of_its_arch_specific_cubins():
     """The claim the GB10 check rests on, read whole: every kernel of sm_120a and sm_121a is in sm_120
     too (so a 12.1 without the sm_121a cubins would still run them)."""
-    if fatbin._system("zstd") is None:
+    if decompress.system("zstd") is None:
         pytest.skip("decoding all 1.1 GB of sm_120 takes libzstd; the Python decoder reads the check's part")
     path = wheel_member("torch", TORCH, "torch/lib/libtorch_cuda.so")
     names: dict[str, set[str]] = {}
