@@ -113,7 +113,7 @@ NOT_OF_PYPI = {"repo", "ref", "commit"}
 # Tuples of the plan, by what they hold.
 ITEMS = {"components", "mods"}
 PAIRS = {"env", "pins", "kernels_not_needed"}
-NAMES = {"os_packages", "protect", "gpus"}
+NAMES = {"os_packages", "protect", "gpus", "kernels_scan"}
 NOT_OF_KIND = {"pip": {"repo", "ref", "commit", "dest", "pip_install"}, "git": {"package", "version"}}
 
 
