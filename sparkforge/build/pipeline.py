@@ -193,7 +193,7 @@ def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
 class WheelNote:
     """Which vLLM wheel a build installed: compiled, from the wheel cache, or the recipe's; and why."""
 
-    origin: str  # "compiled", "cache", "recipe", or "release" (pypi)
+    origin: str  # "compiled", "cache", "recipe", "release" (pypi) or "base" (the base image's own)
     sha256: str | None = None
     key: str | None = None  # the wheel cache key, where the source is git and the key could be made
     why_compiled: str = ""  # origin "compiled": why the cache did not give the wheel
@@ -227,7 +227,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
         say(f"vLLM wheel: {wheel.wheel}, sha256 {wheel.sha256[:12]} (checked)")
         return wheel, WheelNote("recipe", wheel.sha256)
     if plan.vllm.source != "git":
-        return None, WheelNote("release")
+        return None, WheelNote("base" if plan.vllm.source == "base" else "release")
     if wheel_cache is None:
         return None, WheelNote("compiled", why_compiled="the wheel cache is off")
     found = wheels.lookup(plan, wheel_cache, opts.docker_host)

@@ -198,7 +198,7 @@ class _Base(Strict):
 
 
 class _Vllm(Strict):
-    source: Literal["git", "pypi", "wheel"]
+    source: Literal["git", "pypi", "wheel", "base"]
     version: PipVersion
     ref: Optional[GitRef] = None
     commit: Union[Commit, _Unresolved, None] = None

@@ -107,7 +107,7 @@ def _commit(commit: str | None) -> str:
 
 
 def _vllm_text(source: str, version: str, ref: str | None, commit: str | None) -> str:
-    if source in ("pypi", "wheel"):
+    if source in ("pypi", "wheel", "base"):
         return f"{version} ({source})"
     return f"{version} ({source} {ref} @ {_commit(commit)})"
 
