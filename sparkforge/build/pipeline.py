@@ -347,7 +347,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
     path = lock_path(layout.images_dir, plan.variant)
     sde = epoch or existing_epoch(path) or today_epoch()
     pins = resolve_pins(plan, say=say)
-    wheels = lock_wheels(plan, say)
+    wheels = lock_wheels(plan, opts.ca_cert, say)
     packages = built_from = unresolved = None
     if no_build:
         unresolved = (f"not taken from a real build (lock --no-build): this needs a build of {plan.variant} on its "
@@ -374,12 +374,14 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
     return path, lock
 
 
-def lock_wheels(plan: Plan, say: Callable[[str], None] = lambda line: None) -> LockedWheels | None:
-    """The wheel set of a recipe with `python:`, resolved with uv, or the reason it cannot be; None without."""
+def lock_wheels(plan: Plan, ca_cert: Path | None = None,
+                say: Callable[[str], None] = lambda line: None) -> LockedWheels | None:
+    """The wheel set of a recipe with `python:`, resolved with uv (ca_cert: a proxy's CA bundle), or the reason it
+    cannot be; None without."""
     if plan.python is None:
         return None
     try:
-        found = resolve_wheel_set(plan)
+        found = resolve_wheel_set(plan, ca_cert=ca_cert)
     except Unresolvable as exc:
         say(f"wheels for {plan.python.platform}: unresolved: {exc}")
         return LockedWheels(plan.python, None, (), f"{exc}; lock again where the index answers")

@@ -121,13 +121,28 @@ def uv_command() -> list[str]:
     return [find_uv_bin()]
 
 
-def resolve_wheel_set(plan: Plan, *, timeout: float = RESOLVE_TIMEOUT) -> WheelSet:
-    """Resolve the plan's wheel set with uv for plan.python, asking the index (SPARKFORGE_INDEX_URL) only."""
+def _run(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """A run of uv that gives up after timeout; it is stopped with us on Ctrl-C (subprocess.run kills it)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        raise Unresolvable(f"{' '.join(cmd[1:3])} gave no answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise Unresolvable(f"cannot run uv: {exc.strerror or exc}") from None
+
+
+def resolve_wheel_set(plan: Plan, *, ca_cert: Path | None = None, timeout: float = RESOLVE_TIMEOUT) -> WheelSet:
+    """Resolve the plan's wheel set with uv for plan.python, asking the index (SPARKFORGE_INDEX_URL) only;
+    ca_cert is the CA bundle of a proxy or a private index."""
     target = plan.python
     if target is None:
         raise Unresolvable("the recipe names no python: {version, platform} to resolve for")
     uv = uv_command()
-    version = subprocess.run([*uv, "--version"], capture_output=True, text=True, timeout=60).stdout.split()
+    # uv's settings come from this command line alone: no uv.toml (--no-config), no UV_* variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    if ca_cert is not None:
+        env["SSL_CERT_FILE"] = str(ca_cert)
+    version = _run([*uv, "--version"], 60, env=env).stdout.split()
     with tempfile.TemporaryDirectory(prefix="sparkforge-wheelset-") as tmp:
         reqs, out = Path(tmp) / "requirements.in", Path(tmp) / "pylock.toml"
         reqs.write_text("".join(r + "\n" for r in requirements(plan)))
@@ -136,12 +151,7 @@ def resolve_wheel_set(plan: Plan, *, timeout: float = RESOLVE_TIMEOUT) -> WheelS
                "--no-header", "--quiet", "--index-url", index_url(), "--no-build"]
         if not plan.vllm.install_deps:
             cmd.append("--no-deps")
-        # uv's own cache beside sparkforge's; its settings come from the command line alone (--no-config).
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            raise Unresolvable(f"uv pip compile gave no answer within {timeout:.0f} s") from None
+        proc = _run(cmd, timeout, env=env, cwd=tmp)
         if proc.returncode != 0:
             lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
             raise Unresolvable(f"uv pip compile failed: {' '.join(lines[-3:]) or f'exit code {proc.returncode}'}")
