@@ -10,15 +10,16 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 COPY sparkforge/inimage/ /opt/sparkforge/inimage/
 # Record the base's own builds of these packages; every later pip install is constrained to them.
-RUN python3 -I -B /opt/sparkforge/inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy vllm
+# The vLLM the base carries is kept (and protected): it must be the release the recipe names.
+RUN python3 -I -B /opt/sparkforge/inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy vllm \
+ && python3 -I -B /opt/sparkforge/inimage base-vllm 0.31.0
 
 # ---------------------------------------------------------------- runtime: installs, then mods, then metadata
 FROM base AS runtime
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 # Set from the lock: hash-based .pyc files from pip, and the build record's time.
 ARG SOURCE_DATE_EPOCH
-# The vLLM the base image carries, kept as it is (protected above): it must be the release the recipe names.
-RUN python3 -I -B /opt/sparkforge/inimage base-vllm 0.31.0
+# No vLLM install: the base's own is kept (checked in the base stage).
 RUN python3 -I -B /opt/sparkforge/inimage check-protected /opt/sparkforge/protect
 COPY mods/uf17-eager-allreduce /opt/sparkforge/mods/uf17-eager-allreduce
 RUN python3 -I -B /opt/sparkforge/inimage apply /opt/sparkforge/mods/uf17-eager-allreduce --record /opt/sparkforge/record/mods/01-uf17-eager-allreduce.json

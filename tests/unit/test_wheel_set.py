@@ -133,8 +133,8 @@ def test_a_base_source_takes_only_its_version(tmp_path: Path, cli, recipe: str, 
 
 def test_a_base_source_keeps_the_bases_vllm_protected_and_checked() -> None:
     docker = context_files(plan_variant(Layout.default(), "ngc2610"), Layout.default())["Dockerfile"].decode()
-    assert "inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy vllm\n" in docker
-    assert "RUN python3 -I -B /opt/sparkforge/inimage base-vllm 0.31.0\n" in docker
+    assert ("inimage protect --out /opt/sparkforge/protect torch torchvision torchaudio triton numpy vllm \\\n"
+            " && python3 -I -B /opt/sparkforge/inimage base-vllm 0.31.0\n") in docker
     assert "python3 -m pip install" not in docker
     assert "--dist vllm" in docker  # its extensions are scanned as an installed vLLM's
 
