@@ -22,6 +22,7 @@ from ..inimage.contract import SCHEMA
 from ..recipe.plan import Layout, Plan
 from ..recipe.remote import materialize
 from ..recipe.sources import cache_dir
+from ..recipe.wheelset import requirements_txt
 from .wheels import WheelInput, planned_wheel
 
 DOCKERFILE = "Dockerfile"
@@ -80,6 +81,8 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         scan_dists=list(dict.fromkeys(["vllm"] + [c.package.split("[")[0] for c in plan.components if c.kind == "pip"]
                                       + list(plan.kernels_scan))),
         scan_roots=[c.dest for c in plan.components if c.kind == "git"],
+        # A base's own vLLM is protected too: no later pip install may replace the one the mods were checked on.
+        protect=plan.protect + (("vllm",) if plan.vllm.source == "base" and "vllm" not in plan.protect else ()),
         mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),
     )
     # Collapse runs of blank lines left by template conditionals.
@@ -105,6 +108,8 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
         files[f"sparkforge/inimage/{rel}"] = path.read_bytes()
     if plan.pins:
         files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
+    if plan.wheel_set:
+        files["lock/requirements.txt"] = requirements_txt(plan.wheel_set).encode()
     for mod in plan.mods:
         spec, folder = materialize(mod, ca_cert)
         for rel, body in mod_files(mod.name, folder).items():

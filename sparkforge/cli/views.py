@@ -15,6 +15,7 @@ from rich.text import Text
 from ..build.pipeline import LoadedPlan
 from ..inimage.contract import BuildRecord, WheelOrigin
 from ..recipe.plan import Plan
+from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
 
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
@@ -44,7 +45,7 @@ def variants_table(plans: Iterable[Plan]) -> Table:
     table = _table("variant", "parent", "vllm", "mods", "unpinned")
     for plan in plans:
         name, parent = plan.variant, plan.chain[1] if len(plan.chain) > 1 else "-"
-        vllm = plan.vllm.version + (f" ({plan.vllm.ref})" if plan.vllm.ref else " (pypi)")
+        vllm = plan.vllm.version + f" ({plan.vllm.ref or plan.vllm.source})"
         mods = ", ".join(m.name for m in plan.mods) or "-"
         table.add_row(Text(name), Text(parent), Text(vllm), Text(mods), str(len(plan.unpinned())))
     return table
@@ -65,9 +66,16 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
     elif v.wheel:
         src = f"wheel {v.wheel.url or v.wheel.path} sha256:{v.wheel.sha256[:12]}"
+    elif v.source == "base":
+        src = f"the vLLM that {plan.base.repository}:{plan.base.tag} carries, kept"
     else:
         src = "pypi release"
-    lines.append(_line(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})"))
+    deps = "" if v.install_deps or v.source == "base" else ", --no-deps"
+    lines.append(_line(f"  vllm        {v.version}  ({src}{deps})"))
+    if plan.python:
+        wheels = (f"{len(plan.wheel_set)} wheels pinned by sha256, {download_bytes(plan.wheel_set) / 1e9:.2f} GB to "
+                  "download" if plan.wheel_set else "not locked yet")
+        lines.append(_line(f"  python      {plan.python.version} on {plan.python.platform}; wheel set: {wheels}"))
     for c in plan.components:
         if c.kind == "pip":
             lines.append(_line(f"  {c.name:<11} pip {c.requirement}"))

@@ -66,6 +66,18 @@ def note_wheel(wheel: Path, origin: WheelOrigin, key: str | None, compiled_for: 
     return WheelNote(origin, wheel.name, digest.hexdigest(), key, compiled_for)
 
 
+def base_vllm(release: str) -> tuple[str | None, str | None]:
+    """(problem, installed version): the base's vLLM must be the release the recipe names. A local version
+    label (`0.31.0+nv26.10`) is a build of that release; a pre-release or another release is not."""
+    found = installed("vllm")
+    if found is None:
+        return "the base image has no vllm installed; use another vllm.source, or a base that carries one", None
+    if found.split("+", 1)[0] != release:
+        return (f"the base carries vllm {found}, but the recipe says vllm.version {release}; set the version the "
+                "base carries (mods are checked against it)"), found
+    return None, found
+
+
 def mod_results(home: Path) -> list[ModResult]:
     """The result record of every mod applied in the image, in the order they were applied."""
     return [ModResult.from_json(p.read_bytes(), str(p)) for p in sorted((home / "record" / "mods").glob("*.json"))]

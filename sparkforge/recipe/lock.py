@@ -35,12 +35,14 @@ from .schema import (
     OsPackage,
     Package,
     PipVersion,
+    PythonVersion,
     Repository,
     Sha256,
     Strict,
     Text,
+    WheelPlatform,
 )
-from .plan import BaseImage, Pin, Plan, rehash
+from .plan import BaseImage, Pin, Plan, PythonTarget, WheelPin, rehash
 
 LOCK_SUFFIX = ".lock.json"
 LOCK_FORMAT = 1
@@ -98,6 +100,24 @@ class LockedComponent:
 
 
 @dataclass(frozen=True)
+class LockedWheels:
+    """The wheel set resolved for the recipe's python: {version, platform}, or why it could not be."""
+
+    python: PythonTarget
+    resolver: str | None
+    packages: tuple[WheelPin, ...]
+    unresolved: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"python": self.python.version, "platform": self.python.platform}
+        if self.unresolved is not None:
+            return data | {"unresolved": self.unresolved}
+        return data | {"resolver": self.resolver, "packages": {
+            p.name: {"version": p.version, "files": [{"file": f, "sha256": h, "size": n} for f, h, n in p.files]}
+            for p in self.packages}}
+
+
+@dataclass(frozen=True)
 class BuiltFrom:
     """The build whose installed packages the lock records."""
 
@@ -118,6 +138,7 @@ class Lock:
     packages: tuple[tuple[str, str], ...]  # every installed Python package: (normalized name, version)
     packages_unresolved: str | None = None
     built_from: BuiltFrom | None = None
+    wheels: LockedWheels | None = None
 
     def unresolved(self) -> list[tuple[str, str]]:
         """Every field the lock could not resolve, with the reason."""
@@ -129,6 +150,8 @@ class Lock:
         out += [(f, p.unresolved or "") for f, p in pins if p is not None and p.value is None]
         if self.packages_unresolved:
             out.append(("packages", self.packages_unresolved))
+        if self.wheels is not None and self.wheels.unresolved is not None:
+            out.append(("wheels", self.wheels.unresolved))
         return out
 
     def to_json(self) -> str:
@@ -152,6 +175,8 @@ class Lock:
         }
         if self.built_from:
             data["built_from"] = {"image_id": self.built_from.image_id, "plan_hash": self.built_from.plan_hash}
+        if self.wheels is not None:
+            data["wheels"] = self.wheels.to_json()
         return json.dumps(data, indent=2) + "\n"
 
 
@@ -173,7 +198,7 @@ class _Base(Strict):
 
 
 class _Vllm(Strict):
-    source: Literal["git", "pypi", "wheel"]
+    source: Literal["git", "pypi", "wheel", "base"]
     version: PipVersion
     ref: Optional[GitRef] = None
     commit: Union[Commit, _Unresolved, None] = None
@@ -201,6 +226,25 @@ class _BuiltFrom(Strict):
     plan_hash: Text
 
 
+class _WheelFile(Strict):
+    file: Text
+    sha256: Sha256
+    size: int = Field(ge=0)
+
+
+class _WheelPackage(Strict):
+    version: PipVersion
+    files: list[_WheelFile] = Field(min_length=1)
+
+
+class _Wheels(Strict):
+    python: PythonVersion
+    platform: WheelPlatform
+    resolver: Optional[Text] = None
+    packages: Optional[dict[Package, _WheelPackage]] = None
+    unresolved: Optional[Text] = None
+
+
 class _LockFile(Strict):
     sparkforge_lock: Literal[1]
     variant: Name
@@ -213,6 +257,7 @@ class _LockFile(Strict):
     os_packages: list[OsPackage]
     packages: Union[dict[Package, InstalledVersion], _Unresolved]
     built_from: Optional[_BuiltFrom] = None
+    wheels: Optional[_Wheels] = None
 
 
 # Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
@@ -271,7 +316,23 @@ def read_lock(path: Path) -> Lock:
         packages=packages,
         packages_unresolved=unresolved,
         built_from=BuiltFrom(data.built_from.image_id, data.built_from.plan_hash) if data.built_from else None,
+        wheels=_wheels(data.wheels, path),
     )
+
+
+def _wheels(data: _Wheels | None, path: Path) -> LockedWheels | None:
+    if data is None:
+        return None
+    target = PythonTarget(data.python, data.platform)
+    if (data.packages is None) == (data.unresolved is None):
+        raise ConfigError("give packages or unresolved, one of them (write the lock again with `python build.py "
+                          "lock`)", path=path, field="wheels")
+    if data.unresolved is not None:
+        return LockedWheels(target, data.resolver, (), data.unresolved)
+    packages = tuple(sorted((WheelPin(canonicalize_name(name), p.version,
+                                      tuple((f.file, f.sha256, f.size) for f in p.files))
+                             for name, p in (data.packages or {}).items()), key=lambda p: p.name))
+    return LockedWheels(target, data.resolver, packages)
 
 
 def write_lock(path: Path, lock: Lock) -> None:
@@ -313,6 +374,8 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("mods", [m.name for m in plan.mods])]
         out += [(f"mods.{m.name}.digest", m.digest) for m in plan.mods]
         out += [("protect", list(plan.protect)), ("os_packages", list(plan.os_packages))]
+        out += [("python.version", plan.python.version if plan.python else None),
+                ("python.platform", plan.python.platform if plan.python else None)]
     if lock is not None:
         b, v = lock.base, lock.vllm
         out += [("variant", lock.variant), ("base.repository", b.repository), ("base.tag", b.tag),
@@ -328,6 +391,9 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("mods", [n for n, _ in lock.mods])]
         out += [(f"mods.{n}.digest", d) for n, d in lock.mods]
         out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
+        w = lock.wheels
+        out += [("python.version", w.python.version if w else None),
+                ("python.platform", w.python.platform if w else None)]
     return out
 
 
@@ -399,8 +465,10 @@ def apply_lock(plan: Plan, lock: Lock) -> Plan:
         if lc and c.kind == "git" and c.commit.value is None and lc.commit and lc.commit.value:
             c = replace(c, commit=Pin(lc.commit.value))
         components.append(c)
+    wheel_set = lock.wheels.packages if lock.wheels is not None else ()
     return rehash(replace(plan, base=base, vllm=vllm, components=tuple(components),
-                          pins=constraints(lock.packages), source_date_epoch=lock.source_date_epoch))
+                          pins=constraints(lock.packages), source_date_epoch=lock.source_date_epoch,
+                          wheel_set=wheel_set))
 
 
 def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
@@ -416,15 +484,16 @@ def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str],
     return tuple(out)
 
 
-def pinned_plan(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int) -> Plan:
-    """The plan to build for a lock: resolved digest and commits, the epoch; no package pins yet."""
-    lock = make_lock(plan, pins, source_date_epoch, packages=None, packages_unresolved="not built yet")
+def pinned_plan(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int,
+                wheels: LockedWheels | None = None) -> Plan:
+    """The plan to build for a lock: resolved digest, commits and wheel set, the epoch; no package pins yet."""
+    lock = make_lock(plan, pins, source_date_epoch, packages=None, packages_unresolved="not built yet", wheels=wheels)
     return apply_lock(plan, lock)
 
 
 def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
               packages: dict[str, str] | None, packages_unresolved: str | None,
-              built_from: BuiltFrom | None = None) -> Lock:
+              built_from: BuiltFrom | None = None, wheels: LockedWheels | None = None) -> Lock:
     """A Lock from the plan, the resolved pins and (from a real build) the installed packages."""
     installed = {canonicalize_name(k): v for k, v in (packages or {}).items()}
     comps = []
@@ -456,6 +525,7 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         packages=tuple(sorted(installed.items())),
         packages_unresolved=None if packages is not None else packages_unresolved,
         built_from=built_from,
+        wheels=wheels,
     )
 
 

@@ -106,8 +106,28 @@ class WheelFile:
 
 
 @dataclass(frozen=True)
+class PythonTarget:
+    """The image's Python (3.12) and wheel platform (aarch64-manylinux_2_34), which `lock` resolves the
+    wheel set for."""
+
+    version: str
+    platform: str
+
+
+@dataclass(frozen=True)
+class WheelPin:
+    """One distribution of a locked wheel set: its version and every wheel of it pip may pick for the
+    platform, by file name, sha256 and size in bytes."""
+
+    name: str
+    version: str
+    files: tuple[tuple[str, str, int], ...]
+
+
+@dataclass(frozen=True)
 class Vllm:
-    source: str  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel
+    source: str  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel;
+    # "base": keep the vLLM the base image carries
     version: str
     repo: str | None
     ref: str | None
@@ -174,6 +194,11 @@ class Plan:
     # Distributions whose libraries the kernel check reads too (besides vLLM and the pip components).
     kernels_scan: tuple[str, ...] = ()
     tool_version: str = __version__
+    # The recipe's `python:`; with it, `lock` resolves the wheel set below.
+    python: PythonTarget | None = None
+    # From a lock file: every wheel the runtime's pip install takes (vLLM, its dependencies and the pip
+    # components), installed with hashes enforced. Empty when not locked.
+    wheel_set: tuple[WheelPin, ...] = ()
     # From a lock file (sparkforge/recipe/lock.py): every installed package's version, as pip
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
     pins: tuple[tuple[str, str], ...] = ()
@@ -204,6 +229,9 @@ class Plan:
                 out.append((f"components.{c.name}.commit", c.commit.unknown or ""))
             if c.kind == "pip" and c.version.value is None:
                 out.append((f"components.{c.name}.version", c.version.unknown or ""))
+        if self.python is not None and not self.wheel_set:
+            out.append(("wheels", f"the wheel set for {self.python.platform} is resolved by `python build.py lock "
+                                  f"{self.variant}`; until then pip resolves the dependencies at build time"))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -305,6 +333,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
                       bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
 
     mods, env = _mods(data, layout, leaf, vllm, components)
+    python = _python(data.python, vllm, leaf)
 
     for name, reason in (data.kernels_not_needed or {}).items():
         if reason is None:
@@ -329,8 +358,23 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
         kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
         kernels_scan=tuple(data.kernels_scan or ()),
+        python=python,
     )
     return rehash(plan)
+
+
+def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
+    """The recipe's `python:`: both fields, and only where pip resolves what the image installs (source pypi)."""
+    if spec is None:
+        return None
+    if vllm.source != "pypi":
+        raise ConfigError(f"a wheel set is resolved for a pypi source only (this variant's vllm.source is "
+                          f"{vllm.source})", path=leaf, field="python")
+    for fld in ("version", "platform"):
+        if getattr(spec, fld) is None:
+            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
+                              field=f"python.{fld}")
+    return PythonTarget(spec.version, spec.platform)
 
 
 def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
@@ -354,6 +398,12 @@ def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
     elif source == "wheel":
         vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
                     _wheel_file(v, version, leaf))
+    elif source == "base":
+        for fld in ("repo", "ref", "commit", "url", "path", "sha256", "install_deps"):
+            if getattr(v, fld) is not None:
+                raise ConfigError("a base source takes only version: the vLLM release the base image carries (in a "
+                                  f"child of another variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
+        vllm = Vllm("base", version, None, None, Pin(None), False)
     return vllm
 
 

@@ -45,6 +45,10 @@ PATCH_URL_RE = re.compile(r"\Ahttps://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~%+-
 # A GitHub pull request: OWNER/REPO#NUMBER.
 PR_RE = re.compile(r"\A(?P<owner>[A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/(?P<repo>[A-Za-z0-9_.-]{1,100})#(?P<number>[1-9][0-9]{0,9})\Z")
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+# The Python of an image, as MAJOR.MINOR, and the platform its wheels are for: uv's --python-platform of a
+# glibc target, e.g. aarch64-manylinux_2_34 (a GB10's Linux on a base with glibc 2.34 or newer).
+PYTHON_VERSION_RE = re.compile(r"\A3\.[0-9]{1,2}\Z")
+WHEEL_PLATFORM_RE = re.compile(r"\A(aarch64|x86_64)-manylinux_2_[0-9]{2}\Z")
 
 # Docker refuses a tag over 128 characters and a repository over 255. The immutable tag is
 # "<variant>-<12 hex>", so a variant name may use 128 - 13 of them.
@@ -152,6 +156,8 @@ Text = Annotated[str, AfterValidator(_nonblank)]
 Count = Annotated[int, Field(ge=1, le=256)]
 PatchUrl = _matching(PATCH_URL_RE, "https URL of a patch")
 Sha256 = _matching(SHA256_RE, "sha256: write the 64 lowercase hex digits (sha256sum FILE)")
+PythonVersion = _matching(PYTHON_VERSION_RE, "Python version such as '3.12'")
+WheelPlatform = _matching(WHEEL_PLATFORM_RE, "wheel platform such as 'aarch64-manylinux_2_34' (ARCH-manylinux_2_GLIBC)")
 
 
 def _pull_request(value: str) -> str:
@@ -184,9 +190,10 @@ class BaseSpec(Strict):
 
 class VllmSpec(Strict):
     """git: clone a commit and compile it; pypi: install the release; wheel: install a prebuilt
-    wheel named by url (https) or path (relative to the recipe's folder), pinned by sha256."""
+    wheel named by url (https) or path (relative to the recipe's folder), pinned by sha256; base: keep
+    the vLLM the base image carries (version: the release it is)."""
 
-    source: Literal["git", "pypi", "wheel"] | None = None
+    source: Literal["git", "pypi", "wheel", "base"] | None = None
     repo: GitUrl | None = None
     ref: GitRef | None = None
     commit: Union[Commit, Unknown, None] = None
@@ -207,6 +214,13 @@ class ComponentSpec(Strict):
     commit: Union[Commit, Unknown, None] = None
     dest: AbsPath | None = None
     pip_install: bool | None = None  # git only: also `pip install` the tree after it is in place
+
+
+class PythonSpec(Strict):
+    """The image's Python and wheel platform, for which `lock` resolves the wheel set."""
+
+    version: PythonVersion | None = None
+    platform: WheelPlatform | None = None
 
 
 class BuildSpec(Strict):
@@ -235,6 +249,9 @@ class RecipeFile(Strict):
     vllm: VllmSpec | None = None
     components: dict[Name, Union[ComponentSpec, None]] | None = None
     protect: list[Package] | None = None
+    # The image's Python and platform: `lock` resolves vLLM and the pip components for them into one wheel
+    # set, every wheel pinned by version and sha256, which `build --locked` installs with hashes enforced.
+    python: PythonSpec | None = None
     build: BuildSpec | None = None
     # The GPUs (compute capabilities) the image is for; every CUDA extension must hold code they run.
     # `[]`: an image without CUDA kernels on purpose (no kernel check).

@@ -38,6 +38,8 @@ TYPES = {
     "FileUrl": (schema.FileUrl, schema.FILE_URL_RE),
     "PullRequest": (schema.PullRequest, schema.PR_RE),
     "Sha256": (schema.Sha256, schema.SHA256_RE),
+    "PythonVersion": (schema.PythonVersion, schema.PYTHON_VERSION_RE),
+    "WheelPlatform": (schema.WheelPlatform, schema.WHEEL_PLATFORM_RE),
     # Not every string of PEP 440's characters is a version: generate versions pip would accept.
     "PipVersion": (schema.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
                                                  r"(\.post[0-9])?(\.dev[0-9]{1,3})?(\+[a-z0-9]{1,5})?")),
