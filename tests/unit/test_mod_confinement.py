@@ -545,6 +545,6 @@ def test_an_odd_file_in_a_mod_folder_is_refused_without_opening_it(odd: str, tmp
     else:
         (mods / MOD / "p.diff").unlink()
         (mods / MOD / "p.diff").mkdir()
-    proc = cli("--images", str(images), "--mods", str(mods), "show", "hostile", timeout=60)
+    proc = cli("--images", str(images), "--mods", str(mods), "show", "hostile", timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
