@@ -26,7 +26,7 @@ from sparkforge import inimage
 
 SECRET = b"host secret that must never reach the tree\n"
 X = b"a\nb\nc\n"
-CASES = int(os.environ.get("SPARKFORGE_HIDDEN_CASES", "80"))  # generated diffs
+CASES = int(os.environ.get("SPARKFORGE_HIDDEN_CASES", "100"))  # generated diffs
 
 
 def build_tree(root: Path, outside: Path) -> None:
@@ -231,8 +231,9 @@ SECTIONS = [  # (old name, new name, hunk) of sections that apply to the tree as
 
 @st.composite
 def hostile_diff(draw) -> str:
-    """One to three sections, each a sound one (git header or not) with up to three header lines put
-    anywhere before its hunk, and now and then a name swapped for another name of the tree."""
+    """One to three sections, each a sound one (git header or not) with up to three extended header lines
+    put anywhere before its hunk, often behind a lone `+++`/`---` line that hides them from a reader of
+    ---/+++ pairs, and now and then a name swapped for another name of the tree."""
     out = ""
     for _ in range(draw(st.integers(1, 3))):
         old, new, hunk = draw(st.sampled_from(SECTIONS))
@@ -242,11 +243,15 @@ def hostile_diff(draw) -> str:
         a, b = (new if old == "/dev/null" else old), (old if new == "/dev/null" else new)
         lines = [f"--- {'/dev/null' if old == '/dev/null' else 'a/' + old}",
                  f"+++ {'/dev/null' if new == '/dev/null' else 'b/' + new}"]
-        if draw(st.booleans()):
+        if draw(st.integers(0, 3)):
+            header = draw(st.lists(st.sampled_from(EXTENDED), min_size=1, max_size=3))
+            header.insert(0, draw(st.sampled_from(["+++ b/{b}", "--- a/{a}", "+++ /dev/null"])))
+            lines = ["diff --git a/{a} b/{b}"] + [line.format(a=a, b=b) for line in header] + lines
+        elif draw(st.booleans()):
             lines.insert(0, f"diff --git a/{a} b/{b}")
-        for extra in draw(st.lists(st.sampled_from(EXTENDED), max_size=3)):
-            lines.insert(draw(st.integers(1 if lines[0].startswith("diff") else 0, len(lines))), extra.format(a=a, b=b))
-        out += "\n".join(lines) + "\n" + hunk
+            for extra in draw(st.lists(st.sampled_from(EXTENDED), max_size=3)):
+                lines.insert(draw(st.integers(1, len(lines))), extra.format(a=a, b=b))
+        out += "\n".join(line.format(a=a, b=b) for line in lines) + "\n" + hunk
     return out
 
 
