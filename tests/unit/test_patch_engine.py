@@ -223,6 +223,28 @@ def test_crlf_files_and_patches_are_kept_exactly(real_file: bytes, tmp_path: Pat
 
 
 @pytest.mark.network  # a real vLLM release from the package index
+def test_a_diff_of_file_orig_against_file_applies_to_file_as_git_does(real_file: bytes, tmp_path: Path) -> None:
+    """`diff -u vllm/x.py.orig vllm/x.py`, run in the component's root: git applies it (-p0) to vllm/x.py."""
+    lines = _lines_of(real_file)
+    new = b"".join(lines[:70] + [b"# edited by hand\n"] + lines[70:])
+    make = tmp_path / "make"
+    (make / "vllm").mkdir(parents=True)
+    (make / f"{REL}.orig").write_bytes(real_file)
+    (make / REL).write_bytes(new)
+    diff = subprocess.run(["diff", "-u", f"{REL}.orig", REL], cwd=make, capture_output=True).stdout
+    assert diff.startswith(f"--- {REL}.orig\t".encode())
+    theirs = tmp_path / "git"
+    (theirs / "vllm").mkdir(parents=True)
+    (theirs / REL).write_bytes(real_file)
+    (tmp_path / "p.diff").write_bytes(diff)
+    subprocess.run(["git", "apply", "-p0", str(tmp_path / "p.diff")], cwd=theirs, check=True,
+                   env={"PATH": os.environ["PATH"], "GIT_CEILING_DIRECTORIES": str(tmp_path), "HOME": str(tmp_path)})
+    assert sorted(p.name for p in (theirs / "vllm").iterdir()) == ["target.py"]
+    assert run_engine(real_file, diff, tmp_path) == (APPLIED, new) == (APPLIED, (theirs / REL).read_bytes())
+    assert run_engine(new, diff, tmp_path)[0] == ALREADY
+
+
+@pytest.mark.network  # a real vLLM release from the package index
 def test_a_patch_git_calls_corrupt_fails_and_writes_nothing(real_file: bytes, tmp_path: Path) -> None:
     lines = _lines_of(real_file)
     new = b"".join(lines[:80] + [b"# x\n"] + lines[80:])
