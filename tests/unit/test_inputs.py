@@ -469,7 +469,8 @@ def test_two_mods_claiming_one_dest_or_env_name_are_refused(project: Path, secon
 def test_one_mod_writing_one_dest_twice_is_refused(project: Path) -> None:
     meta = project / "mods" / "drop-in" / "mod.yaml"
     meta.write_text(meta.read_text().replace("files:\n", "files:\n  - {src: hello.txt, dest: /opt/hello.txt}\n"))
-    assert_one_line(run(project, "show", "good"), "good.yaml", "mod drop-in writes /opt/hello.txt twice")
+    assert_one_line(run(project, "show", "good"), "drop-in/mod.yaml", "files[0].dest (/opt/hello.txt) and "
+                    "files[1].dest (/opt/hello.txt) name one file")
 
 
 @pytest.mark.parametrize("address,loopback", [
