@@ -21,6 +21,7 @@ import stat
 import sys
 from pathlib import Path
 
+from .contract import parse_json
 from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, Entry, FatbinError, Target,
                      kernel_names, open_fatbins)
 
@@ -328,7 +329,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
 def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """The checks of the kernels record under home against gpus (default: the record's own)."""
     try:
-        record = json.loads((home / "record" / "kernels.json").read_text())
+        record = parse_json((home / "record" / "kernels.json").read_text())
         gpus = list(gpus or []) or list(record.get("gpus") or [])
         for gpu in gpus:
             parse_gpu(gpu)
