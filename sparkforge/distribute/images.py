@@ -92,7 +92,7 @@ def read_state(state_dir: Path | None, repository: str) -> dict:
     try:
         data = parse_json(read_regular(path))
     except FileNotFoundError:
-        return {"manifests": {}, "deploys": {}}
+        return {section: {} for section in _RECORD}
     except (OSError, JsonError) as exc:
         raise DistributeError(f"unreadable deploy record: {getattr(exc, 'strerror', None) or exc}", path=path) from None
     if not isinstance(data, dict):
@@ -125,6 +125,7 @@ _RECORD: dict[str, Callable[[object], bool]] = {
     "manifests": lambda v: isinstance(v, list) and all(map(_digest, v)),
     "deploys": lambda v: isinstance(v, list) and all(isinstance(d, dict) and _tag(d.get("tag")) for d in v),
     "configs": lambda v: isinstance(v, dict) and _digest(v.get("head_id")) and _digest(v.get("config")),
+    "deployed": _tag,  # per moving tag, the build the last deploy set
     "blobs": lambda v: isinstance(v, dict) and all(
         isinstance(b, list) and len(b) == 2 and _digest(b[0]) and type(b[1]) is int and b[1] >= 0 for b in v.values()),
 }
@@ -241,8 +242,7 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
 
 def deployed_tag(state_dir: Path | None, moving_tag: str) -> str | None:
     """The build the last deploy of a moving tag set on the nodes (a rollback's too), from the head's record."""
-    tag = (read_state(state_dir, ImageRef.parse(moving_tag).repository).get("deployed") or {}).get(moving_tag)
-    return tag if isinstance(tag, str) else None
+    return read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
 
 
 def registry_ref(registry: str, ref: str) -> str:

@@ -89,7 +89,8 @@ REPO = "sparkforge/vllm"
 RECORD = {"manifests": {f"{REPO}:ng17-0123456789ab": ["sha256:" + "a" * 64]},
           "deploys": {"spark1": [{"tag": f"{REPO}:ng17-0123456789ab", "at": "2026-01-01T00:00:00Z"}]},
           "configs": {f"{REPO}:ng17-0123456789ab": {"head_id": "sha256:" + "b" * 64, "config": "sha256:" + "c" * 64}},
-          "blobs": {"sha256:" + "d" * 64: {"zstd": ["sha256:" + "e" * 64, 12]}}}
+          "blobs": {"sha256:" + "d" * 64: {"zstd": ["sha256:" + "e" * 64, 12]}},
+          "deployed": {f"{REPO}:ng17": f"{REPO}:ng17-0123456789ab"}}
 
 
 def record_file(tmp_path: Path, text: str) -> Path:
@@ -109,6 +110,7 @@ def test_a_deploy_record_as_sparkforge_writes_it_reads_back(tmp_path: Path) -> N
     (lambda r: r["blobs"]["sha256:" + "d" * 64].update(zstd=["../../v2/x", 12]), "blobs.sha256:" + "d" * 64),
     (lambda r: r["blobs"]["sha256:" + "d" * 64].update(zstd=["sha256:" + "e" * 64, -1]), "blobs.sha256:"),
     (lambda r: r.update(manifests=[]), "manifests"),
+    (lambda r: r.update(deployed={f"{REPO}:ng17": "-H=tcp://elsewhere:2375"}), f"deployed.{REPO}:ng17"),
     (lambda r: r["configs"][f"{REPO}:ng17-0123456789ab"].pop("config"), "configs."),
 ])
 def test_a_deploy_record_that_is_not_what_sparkforge_writes_names_the_entry(tmp_path: Path, change, field) -> None:
