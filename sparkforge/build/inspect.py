@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from typing import Any
 
 from ..errors import BuildError
 from ..inimage.contract import BuildRecord, ContractError
@@ -80,7 +81,7 @@ def kernels_problem(kernels: object) -> str | None:
     return None
 
 
-def _coverage_ok(cov: dict) -> bool:
+def _coverage_ok(cov: dict[str, Any]) -> bool:
     lists = all(isinstance(cov.get(k, []), list) and all(isinstance(x, str) for x in cov.get(k, []))
                 for k in ("examples", "only_in", "unread"))
     return lists and type(cov.get("missing", 0)) is int and type(cov.get("kernels") or 0) is int

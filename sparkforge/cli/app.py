@@ -13,7 +13,7 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -28,6 +28,9 @@ from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
 from ..errors import ConfigError, SparkforgeError, visible
 from ..files import is_regular
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 app = typer.Typer(
     help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
@@ -48,7 +51,7 @@ class _NamedFile(io.FileIO):
         super().__init__(fd, "w", closefd=False)
         self.shown = shown
 
-    def write(self, data: Any) -> int | None:
+    def write(self, data: ReadableBuffer, /) -> int:
         try:
             return super().write(data)
         except OSError as exc:

@@ -242,7 +242,8 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
 
 def deployed_tag(state_dir: Path | None, moving_tag: str) -> str | None:
     """The build the last deploy of a moving tag set on the nodes (a rollback's too), from the head's record."""
-    return read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
+    tag = read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
+    return str(tag) if tag is not None else None
 
 
 def registry_ref(registry: str, ref: str) -> str:
