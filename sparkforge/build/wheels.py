@@ -2,7 +2,7 @@
 an earlier compile with the very same inputs left in the wheel cache.
 
 A compile's wheel is decided by the vLLM commit, the source-phase mods, the compile's environment
-(`build.env`), the arch list, the base (digest, or the local image ID when the recipe pins none), the
+(`build.env`), the arch list, the base (digest, or its content on the build engine when the recipe pins none), the
 commits of the git components the compile sees, and the template's compile step. Those inputs, as
 canonical JSON, are hashed into the cache key; an entry is used only when its key is this build's key,
 and its wheel only when the wheel's sha256 still matches what the entry recorded. The cache is a plain

@@ -121,7 +121,7 @@ class ClusterStatus:
     tag: str  # the build the nodes are compared with: the one the last deploy set, else the plan's
     moving_tag: str
     nodes: tuple[NodeStatus, ...]
-    newest: str = ""  # the plan's own tag: the newest build, when it is not the one compared with
+    newest: str = ""  # the plan's own tag, when it is not the one compared with
 
     @property
     def ids(self) -> set[str | None]:

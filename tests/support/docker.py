@@ -49,6 +49,24 @@ def image_id(ref: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def config_digest(ref: str, host: str | None = None) -> str:
+    """The config digest of an image, read from its `docker save` (streamed, nothing written): the ID a
+    classic-store engine shows for it, which a containerd-store engine does not show of itself."""
+    import tarfile
+
+    save = subprocess.Popen(["docker", *(["-H", host] if host else []), "save", ref], stdout=subprocess.PIPE)
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
+            for member in tar:
+                if member.name == "manifest.json":
+                    entry = json.load(tar.extractfile(member))[0]  # type: ignore[arg-type]
+                    return "sha256:" + entry["Config"].rpartition("/")[2]
+    finally:
+        save.kill()
+        save.wait()
+    raise AssertionError(f"docker save {ref} has no manifest.json")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,8 +105,8 @@ class Registry:
             return False
 
 
-__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "docker_missing", "free_port",
-           "image_id"]
+__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "config_digest", "docker_missing",
+           "free_port", "image_id"]
 
 
 def built(variant: str, base: str = BASE, mods: Path | None = None, *extra: str) -> BuiltImage:
