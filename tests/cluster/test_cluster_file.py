@@ -133,6 +133,8 @@ def test_an_endpoint_that_cannot_be_one_names_the_file_and_the_node(tmp_path, en
     ('registry:\n  address: 10.0.0.1:5000\n  tls: {cert: "r.crt\\n", key: k, ca: a}\n', "registry.tls.cert"),
 ])
 def test_a_registry_or_ssh_value_that_cannot_be_right_is_refused(tmp_path, section, field) -> None:
+    for name in ("my hosts", "id\nx", "r.crt\n", "k", "a"):  # the files exist: only the value's rule refuses them
+        (tmp_path / name).write_text("x")
     path = write(tmp_path, section + NODES)
     with pytest.raises(ConfigError) as err:
         resolve_cluster(path, None, None)

@@ -567,7 +567,7 @@ def lock_run(images: Path, **kw) -> subprocess.CompletedProcess:
 def test_a_full_disk_while_writing_a_lock_names_it_and_leaves_nothing(small_fs: Path) -> None:
     lock_project(small_fs)
     fill(small_fs)
-    assert_one_line(lock_run(small_fs), str(small_fs / "testsmall.lock.json"), "No space left on device", code=1,
+    assert_one_line(lock_run(small_fs), f"{small_fs / 'testsmall.lock.json'}: No space left on device", code=1,
                     progress=("  ", "warning: "))
     assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "testsmall.yaml"]
 
@@ -584,7 +584,7 @@ def test_a_file_too_large_while_writing_a_lock_names_it_and_leaves_nothing(tmp_p
     proc = subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(images), "--mods", str(TEST_MODS),
                            "lock", "testsmall", "--no-build"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           preexec_fn=limit)
-    assert_one_line(proc, str(images / "testsmall.lock.json"), "File too large", code=1, progress=("  ", "warning: "))
+    assert_one_line(proc, f"{images / 'testsmall.lock.json'}: File too large", code=1, progress=("  ", "warning: "))
     assert sorted(p.name for p in images.iterdir()) == ["testsmall.yaml"]
 
 
@@ -602,7 +602,7 @@ def test_a_read_only_folder_for_a_lock_names_it(tmp_path: Path) -> None:
         if root:
             subprocess.run(["umount", str(images)], check=True)
         images.chmod(0o755)
-    assert_one_line(proc, str(images / "testsmall.lock.json"), code=1, progress=("  ", "warning: "))
+    assert_one_line(proc, f"{images / 'testsmall.lock.json'}: ", code=1, progress=("  ", "warning: "))
     assert sorted(p.name for p in images.iterdir()) == ["testsmall.yaml"]
 
 
