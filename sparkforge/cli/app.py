@@ -77,11 +77,13 @@ def _named_stdio() -> None:
     for attr, fd in (("stdout", 1), ("stderr", 2)):
         old = getattr(sys, attr)
         shown = f"<{attr}>"
+        if old is None:  # Python found the descriptor closed: a file opened since may have its number
+            setattr(sys, attr, _Closed(shown))
+            continue
         try:
-            if old is not None:
-                old.flush()
+            old.flush()
             raw = _NamedFile(fd, shown)
-        except (OSError, ValueError):  # ValueError: Python found the descriptor closed and gave a closed file
+        except (OSError, ValueError):  # closed meanwhile
             setattr(sys, attr, _Closed(shown))
             continue
         setattr(sys, attr, io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
