@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 
 
@@ -60,14 +61,17 @@ def _one_line(text: str) -> str:
     return visible(text, keep_newlines=False)
 
 
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+# Characters that are not text on a terminal: controls (C0, DEL, C1: an escape sequence's ESC, a bell, a
+# carriage return), format characters (bidirectional overrides that reorder what a line shows, zero-width
+# marks), line and paragraph separators, and lone surrogates (a file name's undecodable bytes).
+_NOT_TEXT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
 # scheme://user:password@host: the part before '@' goes nowhere, not even into an error message (a
 # web URL's user alone may be a token); an ssh node's user name alone is no secret and stays.
 _USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s]*)@")  # up to the last @ before the host
 
 
-def _mask(m: re.Match) -> str:
+def _mask(m: re.Match[str]) -> str:
     scheme, userinfo = m.group(1), m.group(2)
     keep = scheme.lower() == "ssh://" and ":" not in userinfo
     return f"{scheme}{userinfo if keep else '***'}@"
@@ -78,16 +82,28 @@ def mask_secrets(text: str) -> str:
     return _USERINFO.sub(_mask, text)
 
 
-def visible(text: str, *, keep_newlines: bool = True) -> str:
-    """External text made safe for a terminal: every control character (an escape sequence's ESC, a
-    carriage return, a bell) is shown as its escape (`\\x1b`), and URL passwords are masked. The one
-    helper for everything printed: error lines and, through the CLI's console, every table and line."""
-    def shown(match: re.Match[str]) -> str:
-        ch = match.group()
-        return _NAMED.get(ch) or f"\\x{ord(ch):02x}"
+def escaped(ch: str) -> str:
+    """One character as it is shown: itself when it is text, else its escape (`\\n`, `\\x1b`, `\\u202e`;
+    a surrogate that stands for an undecodable byte of a file name shows that byte, `\\xff`)."""
+    if ch.isprintable() or ch == " " or unicodedata.category(ch) not in _NOT_TEXT:
+        return ch
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    return _NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                              else f"\\U{code:08x}")
 
-    text = _CONTROL.sub(shown, mask_secrets(text))
-    return text if keep_newlines else text.replace("\n", "\\n")
+
+def visible(text: str, *, keep_newlines: bool = True) -> str:
+    """External text made safe for a terminal: every character that is not text (errors._NOT_TEXT) is shown
+    as its escape, and URL passwords are masked. The one rule for everything printed: error lines, and,
+    through the CLI's consoles, every table and line (which keep no line break: keep_newlines=False)."""
+    text = mask_secrets(text)
+    if text.isprintable():
+        return text
+    if keep_newlines:
+        return "\n".join("".join(map(escaped, line)) for line in text.split("\n"))
+    return "".join(map(escaped, text))
 
 
 def _display(path: str) -> str:

@@ -11,7 +11,6 @@ callers turn it into their own error.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import urllib.parse
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Iterable
 
 from . import net
 from .errors import mask_secrets, visible
+from .inimage.contract import JsonError, parse_json
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -90,9 +90,9 @@ class Client:
         reply = self._ok(what, self._send(what, "GET", f"/v2/{repo}/manifests/{ref}",
                                           headers={"Accept": ", ".join(MANIFEST_TYPES)}))
         try:
-            data = json.loads(reply.body)
-        except ValueError:
-            data = None
+            data = parse_json(reply.body)
+        except JsonError as exc:  # also a key written twice, or nesting deeper than the parser goes
+            raise RegistryError(self.endpoint.host, what, f"the answer is not a JSON manifest ({exc})") from None
         if not isinstance(data, dict):
             raise RegistryError(self.endpoint.host, what, "the answer is not a JSON manifest")
         return data
@@ -174,7 +174,7 @@ class Client:
         try:
             reply = net.request("GET", f"{realm}?{query}", deadline=self.deadline, window=self.window,
                                 limit=1 << 20)
-            body = json.loads(reply.body) if reply.status == 200 else None
+            body = parse_json(reply.body) if reply.status == 200 else None
         except (net.FetchFailed, ValueError) as exc:
             raise RegistryError(self.endpoint.host, what, f"cannot get a token from {realm}: "
                                 f"{_after_url(str(exc), realm)}", 401) from None
@@ -210,7 +210,7 @@ def _after_url(message: str, url: str) -> str:
 def _error_text(body: bytes) -> str:
     """The first error message of a registry's JSON error body (`{"errors": [{"message": ...}]}`), if any."""
     try:
-        first = json.loads(body)["errors"][0]
+        first = parse_json(body)["errors"][0]
         text = " ".join(str(first.get(k) or "") for k in ("code", "message")).strip()
     except (ValueError, LookupError, TypeError, AttributeError):
         return ""

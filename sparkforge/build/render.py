@@ -7,6 +7,7 @@ never leaves a half-written directory behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -41,13 +42,25 @@ class Context:
         return self.path / DOCKERFILE
 
 
+class _BytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Jinja's bytecode kept in the cache folder, where it can be: a full or read-only cache only makes the
+    next render compile the template again, it never fails this one."""
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
 def _environment(template_dir: Path) -> jinja2.Environment:
     # Compiling the template costs more than rendering it; keep the bytecode between runs.
     cache = cache_dir() / "jinja"
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # compiled on every render instead
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
-        bytecode_cache=jinja2.FileSystemBytecodeCache(str(cache)),
+        bytecode_cache=_BytecodeCache(str(cache)) if cache.is_dir() else None,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -153,8 +166,9 @@ def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput 
                               path=out_dir)
     files = context_files(plan, layout, wheel, ca_cert=ca_cert)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging: Path | None = None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
         for rel, body in files.items():
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -164,12 +178,21 @@ def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput 
         os.chmod(staging, 0o755)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            os.replace(out_dir, old / "ctx")
-            os.replace(staging, out_dir)
-            shutil.rmtree(old)
+            try:
+                os.replace(out_dir, old / "ctx")
+                try:
+                    os.replace(staging, out_dir)
+                except BaseException:
+                    os.replace(old / "ctx", out_dir)  # the context that was there stays
+                    raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):  # about out_dir, not a temporary name (a full disk names no file at all)
+            exc.filename, exc.filename2 = str(out_dir), None
         raise
     return Context(out_dir, tuple(files))

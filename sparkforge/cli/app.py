@@ -9,13 +9,16 @@ package imports them in the order --help lists them.
 from __future__ import annotations
 
 import errno
+import io
+import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.segment import Segment
+from rich.table import Table
+from rich.text import Span, Text
 
 # typer's bundled click: its usage errors become one line like every other bad input.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -25,6 +28,9 @@ from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
 from ..errors import ConfigError, SparkforgeError, visible
 from ..files import is_regular
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 app = typer.Typer(
     help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
@@ -38,23 +44,97 @@ app = typer.Typer(
 )
 
 
-class _SafeConsole(Console):
-    """A console that shows every control character of what it prints as its escape (errors.visible):
-    names, paths and messages come from recipes, mods, caches and downloads, and an escape sequence in
-    one must not reach the terminal. Rich's own styles and cursor moves are not text, so they pass."""
+class _NamedFile(io.FileIO):
+    """The descriptor of stdout or stderr, whose failed writes (a full disk, a broken pipe) name the stream."""
 
-    def render(self, renderable, options=None):
-        for segment in super().render(renderable, options):
-            if segment.control is None and segment.text and not segment.text.isprintable() and segment.text != "\n":
-                segment = Segment(visible(segment.text), segment.style)
-            yield segment
+    def __init__(self, fd: int, shown: str) -> None:
+        super().__init__(fd, "w", closefd=False)
+        self.shown = shown
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            exc.filename = self.shown
+            raise
+
+
+class _Closed(io.TextIOBase):
+    """stdout or stderr when its descriptor was closed before the tool started: a write fails, naming it."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), self.shown)
+
+
+def _named_stdio() -> None:
+    """Make sys.stdout and sys.stderr streams whose failures name them, `<stdout>` as Python names it: a full
+    disk, a closed or broken pipe is then one line like any other failure of the world, never a silent
+    drop and never Python's own complaint at exit. A character the terminal's encoding lacks is shown
+    as its escape rather than failing."""
+    for attr, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, attr)
+        shown = f"<{attr}>"
+        if old is None:  # Python found the descriptor closed: a file opened since may have its number
+            setattr(sys, attr, _Closed(shown))
+            continue
+        try:
+            old.flush()
+            raw = _NamedFile(fd, shown)
+        except (OSError, ValueError):  # closed meanwhile
+            setattr(sys, attr, _Closed(shown))
+            continue
+        setattr(sys, attr, io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
+                                            errors="backslashreplace",
+                                            line_buffering=bool(getattr(old, "line_buffering", False))))
+
+
+def one_line(renderable: Any) -> Any:
+    """What a console prints, with every text in it shown on one line by the one rule (errors.visible):
+    a str, a Text (its styles kept), or each header, cell and title of a Table. A line break in a
+    recipe's description, a lock's reason or an image's label is shown as `\\n`, never as a line."""
+    if isinstance(renderable, str):
+        return visible(renderable, keep_newlines=False)
+    if isinstance(renderable, Text):
+        if renderable.plain.isprintable():
+            return renderable
+        # Cut where any style starts or ends, so that each piece is styled alike from end to end.
+        cuts = sorted({i for span in renderable.spans for i in (span.start, span.end)})
+        out = renderable.blank_copy()
+        for piece in renderable.divide(cuts):
+            shown = Text(visible(piece.plain, keep_newlines=False), style=piece.style)
+            shown.spans = [Span(0, len(shown), span.style) for span in piece.spans]
+            out.append_text(shown)
+        return out
+    if isinstance(renderable, Table):
+        for column in renderable.columns:
+            column.header = one_line(column.header)
+            column._cells[:] = [one_line(cell) for cell in column._cells]  # rich keeps a column's rows there
+        renderable.title = one_line(renderable.title)
+        return renderable
+    return renderable
+
+
+class _OneLineConsole(Console):
+    """A console that prints every text as one line (one_line), read as markup only where a caller asks.
+
+    Names, paths, reasons and labels come from recipes, locks, mods, caches, registries and images: a
+    control character in one must neither reach the terminal nor start a line that looks like output."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(one_line(o) for o in objects), **kwargs)
+
+
+# Where output is no terminal (a log, a pipe), tables are never wrapped: each row stays one line.
+_UNWRAPPED = 1 << 16
 
 
 def _console(stderr: bool = False) -> Console:
-    # Tables stay readable in logs and pipes, where there is no terminal width to fit.
     probe = Console(stderr=stderr)
-    width = None if probe.is_terminal else 200
-    return _SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    return _OneLineConsole(stderr=stderr, highlight=False, soft_wrap=True,
+                           width=None if probe.is_terminal else _UNWRAPPED)
 
 
 out = _console()
@@ -108,6 +188,11 @@ def say(text: str) -> None:
     out.print(text, markup=False)
 
 
+def write(text: str, *, stderr: bool = False) -> None:
+    """Text as it is, to stdout (or stderr): a JSON document, or lines already made safe by errors.visible."""
+    (sys.stderr if stderr else sys.stdout).write(text)
+
+
 def plan_of(variant: str, base: Optional[str] = None, *, locked: bool = False,
           policy: Optional[LockPolicy] = None) -> Plan:
     return load(variant, base, locked=locked, policy=policy).plan
@@ -141,29 +226,65 @@ def progress_printer(label: str):
 
 
 def run() -> None:
-    """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code."""
+    """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code; so
+    does output that cannot be written (stdout on a full disk, a closed or broken pipe: exit 1)."""
+    _named_stdio()
+    code = _run_app()
+    try:
+        if sys.stdout is not None:  # None: it failed, and said so
+            sys.stdout.flush()
+    except OSError as exc:
+        code = _world_failed(exc)
+    sys.exit(code)
+
+
+def _run_app() -> int:
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as exc:
-        say(exc.format_message())
-        code = 2
+        for line in exc.format_message().splitlines():  # the help text: our own lines
+            say(line)
+        return 2
     except UsageError as exc:
         command = f"{exc.ctx.info_name}: " if exc.ctx is not None and exc.ctx.parent is not None else ""
-        err.print(f"error: {command}{' '.join(exc.format_message().split())}", markup=False)
-        code = exc.exit_code
+        return _report(f"error: {command}{' '.join(exc.format_message().split())}", exc.exit_code)
     except SparkforgeError as exc:
-        err.print(f"error: {exc}", markup=False)
-        code = exc.exit_code
+        return _report(f"error: {exc}", exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        err.print("interrupted", markup=False)
-        code = 130
+        return _report("interrupted", 130)
     except OSError as exc:  # the world (disk full, read-only, permissions) or a path the user gave that cannot be one
-        err.print(f"error: {os_error_line(exc)}", markup=False)
-        code = 2 if exc.errno in INPUT_ERRNOS else 1
+        return _world_failed(exc)
     except RecursionError:
-        err.print("error: input nested too deeply to read", markup=False)
-        code = 2
-    sys.exit(code if isinstance(code, int) else 0)
+        return _report("error: input nested too deeply to read", 2)
+    return code if isinstance(code, int) else 0
+
+
+def _world_failed(exc: OSError) -> int:
+    """The one line of an OSError, and its exit code. A broken pipe on stdout (`| head` read what it
+    wanted) is exit 1 without a line, as typer treats one that breaks while a command runs."""
+    if exc.filename == "<stdout>":
+        _drop("stdout")
+        if exc.errno == errno.EPIPE:
+            return 1
+    return _report(f"error: {os_error_line(exc)}", 2 if exc.errno in INPUT_ERRNOS else 1)
+
+
+def _report(line: str, code: int) -> int:
+    try:
+        err.print(line, markup=False)
+    except OSError:  # stderr cannot be written either: the exit code is all that is left to say it
+        _drop("stderr")
+    return code
+
+
+def _drop(attr: str) -> None:
+    """No more output to a stream that failed: what its buffer still holds is not written again at exit."""
+    file = getattr(sys, attr)
+    if isinstance(file, io.TextIOWrapper):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, file.fileno())
+        os.close(null)
+    setattr(sys, attr, None)
 
 
 # Errors of a path as given, not of the world: a name too long, a file where a folder must be, ...

@@ -5,7 +5,6 @@ Only flags and printing live here; what to do on the nodes is decided in the dis
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +16,7 @@ from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import SparkforgeError, visible
 from ..imageref import ImageRef
 from . import views
-from .app import BASE_HELP, app, emit, err, out, plan_of
+from .app import BASE_HELP, app, emit, err, out, plan_of, write
 
 CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
 NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
@@ -189,8 +188,8 @@ def registry_cmd(
     from ..distribute.cluster import registry_to_run, run_registry
 
     proc = run_registry(action, registry_to_run(_cluster_path(cluster)))
-    sys.stdout.write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
-    sys.stderr.write(visible(proc.stderr))
+    write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
+    write(visible(proc.stderr), stderr=True)
     if proc.returncode != 0:
         raise typer.Exit(proc.returncode)
 

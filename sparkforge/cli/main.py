@@ -6,7 +6,6 @@ Registered first on the one typer app (cli.app), so that --help lists them first
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -34,6 +33,7 @@ from .app import (
     progress_printer,
     say,
     warned,
+    write,
 )
 
 
@@ -41,7 +41,8 @@ from .app import (
 def list_cmd(names: bool = typer.Option(False, "--names", help="Print only the variant names.")) -> None:
     """List the variants with their parent, vLLM and mods."""
     if names:
-        say("\n".join(list_variants(State.layout.images_dir)))
+        for name in list_variants(State.layout.images_dir):
+            say(name)
         return
     out.print(views.variants_table([warned(loaded).plan for loaded in pipeline.list_plans(State.layout)]))
 
@@ -55,7 +56,7 @@ def show(
     """Show the fully resolved plan of a variant, with its lock applied. Never touches Docker."""
     loaded = load(variant, base)
     if as_json:
-        sys.stdout.write(loaded.plan.to_json())
+        write(loaded.plan.to_json())
         return
     emit(views.plan_lines(loaded))
     for warning in archlist.plan_warnings(loaded.plan):
@@ -188,7 +189,7 @@ def inspect(image: str = typer.Argument(..., help="An image reference, e.g. spar
 
     record, labels = read_record(image)
     if as_json:
-        sys.stdout.write(json.dumps({"record": record.to_dict(), "labels": labels}, indent=2, sort_keys=True) + "\n")
+        write(json.dumps({"record": record.to_dict(), "labels": labels}, indent=2, sort_keys=True) + "\n")
         return
     emit(views.record_lines(image, record, labels))
     if record.kernels:

@@ -12,6 +12,7 @@ import typer
 
 from ..build import pipeline
 from ..build.pipeline import LockPolicy
+from ..recipe.lock import MAX_EPOCH, MIN_EPOCH
 from ..recipe.plan import PROJECT_ROOT
 from ..repro import verbs
 from . import views
@@ -26,8 +27,9 @@ def lock(
                                   "(for a machine that cannot build this variant)."),
     image: Optional[str] = typer.Option(None, "--image", help="Take the installed packages from this image, built "
                                         "by sparkforge, instead of building."),
-    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800, help="SOURCE_DATE_EPOCH of locked "
-                                        "builds (default: the existing lock's, else today 00:00 UTC)."),
+    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=MIN_EPOCH, max=MAX_EPOCH,
+                                        help="SOURCE_DATE_EPOCH of locked builds (default: the existing lock's, else "
+                                        "today 00:00 UTC); 1980 to 2107, the years a wheel's zip can store."),
     network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
     ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
     log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
@@ -65,7 +67,7 @@ def verify_repro_cmd(
                                                "unix:///run/ctd-docker.sock: a dockerd with the containerd image "
                                                "store (the default engine's classic store cannot do this)."),
     locked: bool = typer.Option(False, "--locked", help="Refuse when the recipe disagrees with its lock."),
-    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800,
+    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=MIN_EPOCH, max=MAX_EPOCH,
                                         help=f"Override the lock's SOURCE_DATE_EPOCH (default without a lock: "
                                         f"{verbs.DEFAULT_EPOCH})."),
     network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -13,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import ConfigError
-from .app import WHEEL_CACHE_HELP, app, out
+from .app import WHEEL_CACHE_HELP, app, out, write
 
 wheels_app = typer.Typer(
     help="Show and clean the wheel cache: the vLLM wheels git-source builds compiled, by their inputs.\n\n"
@@ -49,7 +48,7 @@ def list_wheels(
         raise ConfigError("is not a folder", path=root, field="--wheel-cache")
     found, damaged = scan(root)
     if as_json:
-        sys.stdout.write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
+        write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
                                       "created": e.created, "inputs": e.inputs} for e in found]
                                     + [{"folder": name, "damaged": why} for name, why in damaged],
                                     indent=2, sort_keys=True) + "\n")

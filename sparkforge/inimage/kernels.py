@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .contract import parse_json
 from .coverage import parse_gpu, read_extension, runs_on, usable  # the rule: kernels.runs_on for the host too
 from .fatbin import FatbinError, Target
 
@@ -256,7 +257,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
 def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """The checks of the kernels record under home against gpus (default: the record's own)."""
     try:
-        record = json.loads((home / "record" / "kernels.json").read_text())
+        record = parse_json((home / "record" / "kernels.json").read_text())
         gpus = list(gpus or []) or list(record.get("gpus") or [])
         for gpu in gpus:
             parse_gpu(gpu)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, read_versioned
+from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json, read_versioned
 from .paths import last_line
 
 
@@ -48,7 +48,7 @@ def protect(names: list[str], out_dir: Path) -> dict[str, str]:
 
 def check_protected(out_dir: Path) -> list[str]:
     """What differs from the base image's protected packages, one line each."""
-    recorded = json.loads((out_dir / "protected.json").read_text())
+    recorded = parse_json((out_dir / "protected.json").read_text())
     changed = []
     for name, version in sorted(recorded.items()):
         now = torch_cuda() if name == "torch.version.cuda" else (installed(name) or "absent")
@@ -111,12 +111,12 @@ def write_record(home: Path) -> BuildRecord:
         mods=tuple(RecordedMod(m["name"], m["digest"], m["spec"]["phase"], results.get(m["name"]),
                                m["spec"]["patch"] if isinstance(m["spec"].get("patch"), dict) else None)
                    for m in plan["mods"]),
-        protected=json.loads((home / "protect" / "protected.json").read_text()),
+        protected=parse_json((home / "protect" / "protected.json").read_text()),
         build=plan["build"], env=plan["env"],
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
         python=sys.version.split()[0], tool_version=plan["tool_version"], unpinned=plan["unpinned"],
-        kernels=json.loads(kernels_file.read_text()) if kernels_file.exists() else None,
+        kernels=parse_json(kernels_file.read_text()) if kernels_file.exists() else None,
     )
     (home / "build-record.json").write_text(record.to_json(indent=2))
     return record

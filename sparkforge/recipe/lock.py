@@ -16,13 +16,15 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from ..errors import ConfigError, SparkforgeError
+from ..files import write_atomic
+from ..inimage.contract import JsonError, parse_json
 from .config import read_text
 from .schema import (
     AbsPath,
@@ -41,12 +43,17 @@ from .schema import (
     Strict,
     Text,
     WheelPlatform,
+    matching,
 )
 from .plan import BaseImage, Pin, Plan, PythonTarget, WheelPin, rehash
 
 LOCK_SUFFIX = ".lock.json"
 LOCK_FORMAT = 1
-MIN_EPOCH = 315532800  # 1980-01-01: zip (and so wheels) cannot store earlier times
+# SOURCE_DATE_EPOCH becomes the time of every file of the wheels a build makes (the `wheel` package
+# passes it to ZipInfo), and a zip's MS-DOS date holds the years 1980 to 2107 (7 bits from 1980):
+# Python's zipfile fails on an earlier time, and on a later one with a struct error mid-build.
+MIN_EPOCH = 315532800  # 1980-01-01T00:00:00Z
+MAX_EPOCH = 4354819199  # 2107-12-31T23:59:59Z
 
 
 def lock_path(images_dir: Path, variant: str) -> Path:
@@ -186,6 +193,9 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ reading: strict schema
 
+# Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
+InstalledVersion = matching(re.compile(r"\A[A-Za-z0-9][A-Za-z0-9.+!_~:-]*\Z"), "installed version")
+
 
 class _Unresolved(Strict):
     unresolved: Text
@@ -223,7 +233,7 @@ class _Mod(Strict):
 
 class _BuiltFrom(Strict):
     image_id: Digest
-    plan_hash: Text
+    plan_hash: Sha256
 
 
 class _WheelFile(Strict):
@@ -248,7 +258,7 @@ class _Wheels(Strict):
 class _LockFile(Strict):
     sparkforge_lock: Literal[1]
     variant: Name
-    source_date_epoch: int = Field(ge=MIN_EPOCH)
+    source_date_epoch: int = Field(ge=MIN_EPOCH, le=MAX_EPOCH)
     base: _Base
     vllm: _Vllm
     components: dict[Name, _Component]
@@ -259,9 +269,17 @@ class _LockFile(Strict):
     built_from: Optional[_BuiltFrom] = None
     wheels: Optional[_Wheels] = None
 
-
-# Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
-InstalledVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_~:-]*$")]
+    @field_validator("packages")
+    @classmethod
+    def _one_version_each(cls, v: Any) -> Any:
+        """One version per distribution: pip reads `Torch` and `torch` as one name (PEP 503)."""
+        if isinstance(v, dict):
+            seen: dict[str, str] = {}
+            for name in v:
+                other = seen.setdefault(canonicalize_name(name), name)
+                if other != name:
+                    raise ValueError(f"{other!r} and {name!r} name one package; keep one")
+        return v
 
 _BRANCHES = re.compile(r"^(str|_Unresolved|dict\[.*\]|function-.*|none|int|bool|\[key\])$")
 
@@ -278,10 +296,9 @@ def read_lock(path: Path) -> Lock:
     """Read and check a lock file; any fault is one line naming the file and the field."""
     text = read_text(path, missing="no lock file: run `python build.py lock VARIANT` first")
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-        line = f"line {exc.lineno}, column {exc.colno}: " if hasattr(exc, "lineno") else ""
-        raise ConfigError(f"malformed lock file: {line}{getattr(exc, 'msg', exc)}", path=path) from None
+        raw = parse_json(text)
+    except JsonError as exc:
+        raise ConfigError(f"malformed lock file: {exc}", path=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("a lock file must be a JSON object", path=path)
     try:
@@ -336,9 +353,7 @@ def _wheels(data: _Wheels | None, path: Path) -> LockedWheels | None:
 
 
 def write_lock(path: Path, lock: Lock) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(lock.to_json(), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, lock.to_json().encode())
 
 
 # ------------------------------------------------------------------ recipe versus lock

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..imageref import ImageRef
 from ..inimage.contract import SCHEMA
 from .config import Recipe, load_mod, load_variant
-from .schema import DIGEST_RE, REPOSITORY_RE, TAG_RE, ModSpec, Unknown
+from .schema import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE, ModSpec, Unknown
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
@@ -302,7 +302,8 @@ def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
     """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base (no tag: latest)."""
     parsed = ImageRef.parse(ref)
     repo, tag, digest = parsed.repository, "latest" if parsed.tag is None else parsed.tag, parsed.digest
-    if not REPOSITORY_RE.match(repo) or not TAG_RE.match(tag) or (digest and not DIGEST_RE.match(digest)):
+    if (not REPOSITORY_RE.fullmatch(repo) or len(repo) > MAX_REPOSITORY or not TAG_RE.fullmatch(tag)
+            or (digest is not None and not DIGEST_RE.fullmatch(digest))):
         raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source)
     pin = Pin(digest) if digest else Pin(None, f"base given as {ref} with {source}, without a digest")
     return BaseImage(repo, tag, pin)
