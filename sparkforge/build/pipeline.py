@@ -344,7 +344,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         raise ConfigError("--no-build and --image exclude each other", field="--image")
     path = lock_path(layout.images_dir, plan.variant)
     sde = epoch or existing_epoch(path) or today_epoch()
-    pins = resolve_pins(plan, say=say)
+    pins = resolve_pins(plan, say=say, ca_cert=opts.ca_cert)
     packages = built_from = unresolved = None
     if no_build:
         unresolved = (f"not taken from a real build (lock --no-build): this needs a build of {plan.variant} on its "

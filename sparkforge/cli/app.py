@@ -16,13 +16,14 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.segment import Segment
+from rich.text import Text
 
 # typer's bundled click: its usage errors become one line like every other bad input.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from .. import __version__
 from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
-from ..errors import ConfigError, SparkforgeError, visible
+from ..errors import ConfigError, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan
 
@@ -41,9 +42,13 @@ app = typer.Typer(
 class _SafeConsole(Console):
     """A console that shows every control character of what it prints as its escape (errors.visible):
     names, paths and messages come from recipes, mods, caches and downloads, and an escape sequence in
-    one must not reach the terminal. Rich's own styles and cursor moves are not text, so they pass."""
+    one must not reach the terminal. Rich's own styles and cursor moves are not text, so they pass.
+    A URL's user and password are masked in every text before it is cut into lines (a table's cell)."""
 
     def render(self, renderable, options=None):
+        if isinstance(renderable, Text) and mask_secrets(renderable.plain) != renderable.plain:
+            renderable = renderable.copy()
+            renderable.plain = mask_secrets(renderable.plain)
         for segment in super().render(renderable, options):
             if segment.control is None and segment.text and not segment.text.isprintable() and segment.text != "\n":
                 segment = Segment(visible(segment.text), segment.style)

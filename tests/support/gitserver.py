@@ -33,8 +33,9 @@ def git(cwd: Path, *args: str) -> str:
     return proc.stdout.strip()
 
 
-def make_ca(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) for `host`, made with openssl."""
+def make_ca(folder: Path, host: str = "127.0.0.1", *others: str) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) for `host` (and the `others`: one certificate for
+    several loopback addresses or names), made with openssl."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca_crt = folder / "ca.key", folder / "ca.crt"
     key, csr, crt, ext = folder / "server.key", folder / "server.csr", folder / "server.crt", folder / "ext.cnf"
@@ -45,7 +46,8 @@ def make_ca(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=sparkforge test CA",
             "-keyout", str(ca_key), "-out", str(ca_crt))
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", str(key), "-out", str(csr))
-    ext.write_text(f"subjectAltName=IP:{host}\nbasicConstraints=CA:FALSE\n")
+    names = ",".join(f"IP:{h}" if h[0].isdigit() or ":" in h else f"DNS:{h}" for h in (host, *others))
+    ext.write_text(f"subjectAltName={names}\nbasicConstraints=CA:FALSE\n")
     openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key), "-CAcreateserial",
             "-days", "2", "-extfile", str(ext), "-out", str(crt))
     return ca_crt, crt, key
