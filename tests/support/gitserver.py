@@ -96,6 +96,18 @@ def extract_sdist(archive: Path, dest: Path) -> Path:
     return top
 
 
+def read_body(rfile, headers) -> bytes:
+    """The body of a request to one of the test servers: chunked, or as long as its Content-Length says."""
+    if headers.get("Transfer-Encoding", "").lower() == "chunked":
+        data = bytearray()
+        while size := int(rfile.readline().split(b";")[0].strip() or b"0", 16):
+            data += rfile.read(size)
+            rfile.readline()
+        rfile.readline()
+        return bytes(data)
+    return rfile.read(int(headers.get("Content-Length") or 0))
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root: Path
@@ -103,21 +115,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass
 
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(chunks)
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
     def _cgi(self) -> None:
         path, _, query = self.path.partition("?")
-        body = self._body() if self.command == "POST" else b""
+        body = read_body(self.rfile, self.headers) if self.command == "POST" else b""
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "GIT_PROJECT_ROOT": str(self.root),

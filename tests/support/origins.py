@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.gitserver import make_ca
+from tests.support.gitserver import make_ca, read_body
 
 OTHER_HOST = "127.0.0.2"  # a loopback address of its own: another host, as far as any client can tell
 
@@ -72,18 +72,6 @@ class Origin:
     def reset(self) -> None:
         self.routes.clear()
         self.asked.clear()
-
-
-def read_body(rfile, headers) -> bytes:
-    """The body of a request: chunked, or as long as its Content-Length says."""
-    if headers.get("Transfer-Encoding", "").lower() == "chunked":
-        data = bytearray()
-        while size := int(rfile.readline().split(b";")[0].strip() or b"0", 16):
-            data += rfile.read(size)
-            rfile.readline()
-        rfile.readline()
-        return bytes(data)
-    return rfile.read(int(headers.get("Content-Length") or 0))
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
