@@ -122,6 +122,14 @@ def test_a_redirect_to_another_origin_takes_no_credential(o: Origins, code: int,
     assert [(a.method, a.authorization, a.headers.get("cookie")) for a in target.asked] == [(method, None, None)]
 
 
+def test_a_redirect_from_http_up_to_https_is_followed_without_the_credential(o: Origins) -> None:
+    o.plain.redirect("/here", o.main.route("/there", body=b"there"), 301)
+    reply = net.request("GET", o.plain.url + "/here", deadline=10, window=5, ca_cert=o.ca,
+                        headers={"Authorization": SECRET})
+    assert reply.body == b"there"
+    assert o.plain.authorizations() == [SECRET] and o.main.authorizations() == [None]
+
+
 @pytest.mark.parametrize("location", ["/there", "HTTPS://127.0.0.1:{port}/there", "https://127.0.0.1:{port}/there#x"])
 def test_a_redirect_within_the_origin_keeps_the_credential(o: Origins, location: str) -> None:
     o.main.route("/there", body=b"there")
