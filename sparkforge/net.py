@@ -65,9 +65,9 @@ def origin(url: str) -> tuple[str, str, int]:
     host in lower case, an IDN host in its ASCII form, an IP address in its short form, the default port
     filled in (`https://h` is `https://h:443`). A URL that has none, or a port that is none, raises ValueError."""
     parts = urllib.parse.urlsplit(url)
-    scheme, host = parts.scheme.lower(), parts.hostname or ""
-    if not host:
-        raise ValueError(f"{mask_url(url)} names no host")
+    scheme, host, port = parts.scheme.lower(), parts.hostname or "", parts.port
+    if not host or port == 0:
+        raise ValueError(f"{mask_url(url)} names no host or port 0")
     try:
         host = str(ipaddress.ip_address(host))
     except ValueError:
@@ -75,7 +75,7 @@ def origin(url: str) -> tuple[str, str, int]:
             host = host.encode("idna").decode("ascii").lower()
         except UnicodeError:
             pass  # not a name IDNA can spell: compared as written
-    return scheme, host, parts.port or SCHEMES.get(scheme, 0)
+    return scheme, host, port or SCHEMES.get(scheme, 0)
 
 
 def same_origin(a: str, b: str) -> bool:

@@ -202,7 +202,10 @@ class Client:
         """reply when its status is a success; else the RegistryError saying which status."""
         if 200 <= reply.status < 300:
             return reply
-        if reply.status == 401 and self.token:
+        home = net.same_origin(reply.url, self.endpoint.url)
+        if reply.status == 401 and not home:
+            reason = f"HTTP 401 from {mask_url(reply.url)}, another origin, which the registry's token never goes to"
+        elif reply.status == 401 and self.token:
             reason = "refused the token it issued"
         else:
             reason = f"HTTP {reply.status}{_error_text(reply.body)}"
