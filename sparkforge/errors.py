@@ -66,20 +66,38 @@ def _one_line(text: str) -> str:
 # marks), line and paragraph separators, and lone surrogates (a file name's undecodable bytes).
 _NOT_TEXT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
-# scheme://user:password@host: the part before '@' goes nowhere, not even into an error message (a
-# web URL's user alone may be a token); an ssh node's user name alone is no secret and stays.
-_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s]*)@")  # up to the last @ before the host
+# scheme://userinfo@host: everything between `://` and the last `@` of a URL is its user and password, whatever
+# they hold (a `/`, `#`, `?`, `%` or `@` that should have been percent-encoded); a path holding an `@` is masked
+# up to it too. That part goes nowhere, not even into an error message (a web URL's user alone may be a token);
+# an ssh node's user name alone is no secret and stays. In free text a URL ends at the first blank.
+_WORD = re.compile(r"[^ \t\n\r\f\v]+")
+_SCHEME_END = re.compile(r"[a-zA-Z0-9+.-]://")  # the end of a URL's scheme; found in one pass, whatever the text
+_SSH = re.compile(r"(?:.*[^a-zA-Z0-9+.-])?ssh", re.IGNORECASE | re.DOTALL)
 
 
-def _mask(m: re.Match[str]) -> str:
-    scheme, userinfo = m.group(1), m.group(2)
-    keep = scheme.lower() == "ssh://" and ":" not in userinfo
-    return f"{scheme}{userinfo if keep else '***'}@"
+def _masked(text: str) -> str:
+    """text, one URL or one word of free text, with the user and password of its first URL (everything up to
+    the last `@` after its `://`) as `***`."""
+    found = _SCHEME_END.search(text) if "@" in text else None
+    if found is None:
+        return text
+    end = found.end()
+    userinfo, at, rest = text[end:].rpartition("@")
+    if not at:
+        return text
+    keep = ":" not in userinfo and _SSH.fullmatch(text, max(0, end - 7), end - 3) is not None
+    return f"{text[:end]}{userinfo if keep else '***'}@{rest}"
 
 
 def mask_secrets(text: str) -> str:
     """text with the password of every URL in it, and the user of every URL but ssh's, replaced by `***`."""
-    return _USERINFO.sub(_mask, text)
+    return _WORD.sub(lambda word: _masked(word.group()), text) if "@" in text else text
+
+
+def mask_url(url: str) -> str:
+    """One URL as it may be shown: as mask_secrets, but the whole string is the URL (a blank in a password
+    is still the password)."""
+    return _masked(url)
 
 
 def escaped(ch: str) -> str:

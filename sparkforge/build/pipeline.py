@@ -346,7 +346,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         raise ConfigError("--no-build and --image exclude each other", field="--image")
     path = lock_path(layout.images_dir, plan.variant)
     sde = epoch or existing_epoch(path) or today_epoch()
-    pins = resolve_pins(plan, say=say)
+    pins = resolve_pins(plan, say=say, ca_cert=opts.ca_cert)
     wheels = lock_wheels(plan, opts.ca_cert, say)
     packages = built_from = unresolved = None
     if no_build:

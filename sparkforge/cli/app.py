@@ -25,7 +25,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from .. import __version__
 from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
-from ..errors import ConfigError, SparkforgeError, visible
+from ..errors import ConfigError, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan
 
@@ -98,6 +98,9 @@ def one_line(renderable: Any) -> Any:
     if isinstance(renderable, str):
         return visible(renderable, keep_newlines=False)
     if isinstance(renderable, Text):
+        masked = mask_secrets(renderable.plain)
+        if masked != renderable.plain:  # a URL's user and password, whatever styles cross it
+            return Text(visible(masked, keep_newlines=False), style=renderable.style)
         if renderable.plain.isprintable():
             return renderable
         # Cut where any style starts or ends, so that each piece is styled alike from end to end.

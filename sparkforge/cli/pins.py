@@ -31,7 +31,8 @@ def lock(
                                         help="SOURCE_DATE_EPOCH of locked builds (default: the existing lock's, else "
                                         "today 00:00 UTC); 1980 to 2107, the years a wheel's zip can store."),
     network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
+    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret); also "
+                                           "trusted when the base's registry and its token service are asked."),
     log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
 ) -> None:
     """Resolve a variant's open pins and write images/VARIANT.lock.json beside its recipe.

@@ -32,6 +32,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .. import gitfetch, net
+from ..errors import mask_url
 from ..files import locked, name_path, write_atomic
 from ..inimage import version_file_commit
 
@@ -136,7 +137,7 @@ def find_release(project: str, version: str) -> Release:
             wheel = (filename, url)
     chosen = sdist or wheel
     if chosen is None:
-        raise SourceUnavailable(f"{project} {version} has no sdist or wheel on {index_url()}")
+        raise SourceUnavailable(f"{project} {version} has no sdist or wheel on {mask_url(index_url())}")
     filename, url = chosen
     base, _, fragment = url.partition("#")
     sha = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
