@@ -55,6 +55,27 @@ def _name(line: bytes, prefix: str) -> tuple[str, bool | None]:
     return name, False
 
 
+def _traditional_name(old: str, new: str) -> str:
+    """The file a diff that is not git's patches when its two names differ (`diff -u f.orig f`), as git apply
+    reads it: the old name when it begins the new one and is shorter (`f` of `f` and `f.new`), else the new."""
+    return old if len(old) < len(new) and new.startswith(old) else new
+
+
+_STAMP = re.compile(rb"(1969-12-31|1970-01-01) ([0-2][0-9]):([0-5][0-9]):00(?:\.0+)? ([-+])([0-2][0-9]):?([0-5][0-9])")
+
+
+def _epoch(line: bytes) -> bool:
+    """Whether a `---`/`+++` line of a diff that is not git's carries the epoch as its time after the last tab:
+    how `diff -N` marks the side of a file that is new (or gone), and how git apply reads it."""
+    stamp = line.rstrip(b"\r\n").rpartition(b"\t")[2] if b"\t" in line else b""
+    m = _STAMP.fullmatch(stamp)
+    if not m:
+        return False
+    zone = (int(m.group(5)) * 60 + int(m.group(6))) * (-1 if m.group(4) == b"-" else 1)
+    epoch_hour = 24 if m.group(1) == b"1969-12-31" else 0
+    return int(m.group(2)) * 60 + int(m.group(3)) - zone == epoch_hour * 60
+
+
 def parse_diff(data: bytes) -> list[FilePatch]:
     """Parse a unified diff (diff -u / -U0, git diff); its header counts must match its hunks exactly."""
     lines = _lines(data)
@@ -68,6 +89,7 @@ def parse_diff(data: bytes) -> list[FilePatch]:
             git.line(lines[i], patches)
             i += 1
             continue
+        in_git = git.file is not None  # a `diff --git` section: its names are git's own
         git.close(None)
         (old_name, old_prefixed), (new_name, new_prefixed) = _name(lines[i], "a/"), _name(lines[i + 1], "b/")
         if None not in (old_prefixed, new_prefixed) and old_prefixed != new_prefixed:
@@ -75,10 +97,13 @@ def parse_diff(data: bytes) -> list[FilePatch]:
         for name in (old_name, new_name):
             if name != "/dev/null":
                 parts(name, "patch header")
-        if new_name == "/dev/null":
+        if new_name == "/dev/null" or (not in_git and old_name != "/dev/null" and _epoch(lines[i + 1])):
             raise ModFailure(f"deleting files is not supported ({old_name})")
+        create = old_name == "/dev/null" or (not in_git and _epoch(lines[i]))
         if old_name not in ("/dev/null", new_name):
-            raise ModFailure(f"renaming files is not supported ({old_name} -> {new_name})")
+            if in_git:
+                raise ModFailure(f"renaming files is not supported ({old_name} -> {new_name})")
+            new_name = _traditional_name(old_name, new_name)
         i += 2
         hunks: list[Hunk] = []
         while i < len(lines) and lines[i].startswith(b"@@"):
@@ -89,7 +114,6 @@ def parse_diff(data: bytes) -> list[FilePatch]:
         if i < len(lines) and lines[i][:1] in (b" ", b"+", b"-") and lines[i] != b"-- \n" and not (
                 lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
             raise ModFailure(f"{new_name}: hunk {hunks[-1].header} holds more lines than its header counts")
-        create = old_name == "/dev/null"
         if create and (len(hunks) != 1 or hunks[0].old_count):
             raise ModFailure(f"{new_name}: a new file takes one hunk from -0,0")
         patches.append(FilePatch(new_name, create, tuple(hunks), bool(new_prefixed)))
