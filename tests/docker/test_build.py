@@ -183,7 +183,7 @@ verify:
 
 @pytest.mark.parametrize("args,words", [
     (["build", "ng17", "--ca-cert", "/nonexistent/ca.pem"], "--ca-cert: CA bundle not found"),
-    (["test", "ng17", "--tier", "bogus"], "--tier: unknown tier 'bogus'"),
+    (["test", "ng17", "--tier", "bogus"], "--tier: 'bogus' is not one of 'static', 'gpu', 'serve'"),
     (["inspect", "sparkforge-test/vllm:no-such-tag"], "IMAGE: image sparkforge-test/vllm:no-such-tag not found"),
 ])
 def test_bad_build_input_is_one_line(args, words) -> None:
