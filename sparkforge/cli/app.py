@@ -2,7 +2,7 @@
 take (each defined once), the plan as every command sees it, hints written as commands to paste, and `run`,
 where every error becomes one line on stderr and its exit code (2 for bad input), never a traceback.
 
-The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins); the
+The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins, mods); the
 package imports them in the order --help lists them.
 """
 
