@@ -178,7 +178,10 @@ def save_patch(mods_dir: Path, work: WorkTree) -> SavedPatch:
                               "by hand", path=meta, field="verify")
         data["verify"] = [check]
         line = "verify:\n  - {" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in check.items()) + "}"
-        text = _EMPTY_VERIFY.sub(lambda m: line, text, count=1)
+        text, found = _EMPTY_VERIFY.subn(lambda m: line, text, count=1)
+        if not found:
+            raise ConfigError("has no check, and no `verify: []` line for `mod save` to fill in: write one by hand",
+                              path=meta, field="verify")
     mod_yaml_text(data, meta)  # the mod as it will be, checked against the schema before anything is written
     try:
         target = asset(mods_dir / work.mod, patch, "patch")
