@@ -117,10 +117,10 @@ def containerd_node():
     """One extra real dockerd with the containerd image store (tests/infra/nodes.py)."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         pytest.skip("an extra dockerd needs root and dockerd on PATH")
-    from tests.infra.nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import CONTAINERD, start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfr-", dir="/tmp")  # short: unix socket paths max 107 bytes
-    started = start_nodes(1, base, daemon_config={"features": {"containerd-snapshotter": True}}, prefix="ctd")
+    started = start_nodes(1, base, daemon_config=CONTAINERD, prefix="ctd")
     yield started[0]
     try:
         stop_nodes(started)
