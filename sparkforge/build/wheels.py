@@ -256,7 +256,7 @@ def claim(root: Path) -> None:
     if not marker.exists():
         fd, tmp = tempfile.mkstemp(prefix=f"{MARKER}.", dir=root)
         with os.fdopen(fd, "w") as fh:
-            fh.write("This folder is a sparkforge wheel cache: `python build.py wheels list` shows it.\n")
+            fh.write("This folder is a sparkforge wheel cache: `./build.py wheels list` shows it.\n")
         os.replace(tmp, marker)
 
 

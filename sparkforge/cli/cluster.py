@@ -18,7 +18,7 @@ from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import ConfigError, visible
 from ..imageref import ImageRef
 from . import views
-from .app import Base, Variant, app, emit, err, out, plan_of
+from .app import Base, Variant, app, emit, err, next_step, out, plan_of
 
 Cluster = Annotated[Optional[Path], typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
                                                  "the registry (default: ./cluster.yaml when it exists).")]
@@ -195,7 +195,7 @@ def status(
     out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
     if st.newest:
         out.print(f"compared with {st.tag}, the build the last deploy set; the newest build here is {st.newest} "
-                  f"(deploy it with `python build.py deploy {plan.variant}`)", markup=False)
+                  f"({next_step('deploy it with', 'deploy', plan.variant)})", markup=False)
     out.print(views.status_table(st, ImageRef.parse(plan.tag).tag or ""))
     if st.all_match:
         out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
