@@ -5,5 +5,5 @@ recipes: the shipped images without their locks, the layout that reads them, a s
 docker: the engine check, build arguments, image IDs, a local registry. gitserver, gitsource,
 fileserver: real HTTPS servers (git smart HTTP, files). drip: an HTTP server that answers a byte at a
 time and never finishes. upstream: real vLLM sources for mods. hoststate: what the run must leave as it
-found it.
+found it. users: the non-root member of `docker` that walks the users' paths, and its login's environment.
 """

@@ -13,7 +13,6 @@ what they write back to the user.
 
 from __future__ import annotations
 
-import os
 import pwd
 import re
 import shutil
@@ -25,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.users import USER, docker_user, login_env
 
 README = ROOT / "README.md"
-USER = os.environ.get("SPARKFORGE_TEST_USER", "sparkforge-user")
 COMMAND = re.compile(r"^(\./build\.py|make|sudo|python3?|git)( |$)")
 
 # Lines that run here: the set-up command, help, and the verbs that read recipes and write only build/.
@@ -117,36 +116,16 @@ def test_the_reader_finds_continued_and_fenced_lines() -> None:
 # ------------------------------------------------------------------ the runs, on a fresh clone
 
 
-def _docker_member(entry: pwd.struct_passwd) -> bool:
-    import grp
-
-    try:
-        group = grp.getgrnam("docker")
-    except KeyError:
-        return False
-    return entry.pw_name in group.gr_mem or entry.pw_gid == group.gr_gid
-
-
 def _as(who: pwd.struct_passwd, clone: Path, command: str, timeout: float) -> subprocess.CompletedProcess:
     """command run by bash in the clone, as `who` with a login's plain environment."""
-    path = "/usr/local/bin:/usr/bin:/bin" if who.pw_uid else "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    env = [f"HOME={who.pw_dir}", f"USER={who.pw_name}", f"LOGNAME={who.pw_name}", "LANG=C.UTF-8", f"PATH={path}"]
     runner = ["runuser", "-u", who.pw_name, "--"] if who.pw_uid else []
-    return subprocess.run([*runner, "env", "-i", *env, "bash", "-c", command], cwd=clone, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([*runner, "env", "-i", *login_env(who), "bash", "-c", command], cwd=clone,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
 def user() -> pwd.struct_passwd:
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("running as another user needs root and runuser")
-    try:
-        entry = pwd.getpwnam(USER)
-    except KeyError:
-        pytest.skip(f"no user {USER} (`.ci/provision` adds it, in the docker group)")
-    if entry.pw_uid == 0 or not _docker_member(entry):
-        pytest.skip(f"{USER} must be a non-root member of the docker group")
-    return entry
+    return docker_user()
 
 
 @pytest.fixture(scope="session")
