@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 import re
+import shlex
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A command to run next, as its verb and arguments (`build testvllm`), and the words before it
+    ("build it first with"). The library names only what it knows; the command line writes the whole
+    command, with the options the user gave that name the same variant, image and cluster
+    (`--images`, `--base`, ...), so that it can be pasted."""
+
+    lead: str
+    words: tuple[str, ...]
+
+    def plain(self) -> str:
+        """The command as far as the library knows it."""
+        return shlex.join(("build.py", *self.words))
 
 
 class SparkforgeError(Exception):
@@ -12,16 +30,19 @@ class SparkforgeError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None):
+    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None,
+                 hint: Hint | None = None):
         self.path = str(path) if path is not None else None
         self.field = field
         self.detail = message
+        self.hint = hint
         super().__init__(message)
 
     def __str__(self) -> str:
         return self.render()
 
-    def render(self) -> str:
+    def render(self, command: Callable[[Hint], str] = Hint.plain) -> str:
+        """The one line; `command` writes the hint's command (the command line adds the user's options)."""
         where = ""
         if self.path:
             where = _display(self.path)
@@ -30,7 +51,8 @@ class SparkforgeError(Exception):
             where += ": "
         elif self.field:
             where = f"{self.field}: "
-        return _one_line(f"{where}{self.detail}")
+        hint = f"; {self.hint.lead} `{command(self.hint)}`" if self.hint else ""
+        return _one_line(f"{where}{self.detail}{hint}")
 
 
 class ConfigError(SparkforgeError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BuildError, ConfigError
+from ..errors import BuildError, ConfigError, Hint
 from ..files import locked
 from ..recipe.config import list_variants
 from ..recipe.lock import (
@@ -88,8 +88,7 @@ def load_plan(layout: Layout, variant: str, *, base: str | None = None,
         return LoadedPlan(plan, None)
     if not path.exists():
         if lock_policy is LockPolicy.LOCKED:
-            raise ConfigError(f"no lock file: run `python build.py lock {variant}` first", path=path,
-                              field="--locked")
+            raise ConfigError("no lock file", path=path, field="--locked", hint=Hint("write one with", ("lock", variant)))
         return LoadedPlan(plan, None)
     lock = read_lock(path)
     if lock_policy is LockPolicy.LOCKED:
@@ -236,7 +235,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
             "no compile")
         return found.wheel, WheelNote("cache", found.wheel.sha256, found.key)
     if found.inputs is None:
-        say(f"vLLM wheel: compiled in the image build, without the wheel cache: {found.why_not}")
+        say(f"vLLM wheel: the image build will compile it, without the wheel cache: {found.why_not}")
         return None, WheelNote("compiled", why_compiled=found.why_not)
     say(f"vLLM wheel: compiling, because {found.why_not}")
     ctx = render_context(plan, layout, context_dir(plan), ca_cert=opts.ca_cert)
@@ -317,8 +316,8 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
             raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
     ref = image or plan.tag
     if current_image(ref) is None:
-        raise BuildError(f"image {ref} not found; build it first with `python build.py build {plan.variant}`",
-                         field="--image" if image else plan.variant)
+        raise BuildError(f"image {ref} not found", field="--image" if image else plan.variant,
+                         hint=None if image else Hint("build it first with", ("build", plan.variant)))
     return [run_tier(t, ref, model) for t in tiers]
 
 

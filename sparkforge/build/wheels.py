@@ -255,7 +255,7 @@ def claim(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     marker = root / MARKER
     if not marker.exists():
-        write_atomic(marker, b"This folder is a sparkforge wheel cache: `python build.py wheels list` shows it.\n")
+        write_atomic(marker, b"This folder is a sparkforge wheel cache: `./build.py wheels list` shows it.\n")
 
 
 def is_wheel_cache(root: Path) -> bool:

@@ -1,19 +1,21 @@
-"""The one typer app, its consoles and what every verb shares: the global options, the plan as every
-command sees it, the help strings, and `run`, where every SparkforgeError becomes one line on stderr and
-its exit code (2 for bad input), never a traceback.
+"""The one typer app, its consoles and what every verb shares: the global options, the options several verbs
+take (each defined once), the plan as every command sees it, hints written as commands to paste, and `run`,
+where every error becomes one line on stderr and its exit code (2 for bad input), never a traceback.
 
-The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins); the
+The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins, mods); the
 package imports them in the order --help lists them.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import io
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -21,23 +23,25 @@ from rich.table import Table
 from rich.text import Span, Text
 
 # typer's bundled click: its usage errors become one line like every other bad input.
+from typer._click.core import Context, ParameterSource
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from .. import __version__
 from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
-from ..errors import ConfigError, SparkforgeError, mask_secrets, visible
+from ..errors import ConfigError, Hint, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan
+from .usage import App, Invoked, usage_error_line
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-app = typer.Typer(
+app = App(
     help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
-    "Recipes live in images/<variant>.yaml, mods in mods/<name>/. Typical use:\n\n"
-    "  python build.py list\n\n"
-    "  python build.py show ng17e\n\n"
-    "  python build.py render ng17e -o build/ng17e",
+    "Recipes live in images/VARIANT.yaml, mods in mods/NAME/. Typical use:\n\n"
+    "  ./build.py list\n\n"
+    "  ./build.py show ng17e\n\n"
+    "  ./build.py render ng17e -o build/ng17e",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -148,6 +152,12 @@ class State:
     layout: Layout = Layout.default()
 
 
+def program() -> str:
+    """This program as the user started it, so that a command in a hint runs where they are."""
+    name = sys.argv[0] if sys.argv and sys.argv[0] else "build.py"
+    return name if "/" in name else f"./{name}"
+
+
 def _print_version(value: bool) -> None:
     # Eager, so that it answers before typer asks for a command.
     if value:
@@ -157,10 +167,12 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def main(
-    images: Optional[Path] = typer.Option(None, "--images", help="Folder of variant recipes (default: images/)."),
-    mods: Optional[Path] = typer.Option(None, "--mods", help="Folder of mods (default: mods/)."),
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
-                                 callback=_print_version),
+    images: Annotated[Optional[Path], typer.Option("--images", metavar="DIR",
+                                                   help="Folder of variant recipes (default: images/).")] = None,
+    mods: Annotated[Optional[Path], typer.Option("--mods", metavar="DIR", help="Folder of mods (default: mods/).")]
+    = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
 ) -> None:
     for option, folder in (("--images", images), ("--mods", mods)):
         if folder is not None and folder.exists() and not folder.is_dir():
@@ -168,11 +180,50 @@ def main(
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
 
 
+# ------------------------------------------------------------------ what several verbs take, defined once
+
+BASE_HELP = r"Swap the base image, as REPOSITORY:TAG\[@sha256:DIGEST] (changes the tag)."
+CA_HELP = ("CA bundle for a proxy or a private server: used to download patches and wheels named by URL, and given to "
+           "BuildKit as a secret for its own downloads, never stored in a layer. Give a full bundle (system + yours).")
+WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
+                    "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
+
+Variant = Annotated[str, typer.Argument(metavar="VARIANT", help="The variant (images/VARIANT.yaml), e.g. ng17e.")]
+Base = Annotated[Optional[str], typer.Option("--base", metavar="REF", help=BASE_HELP)]
+CaCert = Annotated[Optional[Path], typer.Option("--ca-cert", metavar="FILE", help=CA_HELP)]
+WheelCache = Annotated[Optional[Path], typer.Option("--wheel-cache", metavar="DIR", envvar="SPARKFORGE_WHEEL_CACHE",
+                                                    show_envvar=False, help=WHEEL_CACHE_HELP)]
+LogDir = Annotated[Path, typer.Option("--log-dir", metavar="DIR", help="Where build logs go (default: build/logs).",
+                                      show_default=False)]
+DEFAULT_LOG_DIR = PROJECT_ROOT / "build" / "logs"
+
+
+class Network(str, enum.Enum):
+    """The network of a build's RUN steps."""
+
+    host = "host"
+    none = "none"
+    default = "default"  # BuildKit's own
+
+
+NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RUN steps: host, none, or default "
+                                                "(BuildKit's own).")]
+
+
+def ca_bundle(path: Optional[Path]) -> Optional[Path]:
+    if path is not None and not is_regular(path):
+        raise ConfigError("CA bundle not found" if not path.exists() else "is not a regular file", path=path,
+                          field="--ca-cert")
+    return path
+
+
+# ------------------------------------------------------------------ the plan, and what to print
+
 def load(variant: str, base: Optional[str] = None, *, locked: bool = False,
-          policy: Optional[LockPolicy] = None) -> LoadedPlan:
+         policy: Optional[LockPolicy] = None) -> LoadedPlan:
     """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
     return warned(load_plan(State.layout, variant, base=base,
-                             lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
+                            lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
 
 
 def warned(loaded: LoadedPlan) -> LoadedPlan:
@@ -181,7 +232,7 @@ def warned(loaded: LoadedPlan) -> LoadedPlan:
     return loaded
 
 
-def emit(lines) -> None:
+def emit(lines: Iterable[Any]) -> None:
     for line in lines:
         out.print(line)
 
@@ -197,25 +248,11 @@ def write(text: str, *, stderr: bool = False) -> None:
 
 
 def plan_of(variant: str, base: Optional[str] = None, *, locked: bool = False,
-          policy: Optional[LockPolicy] = None) -> Plan:
+            policy: Optional[LockPolicy] = None) -> Plan:
     return load(variant, base, locked=locked, policy=policy).plan
 
 
-BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
-WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
-                    "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
-CA_HELP = ("CA bundle for a proxy or a private server: used to download patches and wheels named by URL, and given to "
-           "BuildKit as a secret for its own downloads, never stored in a layer. Give a full bundle (system + yours).")
-
-
-def ca_bundle(path: Optional[Path]) -> Optional[Path]:
-    if path is not None and not is_regular(path):
-        raise ConfigError("CA bundle not found" if not path.exists() else "is not a regular file", path=path,
-                          field="--ca-cert")
-    return path
-
-
-def progress_printer(label: str):
+def progress_printer(label: str) -> Callable[[Any, float], None]:
     """Show each BuildKit step as it starts: live on a terminal, one line per step in logs."""
     from ..build.builder import Step
 
@@ -227,6 +264,55 @@ def progress_printer(label: str):
 
     return show
 
+
+# ------------------------------------------------------------------ hints: commands to paste
+
+# The options that say which recipes, mods, base, cluster and proxy a command means. A hint's command repeats
+# each one the user gave, where its verb takes it, so that it names the same plan, tag and nodes.
+CARRIED = ("images", "mods", "base", "ca_cert", "cluster", "nodes", "registry")
+
+
+def command_line(hint: Hint) -> str:
+    """The hint's command as the user would type it here: this program, the global options they gave, the
+    verb and its arguments, then the options they gave this verb that the hinted one takes too."""
+    ctx = Invoked.ctx
+    if ctx is None:
+        return shlex.join([program(), *hint.words])
+    root = ctx.find_root()
+    target = root.command
+    for word in hint.words:  # down to the hinted verb: `mod save` is a verb of the group `mod`
+        sub = getattr(target, "get_command", lambda c, name: None)(root, word)
+        if sub is None:
+            break
+        target = sub
+    takes = {p.name for p in target.params if p.name}
+    verbs: list[str] = []
+    c: Optional[Context] = ctx
+    while c is not None and c is not root:
+        verbs = list(_given(c, takes)) + verbs
+        c = c.parent
+    return shlex.join([program(), *_given(root, set(CARRIED)), *hint.words, *verbs])
+
+
+def _given(ctx: Context, takes: set[str]) -> Iterator[str]:
+    """The carried options given on the command line to ctx's command that `takes` holds, as words."""
+    for param in ctx.command.params:
+        if param.name is None or param.name not in CARRIED or param.name not in takes or not param.opts:
+            continue
+        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params.get(param.name)
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            if one is not None:
+                yield from (param.opts[-1], str(getattr(one, "value", one)))
+
+
+def next_step(lead: str, *words: str) -> str:
+    """`lead `COMMAND``: a step to take next, written as a command to paste."""
+    return f"{lead} `{command_line(Hint(lead, words))}`"
+
+
+# ------------------------------------------------------------------ run
 
 def run() -> None:
     """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code; so
@@ -249,10 +335,9 @@ def _run_app() -> int:
             say(line)
         return 2
     except UsageError as exc:
-        command = f"{exc.ctx.info_name}: " if exc.ctx is not None and exc.ctx.parent is not None else ""
-        return _report(f"error: {command}{' '.join(exc.format_message().split())}", exc.exit_code)
+        return _report(f"error: {usage_error_line(exc, program())}", exc.exit_code)
     except SparkforgeError as exc:
-        return _report(f"error: {exc}", exc.exit_code)
+        return _report(f"error: {exc.render(command_line)}", exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         return _report("interrupted", 130)
     except OSError as exc:  # the world (disk full, read-only, permissions) or a path the user gave that cannot be one

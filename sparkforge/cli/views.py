@@ -60,7 +60,7 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         _line(f"  chain       {' <- '.join(plan.chain)}"),
         _line(f"  tag         {plan.tag}  (moving: {plan.moving_tag})"),
         _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
-        _line(f"  base        {plan.base.ref}"),
+        _line(f"  base        {plan.base.ref}", *_digest_origin(loaded)),
     ]
     if v.source == "git":
         src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
@@ -103,6 +103,16 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     return lines
 
 
+def _digest_origin(loaded: LoadedPlan) -> tuple[str, ...]:
+    """Where the base digest `show` prints comes from: neither the recipe's nor a lock's is asked of the
+    registry when shown, and `lock` keeps a digest the recipe gives as it is."""
+    if loaded.plan.base.digest.value is None:
+        return ()
+    if loaded.lock is not None:
+        return (f"  (digest as {loaded.lock.name} records it)",)
+    return ("  (digest as the recipe gives it; not checked against the registry)",)
+
+
 def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
     """check-mods: a row per variant and mod."""
     table = _table("variant", "mod", "result", "checked against", "detail")
@@ -111,7 +121,7 @@ def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
                       Text(row.source), Text(row.detail))
     for plan in plans:
         if not plan.mods:
-            table.add_row(Text(plan.variant), "-", "no mods", "", "")
+            table.add_row(Text(plan.variant), "-", _styled("skipped", "yellow"), "", "the variant has no mods")
     return table
 
 
@@ -247,10 +257,7 @@ def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
 def outdated_table(components: Iterable[Any]) -> Table:
     table = _table("component", "pinned", "newest", "newer releases", "note")
     for c in components:
-        newer = (", ".join(c.newer) if len(c.newer) <= 6
-                 else f"{', '.join(c.newer[:3])}, ... {c.newer[-1]} ({len(c.newer)})")
-        table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(newer or "up to date"),
-                      Text(c.note))
+        table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(c.verdict), Text(c.note))
     return table
 
 
@@ -273,6 +280,8 @@ def build_lines(plan: Plan, done: Any) -> list[Text]:
                    f"{len(result.steps) - ran} cached; log: {result.log_path}")]
     if done.smoke_already_passed:
         lines.append(_line(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})"))
+    elif done.static is None:
+        lines.append(_line("static smoke tier: not run (--no-smoke); the tags moved without it"))
     lines += wheel_lines(done.wheel)
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
 
@@ -318,8 +327,8 @@ def check_summary(report: Any) -> Text:
     """check-mods: one line of counts."""
     failed, unverified = len(report.in_state(RowState.FAILED)), len(report.in_state(RowState.UNVERIFIED))
     total = len(report.rows)
-    return _line(f"{total} checked: {total - failed - unverified} ok, {failed} failed, {unverified} unverified "
-                 "(source not reachable from here)")
+    why = " (not checked from here; the detail says why)" if unverified else ""
+    return _line(f"{total} results: {total - failed - unverified} ok, {failed} failed, {unverified} unverified{why}")
 
 
 def check_matrix(report: Any) -> list[Any]:
@@ -335,8 +344,12 @@ def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
     """`outdated`: the components, then (when mods were tried) the newer releases they apply to."""
     shown: list[Any] = [outdated_table(report.components)]
     if not report.cells:
-        if tried_mods and report.mods and report.components[0].newer:
-            shown.append(_line("no newer vLLM release to try the mods on"))
+        if report.mods and not tried_mods:
+            shown.append(_line("mods: not tried (--no-mods)"))
+        elif report.mods and not report.components[0].checked:
+            shown.append(_line("mods: not tried, since the vLLM releases could not be read"))
+        elif report.mods:
+            shown.append(_line("mods: skipped, no newer vLLM release to try them on"))
         return shown
     versions = list(dict.fromkeys(c.version for c in report.cells))
     return shown + [matrix_table(report.cells, list(report.mods), versions,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..build import dockercli
-from ..errors import DistributeError
+from ..errors import DistributeError, Hint
 from ..files import read_regular, write_atomic
 from ..imageref import ImageRef
 from ..inimage.contract import JsonError, parse_json
@@ -164,8 +164,8 @@ def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None
     tag = tag or plan.tag
     image = image_on_head(tag, plan.moving_tag, state_dir)
     if image is None:
-        raise DistributeError(f"image {tag} is not on this machine; build it first with "
-                              f"`python build.py build {plan.variant}`", field=plan.variant)
+        raise DistributeError(f"image {tag} is not on this machine", field=plan.variant,
+                              hint=Hint("build it first with", ("build", plan.variant)))
     return image
 
 
@@ -224,8 +224,8 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
     if to:
         tag = to if ImageRef.parse(to).tag else f"{repo}:{to}"
         if dockercli.inspect_images(tag)[tag] is None:
-            raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
-                                  field="--to")
+            raise DistributeError(f"no build {tag} on this machine", field="--to",
+                                  hint=Hint("its builds are in", ("history", plan.variant)))
         return tag
     deploys = read_state(state_dir, repo)["deploys"]
     # The tag the nodes ran before their current one, from the head's deploy record.
@@ -235,8 +235,8 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
         if len(tags) >= 2:
             befores.add(tags[-2])
     if len(befores) != 1:
-        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG "
-                              f"(see `python build.py history {plan.variant}`)", field="--previous")
+        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG",
+                              field="--previous", hint=Hint("the builds are in", ("history", plan.variant)))
     return befores.pop()
 
 

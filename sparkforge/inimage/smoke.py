@@ -53,9 +53,12 @@ def smoke_static(home: Path) -> Checks:
                 f"{comp['dest']}: {have}")
     changed = check_protected(home / "protect")
     protected = parse_json((home / "protect" / "protected.json").read_text())
-    add("base packages not replaced by pip", not changed,
-        "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())) or
-        "the base has none of the protected packages")
+    if protected or changed:
+        add("base packages not replaced by pip", not changed,
+            "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())))
+    else:  # nothing to protect, so nothing was checked
+        checks.append(("base packages not replaced by pip", CheckState.SKIPPED,
+                       f"the base has none of the protected packages ({', '.join(plan['protect']) or 'none listed'})"))
     results = {entry.name: entry.result for entry in mod_results(home)}
     for mod in plan["mods"]:
         name = mod["name"]

@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import Field, ValidationError, field_validator
 
-from ..errors import ConfigError, SparkforgeError
+from ..errors import ConfigError, Hint, SparkforgeError
 from ..files import write_atomic
 from ..inimage.contract import JsonError, parse_json
 from .config import read_text
@@ -294,7 +294,7 @@ def _pin(raw: Any) -> Pinned | None:
 
 def read_lock(path: Path) -> Lock:
     """Read and check a lock file; any fault is one line naming the file and the field."""
-    text = read_text(path, missing="no lock file: run `python build.py lock VARIANT` first")
+    text = read_text(path, missing="no such lock file")
     try:
         raw = parse_json(text)
     except JsonError as exc:
@@ -311,8 +311,8 @@ def read_lock(path: Path) -> Lock:
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        raise ConfigError(f"{msg} (write the lock again with `python build.py lock`)", path=path,
-                          field=loc or None) from None
+        raise ConfigError(msg, path=path, field=loc or None,
+                          hint=Hint("write the lock again with", ("lock", path.name.removesuffix(".lock.json")))) from None
     packages: tuple[tuple[str, str], ...] = ()
     unresolved = None
     if isinstance(data.packages, _Unresolved):
@@ -459,7 +459,7 @@ def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
         raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}; the recipe changed after it "
-                          f"was locked: run `python build.py lock {plan.variant}` again", path=path, field=first.field)
+                          "was locked", path=path, field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
 
 
 def apply_lock(plan: Plan, lock: Lock) -> Plan:

@@ -443,7 +443,7 @@ def _mods(data: Any, layout: Layout, leaf: Path, vllm: Vllm,
     owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
     for name in data.mods or []:
         spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
-        _check_mod_fits(spec, folder, vllm, known_components, leaf)
+        check_mod_fits(spec, folder, vllm, known_components, leaf)
         mods.append(Mod(name, digest_tree(folder), str(folder), spec))
         for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
             if value is None:
@@ -516,7 +516,8 @@ def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
     return WheelFile(filename, v.sha256, v.url, v.path, str(local) if local else None)
 
 
-def _check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
+def check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
+    """Refuse a mod the variant cannot take: another component, a source phase without a source, other releases."""
     where = f"mods: {spec.name}"
     if spec.component not in components:
         raise ConfigError(f"targets component {spec.component!r}, which this variant does not have",
@@ -537,3 +538,4 @@ def _check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str
 def plan_variant(layout: Layout, variant: str, *, base: str | None = None) -> Plan:
     """Config and plan stages in one call: load the recipe chain and resolve it."""
     return resolve(load_variant(layout.images_dir, variant), layout, base=base)
+

@@ -178,7 +178,7 @@ def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str
         "summary": f"Upstream patch: {pr or source}",
         "description": (f"The diff of {origin}, pinned by its sha256.\n"
                         f"It changes {', '.join(files)}.\n"
-                        "Written by `python build.py mod new`: say here what it fixes and why this image needs "
+                        "Written by `./build.py mod new`: say here what it fixes and why this image needs "
                         "it, check the targets and the verify check, then add the mod to a variant and run "
                         "check-mods.\n"),
         "component": component,

@@ -53,7 +53,7 @@ class SourceRef:
     """Where the source of a component at the variant's pin comes from."""
 
     label: str
-    fetch: Callable[[], Path]
+    fetch: Callable[[], Path | None]  # None: an empty root (the image component)
 
 
 def unavailable(label: str, reason: str) -> SourceRef:
@@ -169,12 +169,7 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     for component, mods in groups.items():
         # Source-phase mods run before install-phase ones, as in the build.
         mods = sorted(mods, key=lambda m: m.spec.phase != "source")
-        if component == "image":
-            ref, tree = SourceRef("an empty image root", lambda: None), None
-        elif component == "vllm":
-            ref = vllm_source(plan, ca_cert)
-        else:
-            ref = _component_source(plan, component)
+        ref = source_of(plan, component, ca_cert)
         try:
             tree = ref.fetch()
         except sources.SourceUnavailable as exc:
@@ -191,7 +186,13 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     return [rows[m.name] for m in plan.mods]
 
 
-def _component_source(plan: Plan, component: str) -> SourceRef:
+def source_of(plan: Plan, component: str, ca_cert: Path | None = None) -> SourceRef:
+    """The pristine tree the mods of a component are applied to: vLLM's (vllm_source), a component's at its
+    pin, or for `image` an empty root (fetch gives None)."""
+    if component == "image":
+        return SourceRef("an empty image root", lambda: None)
+    if component == "vllm":
+        return vllm_source(plan, ca_cert)
     comp = next(c for c in plan.components if c.name == component)
     if comp.kind == "pip" and comp.version.value:
         project = (comp.package or "").split("[")[0]

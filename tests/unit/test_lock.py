@@ -24,12 +24,14 @@ from sparkforge.repro.diff import diff, diff_snapshots, from_plan
 from sparkforge.recipe.lock import (MAX_EPOCH, MIN_EPOCH, Pinned, apply_lock, compare, lock_path, make_lock, read_lock,
                                     write_lock)
 from sparkforge.repro.outdated import check_components, newer_releases
+from sparkforge.recipe.sources import SourceUnavailable
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files
 from sparkforge.recipe.resolve import registry_digest, split_repository
 from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.repro.repro import compare as compare_images
 from sparkforge.repro.repro import read_digests
+from tests.support.cli import BUILD
 from tests.support.paths import MODS, ROOT
 from tests.support.recipes import layout, unlocked_images
 
@@ -136,7 +138,7 @@ def test_build_locked_refuses_an_edited_recipe_before_docker(images: Path, cli) 
 def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
     proc = cli("--images", str(images), "build", "ng16", "--locked")
     assert proc.returncode == 2
-    assert "ng16.lock.json: --locked: no lock file: run `python build.py lock ng16` first" in proc.stderr
+    assert f"ng16.lock.json: --locked: no lock file; write one with `{BUILD} --images {images} lock ng16`" in proc.stderr
 
 
 @pytest.mark.parametrize("damage, field", [
@@ -305,6 +307,16 @@ def test_outdated_lists_newer_final_releases(images: Path) -> None:
     assert comps["flashinfer"].newer == ("0.7.0",) and comps["flashinfer"].newest == "0.7.0"
     assert comps["ray"].pinned == "UNPINNED" and comps["ray"].newer == ("2.40.0", "2.41.0")
     assert comps["cutlass"].newer == () and comps["cutlass"].note.startswith("not checked")
+    # What the table says: a component whose releases were not read is "not checked", never "up to date".
+    assert [comps[c].verdict for c in ("vllm", "flashinfer", "cutlass")] == ["0.17.1, 0.18.0", "0.7.0", "not checked"]
+    none_newer = check_components(plan_variant(layout(images), "ng17e"), lambda project: [])
+    assert {c.component: c.verdict for c in none_newer}["vllm"] == "up to date"
+
+    def unreachable(project: str) -> list[str]:
+        raise SourceUnavailable(f"cannot fetch https://pypi.org/simple/{project}/")
+
+    down = check_components(plan_variant(layout(images), "ng17e"), unreachable)
+    assert {c.component: c.verdict for c in down} == {c.component: "not checked" for c in down}
 
 
 # ------------------------------------------------------------------ repro: naming what differs
