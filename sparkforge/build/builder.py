@@ -268,16 +268,53 @@ def current_image(ref: str) -> str | None:
     return image_ids(ref)[ref]
 
 
-def promote(result: BuildResult, now: dict[str, str | None]) -> list[str]:
+def kept_tag(tag: str, image_id: str) -> str:
+    """The tag that keeps an image of the plan reachable when the immutable tag names another: `TAG.<12 hex
+    of the image ID>` (a variant name holds no `.`, so no other variant's tag reads like it)."""
+    return f"{tag}.{image_id.removeprefix('sha256:')[:12]}"
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What promote did: the tags set, and the one line to say when the immutable tag named another image."""
+
+    tagged: tuple[str, ...]
+    replaced: str | None = None
+
+
+def promote(result: BuildResult, now: dict[str, str | None], *, move: bool = False) -> Promotion:
     """After the smoke tests passed: point the immutable tag, then the moving tag, at the image.
-    `now` is what image_ids() said of both tags; tags already in place are left alone."""
-    refs = (result.plan.tag, result.plan.moving_tag)
+    `now` is what image_ids() said of both tags; tags already in place are left alone.
+
+    The immutable tag never moves silently. When it already names another image (a build of the same plan
+    that did not give the same bytes: `--no-cache` of a compiled variant, a base's tag moved), the new image
+    is kept as kept_tag and neither tag moves; with `move`, the old image is kept as its kept_tag first, so
+    that history, `deploy --to` and rollback still reach it, and then both tags move."""
+    plan = result.plan
+    before = now.get(plan.tag)
+    replaced = None
+    if before and before != result.image_id:
+        old, new = before.removeprefix("sha256:")[:12], result.image_id.removeprefix("sha256:")[:12]
+        if not move:
+            kept = kept_tag(plan.tag, result.image_id)
+            dockercli.run(["tag", result.image_id, kept])
+            _drop_candidate(result, now)
+            return Promotion((kept,), f"{plan.tag} already names image {old}, an earlier build of this plan; this "
+                             f"build made {new}, kept as {kept}; neither tag moved (build --move-tag moves them, "
+                             f"keeping {old} as {kept_tag(plan.tag, before)})")
+        dockercli.run(["tag", before, kept_tag(plan.tag, before)])
+        replaced = f"{plan.tag} moved from image {old} to {new}; {old} stays as {kept_tag(plan.tag, before)}"
+    refs = (plan.tag, plan.moving_tag)
     for ref in refs:
         if now.get(ref) != result.image_id:
             dockercli.run(["tag", result.image_id, ref])
+    _drop_candidate(result, now)
+    return Promotion(refs, replaced)
+
+
+def _drop_candidate(result: BuildResult, now: dict[str, str | None]) -> None:
     if now.get(result.candidate):
         dockercli.run(["image", "rm", "--no-prune", result.candidate], check=False)
-    return list(refs)
 
 
 def keep_candidate(result: BuildResult) -> str:

@@ -208,6 +208,7 @@ class BuildOutcome:
     smoke_already_passed: bool
     tagged: tuple[str, ...]
     wheel: WheelNote = WheelNote("release")
+    replaced: str | None = None  # the one line when the immutable tag named another image (builder.promote)
 
 
 def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: Path | None,
@@ -271,22 +272,23 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
                   wheel_cache: Path | None = None,
                   progress: Callable[[Step, float], None] = lambda step, elapsed: None,
                   on_smoke: Callable[[TierResult], None] = lambda result: None,
-                  say: Callable[[str], None] = lambda line: None) -> BuildOutcome:
+                  say: Callable[[str], None] = lambda line: None, move_tag: bool = False) -> BuildOutcome:
     """Render, build, run the static smoke tier, then tag: the immutable tag and the moving tag
     move only after the tier passes. A failure raises BuildError saying where the tags still are;
-    an image that fails its smoke test keeps only a candidate tag.
+    an image that fails its smoke test keeps only a candidate tag. An immutable tag that names another
+    image moves only with move_tag (builder.promote).
 
     With a wheel cache, a git source installs the wheel of its inputs from the cache, compiled
     first (and stored) only when the cache lacks it (prepare_wheel). Nothing is written (context, log,
     wheel) before the engine has answered."""
     require_engine(opts.docker_host)
     with same_plan_lock(plan, say):
-        return _build_locked(plan, layout, opts, smoke, wheel_cache, progress, on_smoke, say)
+        return _build_locked(plan, layout, opts, smoke, wheel_cache, progress, on_smoke, say, move_tag)
 
 
 def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, wheel_cache: Path | None,
                   progress: Callable[[Step, float], None], on_smoke: Callable[[TierResult], None],
-                  say: Callable[[str], None]) -> BuildOutcome:
+                  say: Callable[[str], None], move_tag: bool) -> BuildOutcome:
     try:
         wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
         ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
@@ -305,7 +307,8 @@ def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, w
             raise BuildError(f"static smoke tier failed ({first.name}: {first.detail}); image left as "
                              f"{keep_candidate(result)}; "
                              f"{kept_message(plan, now[plan.moving_tag])}", field=plan.variant)
-    return BuildOutcome(result, static, already, tuple(promote(result, now)), note)
+    promoted = promote(result, now, move=move_tag)
+    return BuildOutcome(result, static, already, promoted.tagged, note, promoted.replaced)
 
 
 def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,

@@ -17,7 +17,7 @@ from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import ConfigError, visible
 from ..imageref import ImageRef
 from . import views
-from .app import Base, Variant, app, emit, err, next_step, out, plan_of, write
+from .app import Base, Variant, app, emit, err, next_step, out, plan_of, say, write
 
 Cluster = Annotated[Optional[Path], typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
                                                  "the registry (default: ./cluster.yaml when it exists).")]
@@ -236,10 +236,16 @@ def history(
     from ..distribute.images import builds
 
     plan = plan_of(variant, base)
+    found = builds(plan)
+    if not found:
+        say(f"no builds of {plan.variant} on this machine ({plan.image}:{plan.variant}-...); "
+            f"{next_step('make one with', 'build', plan.variant)}")
+        return
     table = Table(box=None, pad_edge=False)
-    for col in ("tag", "built (UTC)", "vLLM", "mods", "last deployed to"):
+    for col in ("tag", "tagged (UTC)", "vLLM", "mods", "last deployed to"):
         table.add_column(col)
-    for b in builds(plan):
-        table.add_row(escape(ImageRef.parse(b.tag).tag or ""), b.created, escape(b.vllm), escape(b.mods),
-                      ", ".join(b.nodes) or "-")
+    for b in found:
+        shown = ImageRef.parse(b.tag).tag or ""
+        table.add_row(escape(shown + (f"  <- {plan.variant}" if b.moving else "")), b.tagged, escape(b.vllm),
+                      escape(b.mods), ", ".join(b.nodes) or "-")
     out.print(table)

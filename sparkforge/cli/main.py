@@ -153,12 +153,17 @@ def build(
     no_wheel_cache: Annotated[bool, typer.Option("--no-wheel-cache", help="Compile vLLM inside the image build, and "
                                                  "store nothing in the wheel cache (--no-cache alone still installs "
                                                  "a cached wheel).")] = False,
+    move_tag: Annotated[bool, typer.Option("--move-tag", help="When the plan's immutable tag already names another "
+                                           "image, move it (and the moving tag) to this build; the old image keeps a "
+                                           "tag of its own, TAG.<its 12-hex ID>.")] = False,
 ) -> None:
     """Render, build with BuildKit, smoke-test, then tag a variant.
 
     The image gets its immutable tag (from the plan) and its moving tag (the variant name) only
     after the static smoke tier passes. When a build or smoke test fails, every existing tag
-    stays where it was.
+    stays where it was. The immutable tag never moves silently: when it already names another
+    image (a build of the same plan that gave other bytes), this build is kept as TAG.<12-hex ID>
+    and no tag moves, unless --move-tag is given.
 
     A git-source variant installs the vLLM wheel from the wheel cache when an earlier compile
     with the same inputs (commit, source-phase mods, build.env, arch list, base) left it there,
@@ -175,7 +180,8 @@ def build(
     say(f"building {plan.tag} from {pipeline.context_dir(plan)}")
     done = pipeline.build_variant(plan, State.layout, opts, smoke=smoke, progress=progress_printer(variant),
                                   wheel_cache=None if no_wheel_cache else (wheel_cache or default_root()),
-                                  on_smoke=lambda static: out.print(views.smoke_table([static])), say=say)
+                                  on_smoke=lambda static: out.print(views.smoke_table([static])), say=say,
+                                  move_tag=move_tag)
     emit(views.build_lines(plan, done))
 
 

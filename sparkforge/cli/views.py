@@ -283,6 +283,8 @@ def build_lines(plan: Plan, done: Any) -> list[Text]:
     elif done.static is None:
         lines.append(_line("static smoke tier: not run (--no-smoke); the tags moved without it"))
     lines += wheel_lines(done.wheel)
+    if done.replaced:
+        lines.append(_line(done.replaced))
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
 
 

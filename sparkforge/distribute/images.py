@@ -10,6 +10,7 @@ manifest digests learnt at pushes and saves, and each node's deploys.
 
 from __future__ import annotations
 
+import re
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,29 +193,41 @@ class Build:
 
     tag: str
     image_id: str
-    created: str
+    tagged: str  # when the engine last set a tag on it: the build's own time (its Created is SOURCE_DATE_EPOCH)
     vllm: str
     mods: str
     nodes: tuple[str, ...]  # nodes whose last recorded deploy was this tag
+    moving: bool = False  # the variant's moving tag names this image
+
+
+# What follows `VARIANT-` in a build's tag: the plan's 12 hex, and for a build kept beside an immutable tag that
+# names another image, `.` and its own 12 hex (build/builder.kept_tag). Another variant's tag (`VARIANT-url-...`)
+# never reads like one.
+_BUILD_TAG = re.compile(r"[0-9a-f]{12}(\.[0-9a-f]{12})?")
 
 
 def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
-    """The builds of a variant on the head, newest first (by creation time)."""
+    """The builds of a variant on the head, newest first (by the time they were tagged)."""
     repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
     proc = dockercli.run(["images", repo, "--format", "{{.Repository}}:{{.Tag}}"], what="docker images")
-    tags = [t for t in proc.stdout.split() if t.startswith(prefix) and t[len(prefix):].isalnum()]
+    tags = [t for t in proc.stdout.split() if t.startswith(prefix) and _BUILD_TAG.fullmatch(t[len(prefix):])]
     deploys = read_state(state_dir, repo)["deploys"]
     last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
     found = []
-    for tag, data in (dockercli.inspect_images(*tags) if tags else {}).items():  # one call for them all
+    refs = [*tags, plan.moving_tag] if tags else []
+    seen = dockercli.inspect_images(*refs) if refs else {}
+    moving = (seen.get(plan.moving_tag) or {}).get("Id")
+    for tag in tags:  # one call for them all
+        data = seen.get(tag)
         if data is None:  # removed since `docker images` listed it
             continue
         labels = (data.get("Config") or {}).get("Labels") or {}
-        found.append(Build(tag, data["Id"], data.get("Created", "")[:19].replace("T", " "),
+        when = str((data.get("Metadata") or {}).get("LastTagTime") or "")[:19].replace("T", " ")
+        found.append(Build(tag, data["Id"], when if when[:4] > "0001" else "-",
                            labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),
-                           tuple(sorted(n for n, t in last.items() if t == tag))))
-    return sorted(found, key=lambda b: b.created, reverse=True)
+                           tuple(sorted(n for n, t in last.items() if t == tag)), data["Id"] == moving))
+    return sorted(found, key=lambda b: b.tagged, reverse=True)
 
 
 def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],

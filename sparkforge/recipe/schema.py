@@ -82,10 +82,11 @@ def host_problem(host: str) -> str | None:
 
 
 # Docker refuses a tag over 128 characters and a repository over 255. The immutable tag is
-# "<variant>-<12 hex>", so a variant name may use 128 - 13 of them.
+# "<variant>-<12 hex>", and a build kept beside it "<variant>-<12 hex>.<12 hex>" (build/builder.kept_tag),
+# so a variant name may use 128 - 26 of them.
 MAX_TAG = 128
 MAX_REPOSITORY = 255
-MAX_VARIANT = MAX_TAG - 13
+MAX_VARIANT = MAX_TAG - 26
 
 
 def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) -> Any:

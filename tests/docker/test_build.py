@@ -183,6 +183,51 @@ verify:
     subprocess.run(["docker", "image", "rm", "-f", moving], capture_output=True)
 
 
+def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> None:
+    """A build of a plan whose immutable tag already names another image (here: the tag set by hand on the
+    base, as a rebuild that gave other bytes would leave it) keeps its image beside the tag and moves neither
+    tag; --move-tag moves both and keeps the old image reachable, in `history` and for `deploy --to`."""
+    images = tmp_path / "images"
+    shutil.copytree(VARIANTS, images)
+    (images / "testmove.yaml").write_text("extends: testvllm\n")
+    first = sparkforge(*build_args("testmove", images=images))
+    assert first.returncode == 0, first.stderr
+    moving = "sparkforge-test/vllm:testmove"
+    built = image_id(moving)
+    tag = next(line.split()[1] for line in first.stdout.splitlines() if line.startswith("tagged ") and ":testmove-" in line)
+    other = image_id(BASE)
+    assert built and other and built != other
+    subprocess.run(["docker", "tag", BASE, tag], check=True, capture_output=True, timeout=60)
+    try:
+        again = sparkforge(*build_args("testmove", images=images))
+        assert again.returncode == 0, again.stderr
+        kept = f"{tag}.{built.removeprefix('sha256:')[:12]}"
+        said = [line for line in again.stdout.splitlines() if "already names image" in line]
+        assert said == [f"{tag} already names image {other.removeprefix('sha256:')[:12]}, an earlier build of this "
+                        f"plan; this build made {built.removeprefix('sha256:')[:12]}, kept as {kept}; neither tag "
+                        f"moved (build --move-tag moves them, keeping {other.removeprefix('sha256:')[:12]} as "
+                        f"{tag}.{other.removeprefix('sha256:')[:12]})"], again.stdout
+        assert (image_id(tag), image_id(moving), image_id(kept)) == (other, built, built)
+
+        moved = sparkforge(*build_args("testmove", "--move-tag", images=images))
+        assert moved.returncode == 0, moved.stderr
+        old_kept = f"{tag}.{other.removeprefix('sha256:')[:12]}"
+        assert (image_id(tag), image_id(moving), image_id(old_kept)) == (built, built, other)
+        assert f"{tag} moved from image {other.removeprefix('sha256:')[:12]} to {built.removeprefix('sha256:')[:12]}; "\
+               f"{other.removeprefix('sha256:')[:12]} stays as {old_kept}" in moved.stdout
+
+        history = sparkforge("--images", str(images), "history", "testmove", "--base", BASE)
+        assert history.returncode == 0, history.stderr
+        rows = {line.split()[0]: line for line in history.stdout.splitlines()[1:]}
+        short = lambda ref: ref.split(":", 1)[1]  # noqa: E731
+        assert set(rows) == {short(tag), short(kept), short(old_kept)}, history.stdout
+        assert "<- testmove" in rows[short(tag)] and "<- testmove" in rows[short(kept)], history.stdout
+        assert "<- testmove" not in rows[short(old_kept)], history.stdout
+    finally:
+        subprocess.run(["docker", "image", "rm", "--no-prune", moving, tag, f"{tag}.{built.removeprefix('sha256:')[:12]}",
+                        f"{tag}.{other.removeprefix('sha256:')[:12]}"], capture_output=True, timeout=120)
+
+
 @pytest.mark.parametrize("args,words", [
     (["build", "ng17", "--ca-cert", "/nonexistent/ca.pem"], "--ca-cert: CA bundle not found"),
     (["test", "ng17", "--tier", "bogus"], "--tier: 'bogus' is not one of 'static', 'gpu', 'serve'"),
