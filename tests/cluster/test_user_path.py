@@ -22,33 +22,17 @@ import pytest
 from tests.cluster.clusterkit import node_docker
 from tests.support.paths import ROOT
 from tests.support.gitsource import VARIANT, GitSource
+from tests.support.needs import TEST_USER, require
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
-USER = os.environ.get("SPARKFORGE_TEST_USER", "sparkforge-user")
-
-
-def _member_of_docker(user: pwd.struct_passwd) -> bool:
-    import grp
-
-    try:
-        group = grp.getgrnam("docker")
-    except KeyError:
-        return False
-    return user.pw_name in group.gr_mem or user.pw_gid == group.gr_gid
+USER = TEST_USER
 
 
 @pytest.fixture(scope="module")
 def user() -> pwd.struct_passwd:
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("switching to the non-root user needs root and runuser")
-    try:
-        entry = pwd.getpwnam(USER)
-    except KeyError:
-        pytest.skip(f"no user {USER} (`.ci/provision` adds it, in the docker group)")
-    if entry.pw_uid == 0 or not _member_of_docker(entry):
-        pytest.skip(f"{USER} must be a non-root member of the docker group")
-    return entry
+    require("test-user")
+    return pwd.getpwnam(USER)
 
 
 @pytest.fixture(scope="module")

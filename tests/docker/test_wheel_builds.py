@@ -22,6 +22,7 @@ import pytest
 
 from tests.support import fileserver
 from tests.support.gitsource import TORCH_BASE, VARIANT, GitSource, ran_steps
+from tests.support.needs import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -103,8 +104,7 @@ def test_a_rebuild_of_the_same_plan_runs_no_step(setup: GitSource, compiled: dic
 @pytest.fixture(scope="module")
 def engine(torch_base: str):
     """A second, real dockerd with an empty BuildKit cache: another machine that shares the wheel cache."""
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("a second dockerd needs root and dockerd on PATH")
+    require("dockerd")
     from tests.infra.nodes import start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfw-", dir="/tmp")
