@@ -314,9 +314,11 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
         if tier not in TIERS:
             raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
     ref = image or plan.tag
+    if image and current_image(image) is None:  # an --image that names nothing is bad input (exit 2)
+        raise ConfigError(f"image {image} not found in the local engine", field="--image")
     if current_image(ref) is None:
         raise BuildError(f"image {ref} not found; build it first with `python build.py build {plan.variant}`",
-                         field="--image" if image else plan.variant)
+                         field=plan.variant)
     return [run_tier(t, ref, model) for t in tiers]
 
 
