@@ -110,7 +110,9 @@ def _base_local() -> str | None:
 
 
 def _docker_registry() -> str | None:
-    return None if shutil.which("docker-registry") else "docker-registry is not installed (Debian package docker-registry)"
+    if shutil.which("docker-registry") is None:
+        return "docker-registry is not installed (Debian package docker-registry)"
+    return None
 
 
 def _test_user() -> str | None:
