@@ -11,6 +11,8 @@ import pytest
 
 from sparkforge.build.builder import _BuildLog
 from tests.support.cli import run_cli as sparkforge
+from tests.support import needs
+from tests.support.cuda import smoke_rows
 from tests.support.docker import BASE, VARIANTS, build_args, image_id
 from tests.support.paths import MODS, ROOT
 
@@ -55,8 +57,13 @@ def test_static_tier_passes_and_gpu_tiers_say_why_they_skip(test_image) -> None:
     assert "base packages not replaced by pip" in proc.stdout
     assert "torchrun server script" in proc.stdout
     assert "failed" not in proc.stdout
-    if shutil.which("nvidia-smi") is None:
-        assert proc.stdout.count("no NVIDIA GPU on this host") == 2
+    rows = smoke_rows(proc.stdout)
+    (state, reason), = {rows["gpu", "(whole tier)"], rows["serve", "(whole tier)"]}  # both, for one reason
+    assert state == "skipped"
+    if not (needs.missing("gpu") or needs.missing("gpu-runtime")):  # a GPU host: the image has no torch
+        assert reason.startswith(f"{test_image.tag} has no importable torch"), reason
+    elif shutil.which("nvidia-smi") is None:
+        assert reason == "no NVIDIA GPU on this host (nvidia-smi not found)"
 
 
 def test_static_tier_fails_on_an_image_that_breaks_what_it_checks(test_image, tmp_path) -> None:

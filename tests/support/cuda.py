@@ -54,14 +54,17 @@ def parse_devices(text: str) -> list[tuple[str, str]]:
 
 def smoke_rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
     """(tier, check) -> (result, detail) from the table `build.py test` prints, its columns found by its
-    header (tier, check, result, detail)."""
+    header (tier, check, result, detail); a cell that wrapped goes on in the same column of the next lines."""
     lines = stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.split()[:4] == ["tier", "check", "result", "detail"])
-    starts = [lines[head].index(word) for word in ("check", "result", "detail")]
-    rows = {}
+    starts = [0, *(lines[head].index(word) for word in ("check", "result", "detail"))]
+    rows: list[list[str]] = []
     for line in lines[head + 1:]:
-        if not line.strip():
-            break
-        tier, check, result, detail = (line[a:b].strip() for a, b in zip([0, *starts], [*starts, len(line)]))
-        rows[tier, check] = (result, detail)
-    return rows
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], len(line)])]
+        if cells[0] in ("static", "gpu", "serve"):
+            rows.append(cells)
+        elif not cells[0] and rows and line.strip():
+            rows[-1] = [" ".join(filter(None, pair)) for pair in zip(rows[-1], cells)]
+        else:
+            break  # the end of the table
+    return {(tier, check): (result, detail) for tier, check, result, detail in rows}

@@ -42,12 +42,15 @@ def test_the_smoke_table_reads_back_into_its_checks() -> None:
                                   Check("sm_121 in TORCH_CUDA_ARCH_LIST", "failed", "8.0"))),
                TierResult("serve", (Check("server healthy", "failed", "the server's container exited"),
                                     Check("server log kept", "failed", "build/logs/sparkforge-serve-7-41000.log"))),
-               TierResult("static", (), skipped="not asked for")]
+               TierResult("static", (Check("mod m: python: " + "import x; " * 7, "ok", ""),),
+                          skipped="not asked for")]
     printed = io.StringIO()
-    Console(file=printed, width=200, soft_wrap=True).print(smoke_table(results))  # as the command line prints it
+    Console(file=printed, width=100, soft_wrap=True).print(smoke_table(results))  # narrow: cells wrap
     rows = smoke_rows("some line before the table\n" + printed.getvalue() + "\nand one after\n")
     assert rows == {("gpu", "torch.cuda.is_available()"): ("ok", "NVIDIA GB10"),
                     ("gpu", "sm_121 in TORCH_CUDA_ARCH_LIST"): ("failed", "8.0"),
                     ("serve", "server healthy"): ("failed", "the server's container exited"),
                     ("serve", "server log kept"): ("failed", "build/logs/sparkforge-serve-7-41000.log"),
-                    ("static", "(whole tier)"): ("skipped", "not asked for")}
+                    ("static", "(whole tier)"): ("skipped", "not asked for"),
+                    ("static", "mod m: python: " + "import x; " * 6 + "import x;"): ("ok", "")}
+    assert len(printed.getvalue().splitlines()) > len(rows) + 1  # some of them did wrap
