@@ -60,7 +60,6 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_wheel_cache.pop(), ignore_errors=True)
     if hasattr(session.config, "workerinput") or not _before:
         return
-        return
     changed = hoststate.changed(_before, hoststate.snapshot())
     if changed:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -70,7 +70,7 @@ def docker_problem(limit: float = DOCKER_INFO_LIMIT) -> str | None:
         return _docker_cli()
     info = _run("docker", "info", "--format", "{{.ServerVersion}}", timeout=limit)
     if isinstance(info, str):
-        return f"the Docker engine is wedged: {info}"
+        return f"the Docker engine is wedged: {info}" if "did not answer" in info else info
     if info.returncode != 0:
         return f"the Docker engine does not answer: {_last(info.stderr)}"
     buildx = _run("docker", "buildx", "version", timeout=limit)
