@@ -149,7 +149,7 @@ def bench_wheel_cache(git: GitSource, work: Path) -> bool:
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         print("bench-rebuild: wheel cache: skipped (an engine of its own needs root and dockerd)")
         return True
-    from tests.infra.nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import CONTAINERD, start_nodes, stop_nodes
 
     variant = f"{GIT_VARIANT}-pinned"
     (git.images / f"{variant}.yaml").write_text(
@@ -158,7 +158,7 @@ def bench_wheel_cache(git: GitSource, work: Path) -> bool:
     cache = work / "wheel-cache"
     base_dir = tempfile.mkdtemp(prefix="sfb-", dir="/tmp")
     before = None
-    (engine,) = start_nodes(1, base_dir)
+    (engine,) = start_nodes(1, base_dir, CONTAINERD)
     try:
         save = subprocess.Popen(["docker", "save", TORCH_BASE], stdout=subprocess.PIPE)
         subprocess.run(["docker", "-H", engine.endpoint, "load"], stdin=save.stdout, check=True, capture_output=True)

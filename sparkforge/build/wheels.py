@@ -2,7 +2,7 @@
 an earlier compile with the very same inputs left in the wheel cache.
 
 A compile's wheel is decided by the vLLM commit, the source-phase mods, the compile's environment
-(`build.env`), the arch list, the base (digest, or the local image ID when the recipe pins none), the
+(`build.env`), the arch list, the base (digest, or its content on the build engine when the recipe pins none), the
 commits of the git components the compile sees, and the template's compile step. Those inputs, as
 canonical JSON, are hashed into the cache key; an entry is used only when its key is this build's key,
 and its wheel only when the wheel's sha256 still matches what the entry recorded. The cache is a plain
@@ -166,11 +166,26 @@ def metadata_version(wheel: Path) -> Version | None:
 
 
 def base_identity(plan: Plan, host: str | None = None) -> str | None:
-    """The base's digest, or (unpinned) its image ID on the build engine; None when neither is known."""
+    """The base's digest, or (unpinned) what its content is on the build engine; None when neither is known.
+
+    Not the image ID: that is the config digest on the classic image store and a manifest digest on the
+    containerd store, so one base would give two keys. What both stores report alike is the ordered
+    layer diff IDs and the image's settings that a compile sees (environment, user, working folder,
+    entry point, platform); their digest names the base's content on any engine."""
     if plan.base.digest.value:
         return plan.base.digest.value
     data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
-    return f"image-id {data['Id']}" if data else None
+    return None if data is None else "content " + _content_digest(data)
+
+
+def _content_digest(data: dict[str, Any]) -> str:
+    config = data.get("Config") or {}
+    seen = {
+        "layers": list((data.get("RootFS") or {}).get("Layers") or []),
+        "platform": [data.get("Os") or "", data.get("Architecture") or "", data.get("Variant") or ""],
+        **{key: config.get(key) or None for key in ("Env", "User", "WorkingDir", "Entrypoint", "Cmd", "Shell")},
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
 
 
 def engine_arch(host: str | None = None) -> str:

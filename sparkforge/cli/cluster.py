@@ -163,6 +163,9 @@ def status(
     st = cluster_status(plan, target.nodes)
     head_id = st.image.image_id if st.image else None
     out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
+    if st.newest:
+        out.print(f"compared with {st.tag}, the build the last deploy set; this recipe's own build is {st.newest}",
+                  markup=False)
     out.print(views.status_table(st, ImageRef.parse(plan.tag).tag or ""))
     if st.all_match:
         out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")

@@ -29,8 +29,8 @@ from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
-from .images import (HeadImage, NodeImage, check_node, find_head_image, inspect, registry_ref, same_image,
-                     update_state)
+from .images import (HeadImage, NodeImage, check_node, deployed_tag, image_on_head, inspect, registry_ref,
+                     same_image, update_state)
 from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_dockers,
                     run_nodes)
 
@@ -118,9 +118,10 @@ class NodeStatus:
 @dataclass(frozen=True)
 class ClusterStatus:
     image: HeadImage | None  # None when the head does not have the image
-    tag: str
+    tag: str  # the build the nodes are compared with: the one the last deploy set, else the plan's
     moving_tag: str
     nodes: tuple[NodeStatus, ...]
+    newest: str = ""  # the plan's own tag, when it is not the one compared with
 
     @property
     def ids(self) -> set[str | None]:
@@ -141,12 +142,16 @@ def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[No
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def add(data: dict) -> None:
+        ran = False
         for r in results:
             if r.outcome == FAILED:
                 continue
+            ran = True
             past = data["deploys"].setdefault(r.node.name, [])
             if not past or past[-1]["tag"] != image.tag:
                 past.append({"tag": image.tag, "at": now})
+        if ran:  # the build the moving tag stands for now, rollbacks included: what status compares with
+            data.setdefault("deployed", {})[image.moving_tag] = image.tag
 
     update_state(state_dir, image.repository, add)
 
@@ -324,13 +329,15 @@ def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Reg
 
 
 def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = None) -> ClusterStatus:
-    """Which image each node's tags point to, compared with the head's (when it has it)."""
-    image = find_head_image(plan, state_dir)
+    """Which image each node's tags point to, compared with the build the last deploy set (a rollback is
+    current) or, before any deploy, with the plan's own build; either only when the head has it."""
+    tag = deployed_tag(state_dir, plan.moving_tag) or plan.tag
+    image = image_on_head(tag, plan.moving_tag, state_dir)
 
     def one(node: Node) -> NodeStatus:
         try:
-            found = inspect(node, plan.moving_tag, plan.tag)
-            moving, tagged = found[plan.moving_tag], found[plan.tag]
+            found = inspect(node, plan.moving_tag, tag)
+            moving, tagged = found[plan.moving_tag], found[tag]
         except DistributeError as exc:
             return NodeStatus(node, None, None, str(exc))
         ident = image.identity if image else None
@@ -338,7 +345,7 @@ def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = N
                           bool(ident and moving and same_image(ident, moving)),
                           bool(ident and tagged and same_image(ident, tagged)))
 
-    return ClusterStatus(image, plan.tag, plan.moving_tag, run_nodes(nodes, one))
+    return ClusterStatus(image, tag, plan.moving_tag, run_nodes(nodes, one), "" if tag == plan.tag else plan.tag)
 
 
 # ---------------------------------------------------------------------------------- helpers

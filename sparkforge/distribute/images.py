@@ -205,11 +205,10 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
     return befores.pop()
 
 
-def find_head_image(plan: Plan, state_dir: Path | None = None) -> HeadImage | None:
-    try:
-        return head_image(plan, state_dir)
-    except DistributeError:
-        return None
+def deployed_tag(state_dir: Path | None, moving_tag: str) -> str | None:
+    """The build the last deploy of a moving tag set on the nodes (a rollback's too), from the head's record."""
+    tag = (read_state(state_dir, ImageRef.parse(moving_tag).repository).get("deployed") or {}).get(moving_tag)
+    return tag if isinstance(tag, str) else None
 
 
 def registry_ref(registry: str, ref: str) -> str:

@@ -132,9 +132,25 @@ def transport_error(node: Node, code: int, stderr: str) -> str | None:
         return f"ssh to {host} failed: {text[-200:] or 'exit code 255'}"
     if ssh and code == 127:
         return f"no docker CLI on {host} (the node needs docker in the ssh user's PATH)"
-    if "Cannot connect to the Docker daemon" in text or "error during connect" in text:
+    if any(words in text for words in _NO_PERMISSION):
+        return (f"no permission to use the Docker engine at {node.endpoint} (the node's user must be in its "
+                "docker group)")
+    if any(words in text for words in _NO_ENGINE):
         return f"unreachable at {node.endpoint}: the Docker engine does not answer"
     return None
+
+
+# What the docker CLI says when it cannot reach its engine, in the words of each release's client
+# (moby client/request.go and client/errors.go): up to Docker 28, and from Docker 29 on.
+_NO_PERMISSION = (
+    "permission denied while trying to connect to the Docker daemon socket",  # up to 28
+    "permission denied while trying to connect to the docker API at",  # 29
+)
+_NO_ENGINE = (
+    "Cannot connect to the Docker daemon",  # every release: refused, timed out
+    "error during connect",  # up to 28
+    "failed to connect to the docker API at",  # 29: no socket at the path, or a host that does not resolve
+)
 
 
 def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T]) -> tuple[T, ...]:
@@ -176,7 +192,9 @@ class PullLog:
             short, _, status = text.partition(": ")
             if status == "Pulling fs layer":
                 self.fetching.add(short)
-            elif status == "Already exists":
+            elif status == "Already exists" and (not self.sizes or short in self.sizes):
+                # From Docker 29.1 a pull also fetches the image's attestations and signatures, and says
+                # "Already exists" of their blobs too: only the image's own layers are counted.
                 self.present += 1
             elif status == "Download complete" and short in self.fetching:
                 self.done += self.sizes.get(short, 0)

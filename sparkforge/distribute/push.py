@@ -59,14 +59,15 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
             repo, tag = ref.repository, ref.tag
             client.api.tag(image.image_id, repo, tag, force=True)
             for ev in client.api.push(repo, tag=tag, stream=True, decode=True):
-                if "error" in ev:
-                    raise DistributeError(f"push of {full} failed: {one_line(ev['error'])}", field="--registry")
+                failed = _push_error(ev)
+                if failed:
+                    raise DistributeError(f"push of {full} failed: {failed}", field="--registry")
                 status, lid = ev.get("status", ""), ev.get("id")
                 if status == "Pushing" and lid:
                     detail = ev.get("progressDetail") or {}
                     pushed[lid] = max(pushed.get(lid, 0), int(detail.get("current") or 0))
-                elif status in ("Layer already exists", "Mounted from") and lid:
-                    present.add(lid)
+                elif (status == "Layer already exists" or status.startswith("Mounted from ")) and lid:
+                    present.add(lid)  # the engine says "Mounted from REPO" of a layer the registry had elsewhere
                 aux = ev.get("aux") or {}
                 if aux.get("Digest"):
                     digest = aux["Digest"]
@@ -82,6 +83,16 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
         record_manifest(state_dir, image.tag, digest)
     return PushResult(tuple(refs), digest, len(pushed), len(present), sum(pushed.values()),
                       time.monotonic() - t0)
+
+
+def _push_error(event: dict) -> str | None:
+    """The failure a push progress event reports, in one line: its `errorDetail.message` (what every release
+    sends) or its older `error` string; None when the event reports none."""
+    detail = event.get("errorDetail")
+    if not detail and "error" not in event:
+        return None
+    message = (detail.get("message") if isinstance(detail, dict) else None) or event.get("error")
+    return one_line(message) if isinstance(message, str) and message.strip() else "the engine gave no reason"
 
 
 _PUSHED_DIGEST = re.compile(r": digest: (sha256:[0-9a-f]{64}) size: [0-9]+\Z")

@@ -105,13 +105,27 @@ class TarIndex:
         except ValueError:
             return
         if self.kept == b"index.json" and isinstance(data, dict):
-            manifests = data.get("manifests") or []
-            if len(manifests) == 1 and isinstance(manifests[0], dict):
-                self.manifest = manifests[0].get("digest")
+            self.manifest = saved_image_digest(data)
         elif self.kept == b"manifest.json" and isinstance(data, list) and len(data) == 1 and isinstance(data[0], dict):
             name = str(data[0].get("Config") or "")
             if name.startswith("blobs/sha256/"):
                 self.config = "sha256:" + name.rpartition("/")[2]
+
+
+# The annotations a saved image's index.json puts on the entry of each image it holds (containerd's and OCI's).
+_NAME_KEYS = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
+
+
+def saved_image_digest(index: dict) -> str | None:
+    """The digest of the one image a `docker save` of one tag holds, from its index.json; None when it is not one.
+
+    From Docker 29.1 the index also lists the image's attestations and signatures (referrers): entries
+    without an image name, which are not the image."""
+    entries = [m for m in index.get("manifests") or [] if isinstance(m, dict)]
+    named = [m for m in entries if any(k in (m.get("annotations") or {}) for k in _NAME_KEYS)]
+    pick = named if named else entries
+    digest = pick[0].get("digest") if len(pick) == 1 else None
+    return digest if isinstance(digest, str) else None
 
 
 class _Writer(threading.Thread):

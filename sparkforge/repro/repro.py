@@ -143,17 +143,23 @@ def read_digests(tarball: Path) -> ImageDigests:
             index = json.loads(tf.extractfile("index.json").read())  # type: ignore[union-attr]
             desc = index["manifests"][0]
             manifest = json.loads(_blob(tf, desc["digest"]))
-            if "manifests" in manifest:  # an index: take its first image manifest
-                desc = manifest["manifests"][0]
+            if "manifests" in manifest:  # an index: its image manifest, not an attestation beside it
+                desc = next(m for m in manifest["manifests"] if not _attestation(m))
                 manifest = json.loads(_blob(tf, desc["digest"]))
             config = json.loads(_blob(tf, manifest["config"]["digest"]))
-    except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError) as exc:
+    except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError, StopIteration) as exc:
         raise ReproError(f"not an image tarball from buildx: {exc}", path=tarball) from None
     steps = [h.get("created_by", "") for h in config.get("history", []) if not h.get("empty_layer")]
     layers = tuple(layer["digest"] for layer in manifest["layers"])
     steps += [""] * (len(layers) - len(steps))
     return ImageDigests(tarball, desc["digest"], manifest["config"]["digest"], layers,
                         tuple(_short_step(s) for s in steps[:len(layers)]))
+
+
+def _attestation(desc: dict) -> bool:
+    """Whether an index entry is an attestation manifest (BuildKit's provenance or SBOM), not an image."""
+    kind = (desc.get("annotations") or {}).get("vnd.docker.reference.type")
+    return kind == "attestation-manifest" or (desc.get("platform") or {}).get("os") == "unknown"
 
 
 def _short_step(created_by: str) -> str:

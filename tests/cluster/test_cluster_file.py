@@ -72,6 +72,21 @@ def test_ssh_never_prompts_and_checks_host_keys() -> None:
     (1, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n",
      "the Docker engine does not answer"),
     (1, "Error response from daemon: No such image: x:1\n", None),
+    # The words of each docker client release, quoted from moby's client/request.go: up to 28 (v28.5.2) ...
+    (1, "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+        "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.51/version\": dial unix /var/run/docker.sock: connect: "
+        "permission denied\n", "no permission to use the Docker engine at ssh://root@10.0.0.11:2222"),
+    # ... and from 29 (docker-v29.1.0): a socket it may not use, a socket that is not there, a host that does
+    # not resolve, and an engine that refuses the connection.
+    (1, "permission denied while trying to connect to the docker API at unix:///var/run/docker.sock\n",
+     "no permission to use the Docker engine at ssh://root@10.0.0.11:2222"),
+    (1, "failed to connect to the docker API at unix:///var/run/docker.sock; check if the path is correct and if "
+        "the daemon is running: dial unix /var/run/docker.sock: connect: no such file or directory\n",
+     "the Docker engine does not answer"),
+    (1, "failed to connect to the docker API at tcp://node9:2375: lookup node9: no such host\n",
+     "the Docker engine does not answer"),
+    (1, "Cannot connect to the Docker daemon at tcp://10.0.0.11:2375. Is the docker daemon running?\n",
+     "the Docker engine does not answer"),
 ])
 def test_ssh_failures_become_one_line_per_node(code, stderr, expected) -> None:
     reason = transport_error(Node("a", "ssh://root@10.0.0.11:2222"), code, stderr)

@@ -16,11 +16,14 @@ def redraw(layer: bytes, status: bytes, line: bool = False) -> bytes:
 
 
 def test_layers_and_bytes_are_counted_across_redraws_and_split_reads() -> None:
-    log = PullLog({"aaaaaaaaaaaa": 1000, "bbbbbbbbbbbb": 50})
+    log = PullLog({"aaaaaaaaaaaa": 1000, "bbbbbbbbbbbb": 50, "cccccccccccc": 70})
     stream = b"".join([
         b"testvllm-0123: Pulling from sparkforge-test/vllm\r\n",
         b"\r\n", redraw(b"aaaaaaaaaaaa", b"Pulling fs layer", line=True),
         b"\r\n", redraw(b"cccccccccccc", b"Already exists"),
+        # From Docker 29.1 a pull also fetches the image's attestation manifest and signatures, and reports their
+        # blobs like layers: not a layer of the image (not in the registry's manifest), not counted.
+        b"\r\n", redraw(b"dddddddddddd", b"Already exists"),
         redraw(b"aaaaaaaaaaaa", b"Downloading  [=====>      ]  512kB/1MB"),
         redraw(b"aaaaaaaaaaaa", b"Download complete"),
         redraw(b"bbbbbbbbbbbb", b"Download complete"),  # never announced as fetched: not counted

@@ -1,7 +1,9 @@
 """The path users walk, end to end, as they walk it: a non-root member of the `docker` group, in a
-fresh copy of the project, locks a git-source variant, runs `make image` (which makes .venv), pushes
-to the TLS registry on the head's LAN address, deploys over ssh to the namespace hosts (node3 on the
-containerd image store) and asks for status.
+fresh copy of the project, on the head's engine (Docker 28.5 on the containerd image store, as a new
+Docker 29 install is), locks a git-source variant, runs `make image` (which makes .venv), pushes to
+the TLS registry on the head's LAN address, deploys over ssh to the namespace hosts (node1 classic
+store, node2 an older Docker 26, node3 containerd store) and asks for status; then looks inside the
+image, builds a second build, deploys it, rolls back with `deploy --previous` and asks again.
 
 The user is `sparkforge-user` (SPARKFORGE_TEST_USER names another), made by .ci/provision. Its
 home holds the copy, the ssh key, the CA bundle and every cache; the copy is removed at the end.
@@ -132,3 +134,56 @@ def test_a_docker_group_member_locks_builds_pushes_deploys_and_sees_status(
     key = record["vllm"]["installed_wheel"]["cache_key"]
     assert (Path(user.pw_dir) / ".cache" / "sparkforge" / "wheels" / key / "entry.json").is_file(), key
     assert (ws / ".venv").stat().st_uid == user.pw_uid  # the copy's own environment, made by make
+
+    # What the engine built, looked at by the verbs that name images (on this store, by manifest digest).
+    seen = as_user(user, ws, py, "build.py", "inspect", plan["tag"])
+    assert seen.returncode == 0 and plan["plan_hash"] in seen.stdout, seen.stdout + seen.stderr
+    static = as_user(user, ws, py, "build.py", "test", VARIANT, "--tier", "static")
+    assert static.returncode == 0, static.stdout + static.stderr
+
+    # A second build (one install-phase mod fewer: the cached wheel, no compile), locked again, pushed and
+    # deployed; then back to the first with --previous, which status reports as current.
+    recipe = ws / "images" / f"{VARIANT}.yaml"
+    recipe.write_text(recipe.read_text().replace("  - serve-torchrun\n", ""))
+    relock = as_user(user, ws, py, "build.py", "lock", VARIANT, "--no-build")
+    assert relock.returncode == 0, relock.stdout + relock.stderr
+    again = as_user(user, ws, "make", "image", f"VARIANT={VARIANT}", f"ARGS=--locked --ca-cert {ws / 'ca-bundle.crt'}")
+    assert again.returncode == 0 and "from the wheel cache" in again.stdout, again.stdout[-3000:] + again.stderr[-2000:]
+    second = json.loads(as_user(user, ws, py, "build.py", "show", VARIANT, "--json").stdout)
+    assert second["tag"] != plan["tag"]
+    for verb in ("push", "deploy"):
+        proc = as_user(user, ws, py, "build.py", verb, VARIANT, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    history = as_user(user, ws, py, "build.py", "history", VARIANT)
+    assert history.returncode == 0, history.stdout + history.stderr
+    assert plan["tag"].partition(":")[2] in history.stdout and second["tag"].partition(":")[2] in history.stdout
+    back = as_user(user, ws, py, "build.py", "deploy", VARIANT, "--previous", *args)
+    assert back.returncode == 0, back.stdout + back.stderr
+    status = as_user(user, ws, py, "build.py", "status", VARIANT, *args)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "all 3 nodes match" in status.stdout and f"compared with {plan['tag']}" in status.stdout, status.stdout
+    for host in cluster.nodes:
+        run = node_docker(cluster, host, "run", "--rm", "--network", "none", "--entrypoint", "cat",
+                          plan["moving_tag"], "/opt/sparkforge/build-record.json")
+        assert json.loads(run.stdout)["plan_hash"] == plan["plan_hash"], host.name
+
+
+def test_a_docker_group_member_makes_the_test_variant_and_looks_inside(user, workspace: Path, base_image) -> None:
+    """The README's try-it command, as written, as the user, on the head's containerd store."""
+    from tests.support.paths import BASE, CA
+
+    _chown(workspace, user)
+    venv = as_user(user, workspace, "make", "venv")
+    assert venv.returncode == 0, venv.stdout[-2000:] + venv.stderr[-2000:]
+    image = as_user(user, workspace, "make", "image", "VARIANT=testvllm", "IMAGES=tests/variants",
+                    f"ARGS=--base {BASE} --ca-cert {CA}")
+    assert image.returncode == 0, image.stdout[-3000:] + image.stderr[-3000:]
+    py = str(workspace / ".venv" / "bin" / "python")
+    show = as_user(user, workspace, py, "build.py", "--images", "tests/variants", "show", "testvllm", "--base", BASE,
+                   "--json")
+    tag = json.loads(show.stdout)["tag"]
+    assert f"tagged {tag}" in image.stdout, image.stdout[-2000:]
+    for argv in (("inspect", tag), ("test", "testvllm", "--tier", "static", "--base", BASE),
+                 ("history", "testvllm", "--base", BASE)):
+        proc = as_user(user, workspace, py, "build.py", "--images", "tests/variants", *argv)
+        assert proc.returncode == 0, (argv, proc.stdout + proc.stderr)

@@ -24,16 +24,17 @@ def registry(tmp_path_factory) -> Registry:
 
 @pytest.fixture(scope="module")
 def nodes():
-    """Three extra real dockerd daemons (tests/infra/nodes.py), started once per module.
+    """Three extra real dockerd daemons on the classic image store (tests/infra/nodes.py), started once per module;
+    the head that pushes to them is on the containerd store.
 
     max-download-attempts=1: a pull whose registry died fails at once instead of after the
     engine's default 5 attempts with a growing back-off (about 50 s), which is the same outcome.
     """
     require("dockerd")
-    from tests.infra.nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import start_nodes, stop_nodes, with_store
 
     base = tempfile.mkdtemp(prefix="sfd-", dir="/tmp")  # short: unix socket paths max 107 bytes
-    started = start_nodes(3, base, daemon_config={"max-download-attempts": 1})
+    started = start_nodes(3, base, daemon_config=with_store({"max-download-attempts": 1}, containerd=False))
     yield started
     try:
         stop_nodes(started, kill=True)  # throw-away nodes: no graceful shutdown to wait for

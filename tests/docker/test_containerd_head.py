@@ -2,10 +2,11 @@
 built there.
 
 That store keeps a built layer as a gzip blob, and `docker save` names each blob by its own digest,
-not by the layer's diff ID, and the image ID is a manifest digest. An image is built on a real
-containerd-store dockerd, pushed to a real registry with each compression, and pulled by a
-classic-store node and a containerd-store node, each then holding the same image by the identity
-`deploy` checks.
+not by the layer's diff ID, and the image ID is a manifest digest; a layer it loaded from a classic
+store's save stays uncompressed. An image is built on a real containerd-store dockerd (the head's
+engine and version) on a base that came from a classic-store machine, pushed to a real registry with
+each compression, and pulled by a classic-store node and a containerd-store node, each then holding
+the same image by the identity `deploy` checks.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from tests.support.needs import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
-CONTAINERD = {"features": {"containerd-snapshotter": True}}
 TAG, MOVING = "sparkforge-test/ctd-head:1", "sparkforge-test/ctd-head:latest"
 DOCKERFILE = """FROM {base}
 RUN head -c 3000000 /dev/urandom > /blob && echo one > /one
@@ -38,21 +38,24 @@ RUN echo two > /two
 
 @pytest.fixture(scope="module")
 def engines(base_image: str):
-    """A containerd-store head with a BuildKit-built image, a classic-store node and a containerd-store node."""
+    """A containerd-store head with a BuildKit-built image, a classic-store node and a containerd-store node.
+    The head gets its base from the classic node's `docker save`, as from another machine: a layer kept as it
+    came (uncompressed) beside the ones BuildKit built (gzip)."""
     require("dockerd")
-    from tests.infra.nodes import start_nodes
+    from tests.infra.nodes import CLASSIC, CONTAINERD, start_nodes
 
     where = tempfile.mkdtemp(prefix="sfh-", dir="/tmp")  # short: unix socket paths max 107 bytes
     started = []
     try:
         head, ctd = start_nodes(2, f"{where}/c", CONTAINERD, prefix="c")
         started += [head, ctd]
-        (classic,) = start_nodes(1, f"{where}/k", prefix="k")
+        (classic,) = start_nodes(1, f"{where}/k", CLASSIC, prefix="k")
         started.append(classic)
-        save = subprocess.Popen(["docker", "save", base_image], stdout=subprocess.PIPE)
-        load = subprocess.run(["docker", "-H", head.endpoint, "load", "-q"], stdin=save.stdout, capture_output=True,
-                              timeout=600)
-        assert save.wait() == 0 and load.returncode == 0, load.stderr
+        for source, target in (("docker", classic.endpoint), (f"docker -H {classic.endpoint}", head.endpoint)):
+            save = subprocess.Popen([*source.split(), "save", base_image], stdout=subprocess.PIPE)
+            load = subprocess.run(["docker", "-H", target, "load", "-q"], stdin=save.stdout, capture_output=True,
+                                  timeout=600)
+            assert save.wait() == 0 and load.returncode == 0, load.stderr
         ctx = Path(where) / "ctx"
         ctx.mkdir()
         (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base_image))

@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from tests.support.cli import run_cli as sparkforge
-from tests.support.docker import BASE, VARIANTS
+from tests.support.docker import BASE, VARIANTS, config_digest
 from tests.support.paths import ROOT, TEST_MODS
 from sparkforge.distribute import deploy, images, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
@@ -49,6 +49,15 @@ def head(plan, test_image):
     image = images.head_image(plan)
     assert image.image_id == test_image.image_id
     return image
+
+
+@pytest.fixture(scope="module")
+def shown(head) -> str:
+    """The ID the classic-store nodes show for the head's image: its config digest. The head, on the containerd
+    store, shows a manifest digest (head.image_id) for the same image."""
+    config = config_digest(head.tag)
+    assert config != head.image_id
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +105,12 @@ def tag_id(node, ref: str) -> str | None:
 
 def make_stale(node, test_image, old_ids) -> None:
     """Remove the test image from a node and put its moving tag back on the old image."""
-    node.docker("rmi", "-f", test_image.image_id, check=False)
+    node.docker("rmi", "-f", test_image.tag, check=False)
     node.docker("tag", OLD, test_image.moving_tag)
+    node.docker("image", "prune", "-f")  # the test image, now without a tag, goes too
     assert tag_id(node, test_image.moving_tag) == old_ids[node.name]
-    assert tag_id(node, test_image.image_id) is None
+    assert tag_id(node, test_image.tag) is None
+    assert not node.docker("images", "-q", "--filter", "dangling=true").stdout.strip()
 
 
 def as_nodes(nodes) -> list[ClusterNode]:
@@ -167,7 +178,7 @@ def _loader_of(node) -> int | None:
 
 
 def test_cli_stream_one_stream_cut_the_other_node_completes(nodes, head, cluster_file, old_ids,
-                                                             test_image) -> None:
+                                                             test_image, shown) -> None:
     for node in nodes[:2]:
         make_stale(node, test_image, old_ids)
     done_node, victim = nodes[0], nodes[1]
@@ -195,19 +206,19 @@ def test_cli_stream_one_stream_cut_the_other_node_completes(nodes, head, cluster
     assert cut.is_set(), proc.stdout + proc.stderr
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("node")}
-    assert rows[done_node.name][1] == "updated" and head.image_id[:19] in rows[done_node.name][2], proc.stdout
+    assert rows[done_node.name][1] == "updated" and shown[:19] in rows[done_node.name][2], proc.stdout
     assert rows[victim.name][1] == "failed", proc.stdout
     assert "stream interrupted" in failure_line(proc, victim)
     assert "1 updated, 0 current, 1 failed" in proc.stdout
     assert f"{done_node.name} " in proc.stderr and " load " in proc.stderr  # per-node progress lines
-    assert tag_id(done_node, test_image.moving_tag) == head.image_id
-    assert tag_id(done_node, test_image.tag) == head.image_id
+    assert tag_id(done_node, test_image.moving_tag) == shown
+    assert tag_id(done_node, test_image.tag) == shown
     assert tag_id(victim, test_image.moving_tag) == old_ids[victim.name]
     assert tag_id(victim, test_image.tag) is None
 
 
 def test_node_dies_mid_pull_others_complete_and_it_keeps_its_old_image(
-        nodes, head, registry, pushed, cluster_file, old_ids, test_image) -> None:
+        nodes, head, registry, pushed, cluster_file, old_ids, test_image, shown) -> None:
     victim = nodes[1]
     make_stale(victim, test_image, old_ids)
     crashed = threading.Event()
@@ -225,9 +236,9 @@ def test_node_dies_mid_pull_others_complete_and_it_keeps_its_old_image(
     assert rows[nodes[2].name].outcome == "updated" and rows[nodes[2].name].bytes_moved > 100_000_000
     assert rows[nodes[0].name].outcome in ("current", "updated")
     for node in (nodes[0], nodes[2]):
-        assert rows[node.name].image_id == head.image_id
-        assert tag_id(node, test_image.moving_tag) == head.image_id
-        assert tag_id(node, test_image.tag) == head.image_id
+        assert rows[node.name].image_id == shown
+        assert tag_id(node, test_image.moving_tag) == shown
+        assert tag_id(node, test_image.tag) == shown
     victim.start()
     assert tag_id(victim, test_image.moving_tag) == old_ids[victim.name]
     assert tag_id(victim, test_image.tag) is None
@@ -239,7 +250,7 @@ def test_node_dies_mid_pull_others_complete_and_it_keeps_its_old_image(
 
 
 def test_registry_down_at_start_fails_the_stale_node_only(nodes, head, registry, cluster_file, old_ids,
-                                                          test_image, pushed) -> None:
+                                                          test_image, pushed, shown) -> None:
     ensure_current(head, registry, nodes[0], nodes[2])
     make_stale(nodes[1], test_image, old_ids)
     registry.stop()
@@ -254,7 +265,7 @@ def test_registry_down_at_start_fails_the_stale_node_only(nodes, head, registry,
     assert "0 updated, 2 current, 1 failed" in proc.stdout
     assert tag_id(nodes[1], test_image.moving_tag) == old_ids[nodes[1].name]
     for node in (nodes[0], nodes[2]):
-        assert tag_id(node, test_image.moving_tag) == head.image_id
+        assert tag_id(node, test_image.moving_tag) == shown
 
 
 def test_registry_dies_mid_deploy(nodes, head, registry, old_ids, test_image, pushed) -> None:
@@ -283,7 +294,7 @@ def test_registry_dies_mid_deploy(nodes, head, registry, old_ids, test_image, pu
 
 
 def test_unreachable_node_is_reported_and_the_others_finish(nodes, head, registry, cluster_file,
-                                                            test_image, pushed) -> None:
+                                                            test_image, pushed, shown) -> None:
     ensure_current(head, registry, nodes[0], nodes[2])
     down = nodes[0]
     down.stop(kill=True)
@@ -296,7 +307,7 @@ def test_unreachable_node_is_reported_and_the_others_finish(nodes, head, registr
     assert "unreachable at unix://" in failure_line(proc, down)
     assert "0 updated, 1 current, 1 failed" in proc.stdout
     assert status.returncode == 1 and "did not answer" in status.stdout
-    assert tag_id(down, test_image.moving_tag) == head.image_id  # untouched, still what it had
+    assert tag_id(down, test_image.moving_tag) == shown  # untouched, still what it had
 
 
 def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_ids, test_image) -> None:
@@ -319,19 +330,19 @@ def test_stream_save_killed_fails_every_streaming_node_cleanly(nodes, head, old_
 
 
 def test_cli_deploy_updates_only_the_stale_node_and_status_agrees(
-        nodes, head, registry, pushed, cluster_file, old_ids, test_image) -> None:
+        nodes, head, registry, pushed, cluster_file, old_ids, test_image, shown) -> None:
     make_stale(nodes[1], test_image, old_ids)
     proc = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     table = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("node")}
-    assert table[nodes[1].name][1] == "updated" and head.image_id[:19] in table[nodes[1].name][2], out
+    assert table[nodes[1].name][1] == "updated" and shown[:19] in table[nodes[1].name][2], out
     assert {table[n.name][1] for n in (nodes[0], nodes[2])} <= {"current", "updated"}
     assert f"{nodes[1].name} " in proc.stderr and " pull " in proc.stderr  # per-node progress lines
     assert f"every node runs {test_image.moving_tag} = {head.image_id}" in out
     for node in nodes:
-        assert tag_id(node, test_image.moving_tag) == head.image_id
-        assert tag_id(node, test_image.tag) == head.image_id
+        assert tag_id(node, test_image.moving_tag) == shown
+        assert tag_id(node, test_image.tag) == shown
     again = cli("deploy", VARIANT, "--cluster", str(cluster_file))
     assert again.returncode == 0 and "0 updated, 3 current, 0 failed" in again.stdout, again.stdout
     status = cli("status", VARIANT, "--cluster", str(cluster_file))

@@ -116,10 +116,10 @@ def test_build_locked_refuses_a_recipe_edited_after_locking(locked: dict, lock_i
 def containerd_node():
     """One extra real dockerd with the containerd image store (tests/infra/nodes.py)."""
     require("dockerd")
-    from tests.infra.nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import CONTAINERD, start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfr-", dir="/tmp")  # short: unix socket paths max 107 bytes
-    started = start_nodes(1, base, daemon_config={"features": {"containerd-snapshotter": True}}, prefix="ctd")
+    started = start_nodes(1, base, daemon_config=CONTAINERD, prefix="ctd")
     yield started[0]
     try:
         stop_nodes(started)

@@ -103,12 +103,14 @@ def test_a_rebuild_of_the_same_plan_runs_no_step(setup: GitSource, compiled: dic
 
 @pytest.fixture(scope="module")
 def engine(torch_base: str):
-    """A second, real dockerd with an empty BuildKit cache: another machine that shares the wheel cache."""
+    """A second, real dockerd with an empty BuildKit cache: another machine that shares the wheel cache. It keeps
+    its images in the classic store while the head uses the containerd store, so the cache key of the base is
+    shown to name the same base on both."""
     require("dockerd")
-    from tests.infra.nodes import start_nodes, stop_nodes
+    from tests.infra.nodes import CLASSIC, start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfw-", dir="/tmp")
-    (node,) = start_nodes(1, base)
+    (node,) = start_nodes(1, base, CLASSIC)
     try:
         save = subprocess.Popen(["docker", "save", TORCH_BASE], stdout=subprocess.PIPE)
         load = subprocess.run(["docker", "-H", node.endpoint, "load"], stdin=save.stdout, capture_output=True,

@@ -30,12 +30,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from tests.infra.nodes import Node, NodeError, _alive
+from tests.infra.nodes import OLD_DOCKERD, Node, NodeError, _alive, engine_roots, with_store
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 2222
-# The engines here run chrooted (as .ci/provision runs them): the certs.d they read is under that root.
-ENGINE_ROOT = Path(os.environ.get("SPARKFORGE_ENGINE_ROOT", "/var/lib/sparkforge-engine/trixie"))
 
 
 def missing() -> str | None:
@@ -43,6 +41,7 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces, a bridge, sshd)"
     for tool, why in ((shutil.which("ip"), "ip (iproute2)"), (shutil.which("dockerd"), "dockerd"),
+                      (shutil.which(OLD_DOCKERD), f"{OLD_DOCKERD} (the older engine of one node; .ci/provision)"),
                       (shutil.which("docker"), "the docker CLI"), (shutil.which("ssh"), "ssh"),
                       (shutil.which("ssh-keygen"), "ssh-keygen")):
         if tool is None:
@@ -55,9 +54,10 @@ def missing() -> str | None:
     return None
 
 
-def engine_certs_dir() -> Path:
-    root = ENGINE_ROOT if ENGINE_ROOT.is_dir() else Path("/")
-    return root / "etc" / "docker" / "certs.d"
+def engine_certs_dirs() -> list[Path]:
+    """The certs.d folders the engines here read: each engine root's (they run chrooted, as .ci/provision
+    runs them), or the machine's own."""
+    return [root / "etc" / "docker" / "certs.d" for root in engine_roots() or [Path("/")]]
 
 
 def run(*argv: str, timeout: float = 30, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -110,7 +110,12 @@ class NetnsCluster:
 
     base: Path
     subnet: int  # K of 10.213.K.0/24
-    containerd_nodes: tuple[int, ...] = (3,)
+    # Each node's engine and image store, as a cluster of Sparks may have them: (dockerd on PATH, containerd
+    # store). node1 the head's Docker on the classic store, node2 an older Docker (26, classic), node3 the
+    # head's Docker on the containerd store.
+    engines: dict[int, tuple[str, bool]] = field(default_factory=lambda: {1: ("dockerd", False),
+                                                                          2: (OLD_DOCKERD, False),
+                                                                          3: ("dockerd", True)})
     count: int = 3
     head: Host | None = None
     nodes: list[Host] = field(default_factory=list)
@@ -183,11 +188,9 @@ class NetnsCluster:
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkforge-test-client", "-f", str(self.client_key))
 
     def _engine(self, host: Host) -> None:
-        index = int(host.name.removeprefix("node"))
-        config: dict = {"max-download-attempts": 1}
-        if index in self.containerd_nodes:
-            config["features"] = {"containerd-snapshotter": True}
-        host.engine = Node("engine", host.dir, config, netns=host.netns)
+        dockerd, containerd = self.engines.get(int(host.name.removeprefix("node")), ("dockerd", False))
+        config = with_store({"max-download-attempts": 1}, containerd)
+        host.engine = Node("engine", host.dir, config, dockerd=dockerd, netns=host.netns)
         host.engine.launch()
 
     def _sshd(self, host: Host) -> None:
@@ -257,10 +260,11 @@ class NetnsCluster:
     # -- registry trust ------------------------------------------------------------------------
     def trust(self, address: str, ca: Path) -> None:
         """Make every engine here (the machine's and the nodes', one chroot) trust a registry's CA."""
-        d = engine_certs_dir() / address
-        d.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ca, d / "ca.crt")
-        self.certs.append(d)
+        for certs in engine_certs_dirs():
+            d = certs / address
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ca, d / "ca.crt")
+            self.certs.append(d)
 
     # -- stop ------------------------------------------------------------------------------------
     def close(self) -> None:

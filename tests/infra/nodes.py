@@ -38,6 +38,27 @@ from pathlib import Path
 
 # sockaddr_un.sun_path is 108 bytes including the NUL.
 _MAX_SOCK_PATH = 107
+
+# The image stores, said explicitly: Docker 29 turns the containerd store on by default, 28 and older off.
+CLASSIC = {"features": {"containerd-snapshotter": False}}
+CONTAINERD = {"features": {"containerd-snapshotter": True}}
+# The older engine a realistic cluster has beside a new head: trixie's Docker 26 (.ci/provision puts it on PATH).
+OLD_DOCKERD = "dockerd-26"
+# Where .ci/provision keeps the engines' root file systems (each run through chroot).
+ENGINES = Path(os.environ.get("SPARKFORGE_ENGINES", "/var/lib/sparkforge-engine"))
+
+
+def engine_roots() -> list[Path]:
+    """The root file systems the engines here run from; empty where dockerd is the machine's own."""
+    try:
+        return sorted(p for p in ENGINES.iterdir() if (p / "usr" / "sbin" / "dockerd").exists())
+    except OSError:
+        return []
+
+
+def with_store(config: dict | None, containerd: bool) -> dict:
+    """A daemon config with its image store said explicitly."""
+    return {**(config or {}), **(CONTAINERD if containerd else CLASSIC)}
 _DEFAULT_START_TIMEOUT = 60.0
 _DEFAULT_STOP_TIMEOUT = 30.0
 
@@ -251,9 +272,12 @@ class Node:
 
 
 def start_nodes(n: int, base_dir: str | os.PathLike, daemon_config: dict | None = None,
-                timeout: float = _DEFAULT_START_TIMEOUT, prefix: str = "node") -> list[Node]:
-    """Start n nodes in parallel under base_dir (prefix0..prefixN-1); all up or none."""
-    nodes = [Node(f"{prefix}{i}", base_dir, daemon_config) for i in range(n)]
+                timeout: float = _DEFAULT_START_TIMEOUT, prefix: str = "node", dockerd: str = "dockerd") -> list[Node]:
+    """Start n nodes in parallel under base_dir (prefix0..prefixN-1); all up or none. daemon_config must say
+    its image store (CLASSIC or CONTAINERD, see with_store)."""
+    if "containerd-snapshotter" not in (daemon_config or {}).get("features", {}):
+        raise NodeError("say the nodes' image store: daemon_config=with_store(config, containerd=...)")
+    nodes = [Node(f"{prefix}{i}", base_dir, daemon_config, dockerd=dockerd) for i in range(n)]
     try:
         for node in nodes:
             node.launch()
@@ -315,10 +339,9 @@ def _umount_under(root: Path) -> None:
     dockerd bind-mounts parts of its roots; a killed dockerd leaves them, and the next
     start stacks another on top, so repeat until none is left.
     """
-    # A chrooted dockerd (as .ci/provision runs it) makes its mounts below the engine root, where this
+    # A chrooted dockerd (as .ci/provision runs it) makes its mounts below its engine root, where this
     # namespace sees them under the root's prefix.
-    chroot = Path(os.environ.get("SPARKFORGE_ENGINE_ROOT", "/var/lib/sparkforge-engine/trixie"))
-    tops = [str(root)] + ([str(chroot) + str(root)] if chroot.is_dir() else [])
+    tops = [str(root)] + [str(chroot) + str(root) for chroot in engine_roots()]
     for _ in range(20):
         try:
             with open("/proc/self/mounts") as f:

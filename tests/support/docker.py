@@ -1,4 +1,4 @@
-"""The Docker side of the tests: is an engine there, the arguments of a test build, image IDs, and a
+"""The Docker side of the tests: the arguments of a test build, image IDs, and a
 real registry (Debian's docker-registry, run by scripts/registry.sh) on a free loopback port."""
 
 from __future__ import annotations
@@ -13,18 +13,6 @@ from pathlib import Path
 
 from tests.support.cli import run_cli
 from tests.support.paths import BASE, CA, ROOT, VARIANTS
-
-
-def docker_missing() -> str | None:
-    """Why no Docker engine with buildx can be used here, or None."""
-    try:
-        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no docker CLI or engine: {exc}"
-    if proc.returncode != 0:
-        return "the Docker engine does not answer (start it, or point DOCKER_HOST at one)"
-    return None
 
 
 def build_args(variant: str, *extra: str, images: Path = VARIANTS, mods: Path | None = None) -> list[str]:
@@ -47,6 +35,24 @@ def image_id(ref: str) -> str | None:
     proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
                           text=True, timeout=60)
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def config_digest(ref: str, host: str | None = None) -> str:
+    """The config digest of an image, read from its `docker save` (streamed, nothing written): the ID a
+    classic-store engine shows for it, which a containerd-store engine does not show of itself."""
+    import tarfile
+
+    save = subprocess.Popen(["docker", *(["-H", host] if host else []), "save", ref], stdout=subprocess.PIPE)
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as tar:
+            for member in tar:
+                if member.name == "manifest.json":
+                    entry = json.load(tar.extractfile(member))[0]  # type: ignore[arg-type]
+                    return "sha256:" + entry["Config"].rpartition("/")[2]
+    finally:
+        save.kill()
+        save.wait()
+    raise AssertionError(f"docker save {ref} has no manifest.json")
 
 
 def free_port() -> int:
@@ -87,7 +93,7 @@ class Registry:
             return False
 
 
-__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "docker_missing", "free_port",
+__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "config_digest", "free_port",
            "image_id"]
 
 

@@ -52,10 +52,11 @@ def test_both_missing_with_noise_is_a_whole_answer(tmp_path: Path, monkeypatch) 
 
 def test_an_answer_that_misses_a_reference_names_the_line_that_says_why(tmp_path: Path, monkeypatch) -> None:
     fake_docker(tmp_path, monkeypatch, "[]", "Error response from daemon: No such image: repo/x:new\n"
-                "permission denied while trying to connect to the Docker daemon socket\n", 1)
+                "Error response from daemon: invalid reference format: repository name must be lowercase\n", 1)
     with pytest.raises(NodeFailure) as err:
         inspect(NODE, "repo/x:v", "repo/x:new")
-    assert str(err.value).endswith("failed: permission denied while trying to connect to the Docker daemon socket")
+    assert str(err.value).endswith("failed: Error response from daemon: invalid reference format: repository name "
+                                   "must be lowercase")
 
 
 def test_the_head_maps_each_reference_to_its_image_or_none(tmp_path: Path, monkeypatch) -> None:

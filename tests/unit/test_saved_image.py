@@ -58,3 +58,33 @@ def test_stored_compression_by_magic_number() -> None:
     assert stored_compression(b"\x1f\x8b\x08\x00") == "gzip"
     assert stored_compression(b"\x28\xb5\x2f\xfd") == "zstd"
     assert stored_compression(b"{\"ar") is None and stored_compression(b"bin/") is None
+
+
+def test_the_image_of_a_save_is_the_named_entry_of_its_index_not_its_referrers() -> None:
+    from sparkforge.distribute.stream import saved_image_digest
+
+    image = {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:" + "a" * 64,
+             "annotations": {"io.containerd.image.name": "docker.io/r/x:1", "org.opencontainers.image.ref.name": "1"}}
+    # From Docker 29.1 a save carries the image's signatures and attestations as more entries, without a name.
+    signature = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + "b" * 64,
+                 "artifactType": "application/vnd.dev.sigstore.bundle.v0.3+json"}
+    assert saved_image_digest({"manifests": [image, signature]}) == image["digest"]
+    assert saved_image_digest({"manifests": [image]}) == image["digest"]
+    assert saved_image_digest({"manifests": [dict(image, annotations={})]}) == image["digest"]  # an older save
+    assert saved_image_digest({"manifests": [image, dict(image, digest="sha256:" + "c" * 64)]}) is None  # two images
+    assert saved_image_digest({"manifests": "x"}) is None
+
+
+@pytest.mark.parametrize("event, reason", [
+    ({"status": "Pushing", "id": "abc"}, None),
+    ({"errorDetail": {"message": "denied: requested access\nto the resource is denied"}},
+     "denied: requested access to the resource is denied"),  # what every release sends; one line
+    ({"errorDetail": {"message": "unknown blob"}, "error": "unknown blob"}, "unknown blob"),
+    ({"error": "received unexpected HTTP status: 500"}, "received unexpected HTTP status: 500"),
+    ({"errorDetail": {}}, None),
+    ({"errorDetail": {"code": 1}, "error": ""}, "the engine gave no reason"),
+])
+def test_a_push_event_reports_its_failure_in_one_line(event: dict, reason: str | None) -> None:
+    from sparkforge.distribute.push import _push_error
+
+    assert _push_error(event) == reason
