@@ -48,9 +48,11 @@ class Cuda:
         return self.cli("test", VARIANT, "--base", BASE, "--tier", tier, *(["--image", image] if image else []),
                         cwd=cwd)
 
-    def derived(self, name: str, steps: str, context: Path, files: dict[str, str] | None = None) -> str:
-        """An image made from the variant's by a few Dockerfile steps (and files in their context), tagged name."""
-        ref = f"sparkforge-test/{name}:{self.tag.rsplit('-', 1)[1]}"
+    def on_broken_image(self, tier: str, name: str, steps: str, cwd: Path,
+                        files: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """The tier on an image made from the variant's by a few Dockerfile steps (and files in their context),
+        tagged name and removed after."""
+        ref, context = f"sparkforge-test/{name}:{self.tag.rsplit('-', 1)[1]}", cwd / "context"
         context.mkdir(parents=True, exist_ok=True)
         for file, text in (files or {}).items():
             (context / file).write_text(text)
@@ -58,7 +60,10 @@ class Cuda:
         made = subprocess.run(["docker", "buildx", "build", "--load", "--network", "none", "-t", ref, str(context)],
                               capture_output=True, text=True, timeout=600)
         assert made.returncode == 0, made.stderr[-3000:]
-        return ref
+        try:
+            return self.test(tier, cwd, image=ref)
+        finally:
+            subprocess.run(["docker", "image", "rm", "-f", ref], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +100,7 @@ def test_the_gpu_tier_fails_on_an_arch_list_without_the_device(cuda: Cuda, tmp_p
     other = next(arch for arch in ("8.0", "9.0", "7.5") if arch not in cuda.capabilities)
     edit = ("import json; p = '/opt/sparkforge/plan.json'; d = json.load(open(p)); "
             f"d['build']['torch_cuda_arch_list'] = '{other}'; json.dump(d, open(p, 'w'))")
-    wrong = cuda.derived("gpu-wrong-arch", f'RUN python3 -c "{edit}"', tmp_path / "context")
-    try:
-        proc = cuda.test("gpu", tmp_path, image=wrong)
-    finally:
-        subprocess.run(["docker", "image", "rm", "-f", wrong], capture_output=True, timeout=120)
+    proc = cuda.on_broken_image("gpu", "gpu-wrong-arch", f'RUN python3 -c "{edit}"', tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = smoke_rows(proc.stdout)
     assert rows["gpu", "torch.cuda.is_available()"][0] == "ok", rows
@@ -133,11 +134,8 @@ def test_the_serve_tier_answers_one_completion_and_leaves_nothing_running(cuda: 
 
 def test_the_serve_tier_keeps_the_log_of_a_server_that_dies(cuda: Cuda, tmp_path: Path) -> None:
     steps = 'COPY vllm /tmp/vllm-dies\nRUN install -m 755 /tmp/vllm-dies "$(command -v vllm)"'
-    dead = cuda.derived("serve-dies", steps, tmp_path / "context", {"vllm": f"#!/bin/sh\necho '{DIES}' >&2\nexit 3\n"})
-    try:
-        proc = cuda.test("serve", tmp_path, image=dead)
-    finally:
-        subprocess.run(["docker", "image", "rm", "-f", dead], capture_output=True, timeout=120)
+    proc = cuda.on_broken_image("serve", "serve-dies", steps, tmp_path,
+                                {"vllm": f"#!/bin/sh\necho '{DIES}' >&2\nexit 3\n"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = smoke_rows(proc.stdout)
     assert rows["serve", "server healthy"] == ("failed", "the server's container exited")
