@@ -96,5 +96,6 @@ def test_wedged_engine_is_one_line_after_one_wait_of_its_limit(tmp_path: Path) -
         sock = engines[name].path
         assert _one_line(proc, name) == WEDGED[name].format(sock=sock)
         assert seconds >= QUICK, f"{name} gave up after {seconds:.1f} s, before its limit"
-    assert engines["build"].accepted == engines["inspect"].accepted == 1  # asked once, never again
-    assert engines["test"].accepted >= 1  # through the docker CLI, which may open more than one connection
+    # build and inspect ask the socket themselves: once, never again (test asks through the docker CLI, whose
+    # connections are its own)
+    assert engines["build"].accepted == engines["inspect"].accepted == 1
