@@ -134,7 +134,7 @@ def pytest_run(tmp_path: Path, *args: str, **env: str) -> tuple[int, str]:
                    DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-rA", "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), *args], cwd=tmp_path, env=environ, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=900)  # a guard against a hang, not a measure
     return proc.returncode, proc.stdout + proc.stderr
 
 
