@@ -13,7 +13,7 @@ STAMP := $(VENV)/.requirements.lock
 BUILD := $(PY) build.py --images $(IMAGES)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv image render show list check-mods test test-unit golden lint base-local registry registry-stop bench-rebuild bench-distribute
+.PHONY: help venv image render show list check-mods test test-unit golden lint base-local registry registry-stop bench-rebuild bench-first-build bench-distribute
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ registry-stop: $(STAMP) ## stop that registry
 
 bench-rebuild: $(STAMP) ## time a cold build, a rebuild after one mod changed, the cached-build overhead, and the git-source build with an empty and a warm wheel cache (on an engine of its own)
 	$(PY) bench/rebuild.py
+
+bench-first-build: $(STAMP) ## time the first build of pypi033's x86-64 counterpart (no compile) against the git-source variant (a compile), both cold; print the ratio and the bytes each downloads
+	$(PY) bench/firstbuild.py
 
 bench-distribute: $(STAMP) ## cold deploys to a namespace cluster (root, sshd): stream vs gzip/zstd/none pushes, a one-mod change, 3 vs 1 node
 	$(PY) bench/distribute.py

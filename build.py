@@ -1,12 +1,65 @@
 #!/usr/bin/env python3
-"""sparkforge command line. Run it as a script: `python build.py --help`."""
+"""sparkforge command line: `./build.py --help` (or `python3 build.py --help`). Run it as a script.
 
+It runs in the project environment, `.venv` beside this file, which `make venv` makes from
+requirements.lock: started by any other Python, it starts itself again under `.venv/bin/python`.
+Without a `.venv` it runs only where the running Python has what requirements.lock lists, and else
+says in one line to run `make venv`.
+"""
+
+import os
 import sys
+from typing import NoReturn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VENV = os.path.join(HERE, ".venv")
+# Set for the one start under .venv/bin/python, so that an environment that is not one (no pyvenv.cfg)
+# cannot start itself again and again.
+AGAIN = "SPARKFORGE_VENV_STARTED"
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(1)
+
+
+def _in_project_env() -> bool:
+    return os.path.realpath(sys.prefix) == os.path.realpath(VENV)
+
+
+def _use_project_env() -> None:
+    """Start again under .venv/bin/python when it exists and this is another interpreter."""
+    python = os.path.join(VENV, "bin", "python")
+    if _in_project_env() or os.environ.get(AGAIN) or not os.path.exists(python):
+        return
+    os.environ[AGAIN] = "1"
+    try:
+        os.execv(python, [python, sys.argv[0], *sys.argv[1:]])
+    except OSError as exc:
+        _fail(f"{python} cannot run ({exc.strerror}): make the environment again with `make venv`")
+
+
+def _missing(exc: ModuleNotFoundError) -> NoReturn:
+    """One line for a package of requirements.lock that this interpreter lacks."""
+    if os.path.exists(os.path.join(VENV, "bin", "python")):
+        where = f"the project environment {VENV}"
+    else:
+        where = f"{sys.executable}, and there is no project environment {VENV} yet"
+    _fail(f"{exc.name} is not installed in {where}: run `make venv` in {HERE} (it makes .venv from "
+          "requirements.lock), then run build.py again")
+
 
 if __name__ == "__main__":
     try:  # Ctrl-C while the modules load, before the CLI's own handler, is one line too
-        from sparkforge.build import dockercli
-        from sparkforge.cli import run
+        _use_project_env()
+        os.environ.pop(AGAIN, None)  # not for the processes this one starts
+        try:
+            from sparkforge.build import dockercli
+            from sparkforge.cli import run
+        except ModuleNotFoundError as exc:
+            if not exc.name or exc.name.partition(".")[0] == "sparkforge":
+                raise
+            _missing(exc)
 
         dockercli.exit_on_sigterm()
         try:

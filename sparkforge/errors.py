@@ -3,7 +3,26 @@
 from __future__ import annotations
 
 import re
+import shlex
+import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A command to run next, as its verb and arguments (`build testvllm`), and the words before it
+    ("build it first with"). The library names only what it knows; the command line writes the whole
+    command, with the options the user gave that name the same variant, image and cluster
+    (`--images`, `--base`, ...), so that it can be pasted."""
+
+    lead: str
+    words: tuple[str, ...]
+
+    def plain(self) -> str:
+        """The command as far as the library knows it."""
+        return shlex.join(("build.py", *self.words))
 
 
 class SparkforgeError(Exception):
@@ -11,16 +30,19 @@ class SparkforgeError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None):
+    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None,
+                 hint: Hint | None = None):
         self.path = str(path) if path is not None else None
         self.field = field
         self.detail = message
+        self.hint = hint
         super().__init__(message)
 
     def __str__(self) -> str:
         return self.render()
 
-    def render(self) -> str:
+    def render(self, command: Callable[[Hint], str] = Hint.plain) -> str:
+        """The one line; `command` writes the hint's command (the command line adds the user's options)."""
         where = ""
         if self.path:
             where = _display(self.path)
@@ -29,7 +51,8 @@ class SparkforgeError(Exception):
             where += ": "
         elif self.field:
             where = f"{self.field}: "
-        return _one_line(f"{where}{self.detail}")
+        hint = f"; {self.hint.lead} `{command(self.hint)}`" if self.hint else ""
+        return _one_line(f"{where}{self.detail}{hint}")
 
 
 class ConfigError(SparkforgeError):
@@ -60,34 +83,67 @@ def _one_line(text: str) -> str:
     return visible(text, keep_newlines=False)
 
 
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+# Characters that are not text on a terminal: controls (C0, DEL, C1: an escape sequence's ESC, a bell, a
+# carriage return), format characters (bidirectional overrides that reorder what a line shows, zero-width
+# marks), line and paragraph separators, and lone surrogates (a file name's undecodable bytes).
+_NOT_TEXT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
-# scheme://user:password@host: the part before '@' goes nowhere, not even into an error message (a
-# web URL's user alone may be a token); an ssh node's user name alone is no secret and stays.
-_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#\s]*)@")  # up to the last @ before the host
+# scheme://userinfo@host: everything between `://` and the last `@` of a URL is its user and password, whatever
+# they hold (a `/`, `#`, `?`, `%` or `@` that should have been percent-encoded); a path holding an `@` is masked
+# up to it too. That part goes nowhere, not even into an error message (a web URL's user alone may be a token);
+# an ssh node's user name alone is no secret and stays. In free text a URL ends at the first blank.
+_WORD = re.compile(r"[^ \t\n\r\f\v]+")
+_SCHEME_END = re.compile(r"[a-zA-Z0-9+.-]://")  # the end of a URL's scheme; found in one pass, whatever the text
+_SSH = re.compile(r"(?:.*[^a-zA-Z0-9+.-])?ssh", re.IGNORECASE | re.DOTALL)
 
 
-def _mask(m: re.Match) -> str:
-    scheme, userinfo = m.group(1), m.group(2)
-    keep = scheme.lower() == "ssh://" and ":" not in userinfo
-    return f"{scheme}{userinfo if keep else '***'}@"
+def _masked(text: str) -> str:
+    """text, one URL or one word of free text, with the user and password of its first URL (everything up to
+    the last `@` after its `://`) as `***`."""
+    found = _SCHEME_END.search(text) if "@" in text else None
+    if found is None:
+        return text
+    end = found.end()
+    userinfo, at, rest = text[end:].rpartition("@")
+    if not at:
+        return text
+    keep = ":" not in userinfo and _SSH.fullmatch(text, max(0, end - 7), end - 3) is not None
+    return f"{text[:end]}{userinfo if keep else '***'}@{rest}"
 
 
 def mask_secrets(text: str) -> str:
     """text with the password of every URL in it, and the user of every URL but ssh's, replaced by `***`."""
-    return _USERINFO.sub(_mask, text)
+    return _WORD.sub(lambda word: _masked(word.group()), text) if "@" in text else text
+
+
+def mask_url(url: str) -> str:
+    """One URL as it may be shown: as mask_secrets, but the whole string is the URL (a blank in a password
+    is still the password)."""
+    return _masked(url)
+
+
+def escaped(ch: str) -> str:
+    """One character as it is shown: itself when it is text, else its escape (`\\n`, `\\x1b`, `\\u202e`;
+    a surrogate that stands for an undecodable byte of a file name shows that byte, `\\xff`)."""
+    if ch.isprintable() or ch == " " or unicodedata.category(ch) not in _NOT_TEXT:
+        return ch
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    return _NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                              else f"\\U{code:08x}")
 
 
 def visible(text: str, *, keep_newlines: bool = True) -> str:
-    """External text made safe for a terminal: every control character (an escape sequence's ESC, a
-    carriage return, a bell) is shown as its escape (`\\x1b`), and URL passwords are masked. The one
-    helper for everything printed: error lines and, through the CLI's console, every table and line."""
-    def shown(match: re.Match[str]) -> str:
-        ch = match.group()
-        return _NAMED.get(ch) or f"\\x{ord(ch):02x}"
-
-    text = _CONTROL.sub(shown, mask_secrets(text))
-    return text if keep_newlines else text.replace("\n", "\\n")
+    """External text made safe for a terminal: every character that is not text (errors._NOT_TEXT) is shown
+    as its escape, and URL passwords are masked. The one rule for everything printed: error lines, and,
+    through the CLI's consoles, every table and line (which keep no line break: keep_newlines=False)."""
+    text = mask_secrets(text)
+    if text.isprintable():
+        return text
+    if keep_newlines:
+        return "\n".join("".join(map(escaped, line)) for line in text.split("\n"))
+    return "".join(map(escaped, text))
 
 
 def _display(path: str) -> str:

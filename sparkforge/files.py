@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -64,6 +65,27 @@ def name_path(exc: BaseException, path: Path | str) -> None:
     """Give an OSError that names no file (a write that hit a full disk) the path it was about, for its one line."""
     if isinstance(exc, OSError) and exc.filename is None:
         exc.filename = str(path)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Put data at path whole, or leave path as it was: written to a temporary file of this process's own
+    beside it, then renamed over it, so that another reader sees the old file or the new, never half of
+    one. On any failure (a full disk, a read-only folder, Ctrl-C) the temporary file is gone and the
+    OSError names path."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError):  # about path, whichever step failed (not about a temporary name)
+            exc.filename, exc.filename2 = str(path), None
+        raise
 
 
 @contextlib.contextmanager

@@ -2,9 +2,14 @@
 
 A per-read timeout alone lets a server that sends one byte every 20 s hold a command for ever, so
 every transfer also has an overall deadline: a timer shuts the connection's socket when it passes,
-which ends a read or send blocked anywhere (status line, headers or body). A redirect may not leave
-https, and no message repeats the user and password of a URL (errors.mask_secrets). `stream` and `get`
-read a URL; `request` sends one request of any method (the Registry v2 client, sparkforge/registry.py).
+which ends a read or send blocked anywhere (status line, headers or body).
+
+Only http and https are ever opened, never a URL that carries a user or password, and nothing goes from https
+to http, redirects included. A redirect of a GET or HEAD is followed (at most MAX_REDIRECTS); the credentials a
+caller gave (Authorization, Cookie) go only to the origin of the URL they were given for, never along a
+redirect to another scheme, host or port. No message repeats the user and password of a URL
+(errors.mask_url). `stream` and `get` read a URL; `request` sends one request of any method (the Registry
+v2 client, sparkforge/registry.py).
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ import urllib.request
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
-from .errors import mask_secrets
+from .errors import mask_secrets, mask_url
 
 READ_TIMEOUT = 60.0  # seconds without a byte before a transfer is given up
 HEADERS_TIME = 120.0  # seconds to connect and read the status line and headers
 MIN_RATE = 1024  # bytes a body must bring in every READ_TIMEOUT seconds: a server dripping a byte now and then fails
 CHUNK = 1 << 20
+MAX_REDIRECTS = 10
+SCHEMES = {"http": 80, "https": 443}  # the schemes ever opened, with their default ports
+CREDENTIALS = ("authorization", "cookie")  # headers that go to one origin only
 
 
 class FetchFailed(Exception):
@@ -52,14 +60,97 @@ def tls_context(ca_cert: Path | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
 
 
-class _HttpsOnlyRedirect(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only when it stays on https (or the first URL was plain http already)."""
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an absolute URL, so that two spellings of one origin compare equal: scheme and
+    host in lower case, an IDN host in its ASCII form, an IP address in its short form, the default port
+    filled in (`https://h` is `https://h:443`). A URL that has none, or a port that is none, raises ValueError."""
+    parts = urllib.parse.urlsplit(url)
+    scheme, host, port = parts.scheme.lower(), parts.hostname or "", parts.port
+    if not host or port == 0:
+        raise ValueError(f"{mask_url(url)} names no host or port 0")
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        try:
+            host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            pass  # not a name IDNA can spell: compared as written
+    return scheme, host, port or SCHEMES.get(scheme, 0)
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        new = urllib.parse.urljoin(req.full_url, newurl)
-        if urllib.parse.urlsplit(req.full_url).scheme == "https" and urllib.parse.urlsplit(new).scheme != "https":
-            raise FetchFailed(f"redirected to {mask_secrets(new)}, which leaves https; refused")
-        return super().redirect_request(req, fp, code, msg, headers, new)
+
+def same_origin(a: str, b: str) -> bool:
+    """Whether two URLs name one scheme, host and port (see origin); a URL without a host is no origin."""
+    try:
+        return origin(a) == origin(b)
+    except ValueError:
+        return False
+
+
+def join(base: str, ref: str) -> str:
+    """ref read relative to base (a redirect's or an upload's location); a reference urllib cannot even parse
+    (`https://[x/`) is returned as it is, for `refusal` to refuse. The fragment stays: a `#` in a password
+    would otherwise cut the URL before its `@`, and what is left would not look like a password."""
+    try:
+        return urllib.parse.urljoin(base, ref)
+    except ValueError:
+        return ref
+
+
+def refusal(url: str, after: str | None = None) -> str | None:
+    """Why url may not be opened, as the end of a sentence (`the URL is not http or https`), or None
+    when it may: it must be an absolute http or https URL with a host and a valid port, without a user or
+    password, a blank or a control character; and when it comes `after` an https URL (a redirect, a location
+    or a realm a server named) it may not leave https."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        return "is not http or https"
+    if mask_url(url) != url:
+        return "carries a user or password (not supported)"
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        return "holds a blank or a control character"
+    try:
+        origin(url)
+    except ValueError:
+        return "names no host or no valid port"
+    if after is not None and after.lower().startswith("https://") and scheme.lower() != "https":
+        return "leaves https"
+    return None
+
+
+class _Refused(Exception):
+    """A redirect that may not be followed; its message says where to and why."""
+
+
+class _Redirects(urllib.request.BaseHandler):
+    """Follows the redirects of a GET or HEAD, at most MAX_REDIRECTS of them, where `refusal` allows; a
+    redirect of any other method is the answer itself (a body is never sent twice, nor to another place).
+    Authorization and Cookie go along only while the origin stays the same."""
+
+    def __init__(self) -> None:
+        self.hops = 0
+
+    def http_error_302(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                       headers: Message) -> object:
+        location = headers.get("Location")
+        if location is None or req.get_method() not in ("GET", "HEAD"):
+            return None  # the next handler raises the HTTPError that stands for the 3xx answer
+        new = join(req.full_url, location)
+        why = refusal(new, after=req.full_url)
+        if why:
+            raise _Refused(f"redirected to {mask_url(new)}, which {why}; refused")
+        self.hops += 1
+        if self.hops > MAX_REDIRECTS:
+            raise _Refused(f"more than {MAX_REDIRECTS} redirects")
+        stays = same_origin(new, req.full_url)
+        kept = {name: value for name, value in req.headers.items()
+                if name.lower() not in ("content-length", "content-type", "proxy-authorization")
+                and (stays or name.lower() not in CREDENTIALS)}
+        fp.close()  # the redirect's own body is not read: it may be of any size
+        return self.parent.open(urllib.request.Request(new, headers=kept, method=req.get_method(),
+                                                       origin_req_host=req.origin_req_host, unverifiable=True),
+                                timeout=req.timeout)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
 class _Watch:
@@ -90,26 +181,38 @@ def _shut(sock: socket.socket) -> None:
         pass
 
 
-def _handlers(watch: _Watch, context: ssl.SSLContext) -> list[urllib.request.BaseHandler]:
+def _opener(watch: _Watch, ca_cert: Path | None) -> urllib.request.OpenerDirector:
+    """An opener of http and https only (urllib's default one also opens file:, ftp: and data: URLs), whose
+    sockets the watch can shut, following redirects as _Redirects allows. The TLS context is made when an
+    https URL is opened, not before: the system's store takes a noticeable time to load, for nothing on http."""
+    contexts: list[ssl.SSLContext] = []
+
     class Http(http.client.HTTPConnection):
-        def connect(self):
+        def connect(self) -> None:
             super().connect()
             watch.add(self.sock)
 
     class Https(http.client.HTTPSConnection):
-        def connect(self):
+        def connect(self) -> None:
             super().connect()
             watch.add(self.sock)
 
     class HttpHandler(urllib.request.HTTPHandler):
-        def http_open(self, req):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             return self.do_open(Http, req)
 
     class HttpsHandler(urllib.request.HTTPSHandler):
-        def https_open(self, req):
-            return self.do_open(Https, req, context=context)
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            if not contexts:
+                contexts.append(tls_context(ca_cert))
+            return self.do_open(Https, req, context=contexts[0])
 
-    return [HttpHandler(), HttpsHandler(context=context), _HttpsOnlyRedirect()]
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.ProxyHandler(), urllib.request.UnknownHandler(), HttpHandler(),
+                    HttpsHandler(), _Redirects(), urllib.request.HTTPDefaultErrorHandler(),
+                    urllib.request.HTTPErrorProcessor()):
+        opener.add_handler(handler)
+    return opener
 
 
 def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: float = READ_TIMEOUT,
@@ -118,7 +221,7 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
     and at least MIN_RATE bytes in every `window` seconds of the body (no read waits longer than window).
 
     Raises FetchFailed with one line saying why; the URL in it has its user and password masked."""
-    shown = _shown(url)
+    shown = _checked(url)
     watch = _Watch()
     start = time.monotonic()
     timer = threading.Timer(min(deadline, HEADERS_TIME), watch.expire)
@@ -126,7 +229,7 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
     request = urllib.request.Request(url, headers={"User-Agent": "sparkforge"})
     timer.start()
     try:
-        opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
+        opener = _opener(watch, ca_cert)
         with opener.open(request, timeout=window) as resp:
             timer.cancel()
             timer = threading.Timer(max(0.0, deadline - (time.monotonic() - start)), watch.expire)
@@ -155,6 +258,8 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
                 raise FetchFailed(f"{shown}: the connection ended after {done} of {total} bytes")
     except FetchFailed:
         raise
+    except _Refused as exc:
+        raise FetchFailed(f"{shown}: {exc}") from None
     except urllib.error.HTTPError as exc:
         raise FetchFailed(f"{shown}: HTTP {exc.code} {exc.reason}") from None
     except _FAILURES as exc:
@@ -170,7 +275,7 @@ def get(url: str, *, deadline: float, ca_cert: Path | None = None, limit: int = 
     for chunk in stream(url, deadline=deadline, ca_cert=ca_cert, window=window):
         body += chunk
         if len(body) > limit:
-            raise FetchFailed(f"{mask_secrets(url)}: more than {limit} bytes")
+            raise FetchFailed(f"{mask_url(url)}: more than {limit} bytes")
     return bytes(body)
 
 
@@ -181,6 +286,7 @@ class Reply:
     status: int
     headers: Message
     body: bytes
+    url: str  # where the answer came from: the URL asked, or the last a redirect named
 
 
 def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[bytes] | None = None,
@@ -190,14 +296,14 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
     waiting longer than `window`. body may be an iterable of chunks (sent chunked, for a stream of unknown
     length). An HTTP error status is a Reply too, for the caller to read (a 401's challenge, a 404);
     a failure to get any answer raises FetchFailed with one line, as stream does."""
-    shown = _shown(url)
+    shown = _checked(url)
     watch = _Watch()
     timer = threading.Timer(deadline, watch.expire)
     timer.daemon = True
     req = urllib.request.Request(url, data=body, method=method, headers={"User-Agent": "sparkforge", **(headers or {})})
     timer.start()
     try:
-        opener = urllib.request.build_opener(*_handlers(watch, tls_context(ca_cert)))
+        opener = _opener(watch, ca_cert)
         try:
             resp = opener.open(req, timeout=window)
         except urllib.error.HTTPError as exc:
@@ -208,21 +314,24 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
                 raise TimeoutError
             if len(data) > limit:
                 raise FetchFailed(f"{shown}: more than {limit} bytes")
-            return Reply(resp.status, resp.headers, data)
+            return Reply(resp.status, resp.headers, data, getattr(resp, "url", None) or url)
     except FetchFailed:
         raise
+    except _Refused as exc:
+        raise FetchFailed(f"{shown}: {exc}") from None
     except _FAILURES as exc:
         raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window, whole=True)}") from None
     finally:
         timer.cancel()
 
 
-def _shown(url: str) -> str:
-    """url with its user and password masked, for messages; a URL that carries either is refused here, since
-    urllib would read the password as a port and print it in its error."""
-    shown = mask_secrets(url)
-    if "@" in urllib.parse.urlsplit(url).netloc:
-        raise FetchFailed(f"{shown}: a user or password in the URL is not supported")
+def _checked(url: str) -> str:
+    """url with its user and password masked, for messages; a URL that `refusal` refuses is refused here,
+    before urllib could open it or print it."""
+    shown = mask_url(url)
+    why = refusal(url)
+    if why:
+        raise FetchFailed(f"{shown}: the URL {why}; refused")
     return shown
 
 

@@ -4,14 +4,15 @@ The recipe stage asks a registry for a base's digest, the distribute stage reads
 pushes blobs; all of it goes through :class:`Client`, over net.request (a socket timeout on every
 send and read, and an overall deadline, so a registry dripping a byte now and then cannot hold a
 command). A registry that answers 401 with a Bearer challenge gets the anonymous token flow, once,
-here. Every failure is one :class:`RegistryError` whose message names the host and what was asked;
-callers turn it into their own error.
+here: the token is asked from the challenge's realm (https, or http only for a plain-http registry), trusting
+the registry's CA, and goes only to the registry's own origin, never to another host or port a location or
+redirect names, nor over http from an https registry. Every failure is one :class:`RegistryError` whose
+message names the host and what was asked; callers turn it into their own error.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import urllib.parse
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Iterable
 
 from . import net
-from .errors import mask_secrets, visible
+from .errors import mask_secrets, mask_url, visible
+from .inimage.contract import JsonError, parse_json
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -31,6 +33,7 @@ CALL_DEADLINE = 60.0  # seconds for one small request: a manifest, a blob check,
 TRANSFER_DEADLINE = 3600.0  # seconds for one blob upload, a layer of several GB on a slow link
 WINDOW = 60.0  # seconds any one send or read may wait
 _DIGEST = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
+_TOKEN = re.compile(r"\A[\x21-\x7e]+\Z")  # what may stand in an Authorization header after "Bearer "
 
 
 class RegistryError(Exception):
@@ -90,9 +93,9 @@ class Client:
         reply = self._ok(what, self._send(what, "GET", f"/v2/{repo}/manifests/{ref}",
                                           headers={"Accept": ", ".join(MANIFEST_TYPES)}))
         try:
-            data = json.loads(reply.body)
-        except ValueError:
-            data = None
+            data = parse_json(reply.body)
+        except JsonError as exc:  # also a key written twice, or nesting deeper than the parser goes
+            raise RegistryError(self.endpoint.host, what, f"the answer is not a JSON manifest ({exc})") from None
         if not isinstance(data, dict):
             raise RegistryError(self.endpoint.host, what, "the answer is not a JSON manifest")
         return data
@@ -146,72 +149,92 @@ class Client:
     def _send(self, what: str, method: str, path: str, body: bytes | Iterable[bytes] | None = None,
               headers: dict[str, str] | None = None, long: bool = False) -> net.Reply:
         """One request (path on the endpoint, or a full URL the registry gave); on a 401 with a Bearer
-        challenge, a token and the same request once more (a body that is a stream cannot be sent twice)."""
-        url = urllib.parse.urljoin(self.endpoint.url + "/", path)
+        challenge from the registry itself, a token and the same request once more (a body that is a stream
+        cannot be sent twice). The token goes only to the endpoint's own origin."""
+        url = net.join(self.endpoint.url + "/", path)
         for attempt in (1, 2):
             sent = dict(headers or {})
-            if self.token and urllib.parse.urlsplit(url).netloc == self.endpoint.host:
-                sent["Authorization"] = f"Bearer {self.token}"  # never to another host a Location names
+            if self.token and net.same_origin(url, self.endpoint.url):
+                sent["Authorization"] = f"Bearer {self.token}"
             try:
                 reply = net.request(method, url, deadline=self.transfer_deadline if long else self.deadline,
-                                    body=body, headers=sent, window=self.window,
-                                    ca_cert=Path(self.endpoint.ca) if self.endpoint.ca else None)
+                                    body=body, headers=sent, window=self.window, ca_cert=self._ca)
             except net.FetchFailed as exc:
                 raise RegistryError(self.endpoint.host, what, _after_url(str(exc), url)) from None
-            if reply.status != 401 or attempt == 2 or not isinstance(body, (bytes, type(None))):
+            if (reply.status != 401 or attempt == 2 or not isinstance(body, (bytes, type(None)))
+                    or not net.same_origin(reply.url, self.endpoint.url)):
                 return reply
             self.token = self._fetch_token(what, reply.headers.get("WWW-Authenticate", ""))
         raise AssertionError("unreachable")
 
+    @property
+    def _ca(self) -> Path | None:
+        return Path(self.endpoint.ca) if self.endpoint.ca else None
+
     def _fetch_token(self, what: str, challenge: str) -> str:
-        """An anonymous token for the scope a 401 asks for (the Docker token flow)."""
+        """An anonymous token for the scope a 401 asks for (the Docker token flow), from the challenge's
+        realm: an https URL (http only when the registry itself is plain http), asked trusting the registry's CA."""
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         realm = params.pop("realm", None)
         if not realm or not challenge.lower().startswith("bearer"):
             raise RegistryError(self.endpoint.host, what, "asks for authentication this tool does not do "
-                                f"({challenge[:60]})", 401)
+                                f"({mask_secrets(challenge)[:60]})", 401)
+        shown = mask_url(realm)
+        why = net.refusal(realm, after=self.endpoint.url)
+        if why:
+            raise RegistryError(self.endpoint.host, what, f"its token realm {shown} {why}; refused", 401)
         query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
+        url = f"{realm}{'&' if '?' in realm else '?'}{query}"
         try:
-            reply = net.request("GET", f"{realm}?{query}", deadline=self.deadline, window=self.window,
+            reply = net.request("GET", url, deadline=self.deadline, window=self.window, ca_cert=self._ca,
                                 limit=1 << 20)
-            body = json.loads(reply.body) if reply.status == 200 else None
+            body = parse_json(reply.body) if reply.status == 200 else None
         except (net.FetchFailed, ValueError) as exc:
-            raise RegistryError(self.endpoint.host, what, f"cannot get a token from {realm}: "
-                                f"{_after_url(str(exc), realm)}", 401) from None
+            raise RegistryError(self.endpoint.host, what, f"cannot get a token from {shown}: "
+                                f"{_after_url(str(exc), url)}", 401) from None
         token = (body.get("token") or body.get("access_token")) if isinstance(body, dict) else None
-        if not isinstance(token, str) or not token:
+        if not isinstance(token, str) or not _TOKEN.match(token):
             why = f"HTTP {reply.status}" if reply.status != 200 else "no token in its answer"
-            raise RegistryError(self.endpoint.host, what, f"cannot get a token from {realm}: {why}", 401)
+            raise RegistryError(self.endpoint.host, what, f"cannot get a token from {shown}: {why}", 401)
         return token
 
     def _ok(self, what: str, reply: net.Reply) -> net.Reply:
         """reply when its status is a success; else the RegistryError saying which status."""
         if 200 <= reply.status < 300:
             return reply
-        if reply.status == 401 and self.token:
+        home = net.same_origin(reply.url, self.endpoint.url)
+        if reply.status == 401 and not home:
+            reason = f"HTTP 401 from {mask_url(reply.url)}, another origin, which the registry's token never goes to"
+        elif reply.status == 401 and self.token:
             reason = "refused the token it issued"
         else:
             reason = f"HTTP {reply.status}{_error_text(reply.body)}"
         raise RegistryError(self.endpoint.host, what, reason, reply.status)
 
     def _location(self, what: str, reply: net.Reply) -> str:
+        """The upload location an answer names, made absolute; one that leaves https, or is no http(s) URL,
+        is refused (on another origin it is used, but without the token)."""
         location = reply.headers.get("Location")
         if not location:
             raise RegistryError(self.endpoint.host, what, f"HTTP {reply.status} without a Location to upload to")
-        return urllib.parse.urljoin(self.endpoint.url + "/", location)
+        url = net.join(reply.url, location)
+        why = net.refusal(url, after=self.endpoint.url)
+        if why:
+            raise RegistryError(self.endpoint.host, what, f"its upload location {mask_url(url)} {why}; refused")
+        return urllib.parse.urldefrag(url).url  # the digest is added as a query, which must not land in a fragment
 
 
 def _after_url(message: str, url: str) -> str:
     """net's message without the URL it starts with: the RegistryError names host and request already."""
-    head = mask_secrets(url) + ": "
+    head = mask_url(url) + ": "
     return message[len(head):] if message.startswith(head) else message
 
 
 def _error_text(body: bytes) -> str:
     """The first error message of a registry's JSON error body (`{"errors": [{"message": ...}]}`), if any."""
     try:
-        first = json.loads(body)["errors"][0]
-        text = " ".join(str(first.get(k) or "") for k in ("code", "message")).strip()
+        first = parse_json(body)["errors"][0]
+        text = mask_secrets(" ".join(str(first.get(k) or "") for k in ("code", "message")).strip())
     except (ValueError, LookupError, TypeError, AttributeError):
         return ""
-    return f" ({text[:200]})" if text else ""
+    return f" ({text[:200]})" if text else ""  # masked before it is cut: a cut URL would hide its '@'

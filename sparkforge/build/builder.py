@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BuildError
+from ..files import name_path
 from ..recipe.plan import Plan
 from . import dockercli
 from .render import Context
@@ -228,20 +229,24 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
     require_engine(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
     reader = _BuildLog(progress)
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        # No time limit: a cold compile takes as long as it takes; Ctrl-C or SIGTERM stops it.
-        proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
-        try:
-            for line in proc.stdout or ():
-                log.write(line)
-                reader.feed(line.rstrip("\n"))
-        except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the build stops too
-            dockercli.stop(proc)
-            dockercli.finish(proc)
-            raise
-        code = dockercli.finish(proc)
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            # No time limit: a cold compile takes as long as it takes; Ctrl-C or SIGTERM stops it.
+            proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
+            try:
+                for line in proc.stdout or ():
+                    log.write(line)
+                    reader.feed(line.rstrip("\n"))
+            except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the build stops too
+                dockercli.stop(proc)
+                dockercli.finish(proc)
+                raise
+            code = dockercli.finish(proc)
+    except OSError as exc:  # the log on a full disk names no file of its own
+        name_path(exc, log_path)
+        raise
     if code != 0:
         if not reader.steps:
             check_engine()  # explains a missing engine or buildx; otherwise fall through

@@ -8,7 +8,6 @@ stops them with the CLI.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -19,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SparkforgeError
+from ..files import read_regular
+from ..inimage.contract import parse_json
 
 QUICK = 10.0    # seconds: calls that only ask the engine something (info, inspect, tag)
 LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
@@ -87,7 +88,7 @@ def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> 
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     missing = [line for line in lines if "No such image" in line or "not found" in line.lower()]
     try:
-        found = json.loads(stdout or "[]")
+        found = parse_json(stdout or "[]")
     except ValueError:
         found = None
     if not isinstance(found, list) or not all(isinstance(data, dict) for data in found):
@@ -117,8 +118,8 @@ def _unix_socket(host: str | None) -> str | None:
 def _current_context() -> str | None:
     config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
     try:
-        return json.loads(config.read_text()).get("currentContext")
-    except (OSError, ValueError, AttributeError):
+        return parse_json(read_regular(config)).get("currentContext")
+    except (OSError, ValueError, AttributeError, SparkforgeError):  # SparkforgeError: a FIFO or a folder
         return None
 
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BuildError, ConfigError
+from ..errors import BuildError, ConfigError, Hint
 from ..files import locked
 from ..recipe.config import list_variants
 from ..recipe.lock import (
     BuiltFrom,
     Lock,
+    LockedWheels,
     apply_lock,
     check_lock,
     compare,
@@ -35,6 +36,7 @@ from ..recipe.lock import (
 )
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
 from ..recipe.resolve import resolve_pins, today_epoch
+from ..recipe.wheelset import Unresolvable, resolve_wheel_set
 from . import wheels
 from .builder import (
     BuildOptions,
@@ -86,8 +88,7 @@ def load_plan(layout: Layout, variant: str, *, base: str | None = None,
         return LoadedPlan(plan, None)
     if not path.exists():
         if lock_policy is LockPolicy.LOCKED:
-            raise ConfigError(f"no lock file: run `python build.py lock {variant}` first", path=path,
-                              field="--locked")
+            raise ConfigError("no lock file", path=path, field="--locked", hint=Hint("write one with", ("lock", variant)))
         return LoadedPlan(plan, None)
     lock = read_lock(path)
     if lock_policy is LockPolicy.LOCKED:
@@ -191,7 +192,7 @@ def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
 class WheelNote:
     """Which vLLM wheel a build installed: compiled, from the wheel cache, or the recipe's; and why."""
 
-    origin: str  # "compiled", "cache", "recipe", or "release" (pypi)
+    origin: str  # "compiled", "cache", "recipe", "release" (pypi) or "base" (the base image's own)
     sha256: str | None = None
     key: str | None = None  # the wheel cache key, where the source is git and the key could be made
     why_compiled: str = ""  # origin "compiled": why the cache did not give the wheel
@@ -225,7 +226,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
         say(f"vLLM wheel: {wheel.wheel}, sha256 {wheel.sha256[:12]} (checked)")
         return wheel, WheelNote("recipe", wheel.sha256)
     if plan.vllm.source != "git":
-        return None, WheelNote("release")
+        return None, WheelNote("base" if plan.vllm.source == "base" else "release")
     if wheel_cache is None:
         return None, WheelNote("compiled", why_compiled="the wheel cache is off")
     found = wheels.lookup(plan, wheel_cache, opts.docker_host)
@@ -234,7 +235,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
             "no compile")
         return found.wheel, WheelNote("cache", found.wheel.sha256, found.key)
     if found.inputs is None:
-        say(f"vLLM wheel: compiled in the image build, without the wheel cache: {found.why_not}")
+        say(f"vLLM wheel: the image build will compile it, without the wheel cache: {found.why_not}")
         return None, WheelNote("compiled", why_compiled=found.why_not)
     say(f"vLLM wheel: compiling, because {found.why_not}")
     ctx = render_context(plan, layout, context_dir(plan), ca_cert=opts.ca_cert)
@@ -317,8 +318,8 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
     if image and current_image(image) is None:  # an --image that names nothing is bad input (exit 2)
         raise ConfigError(f"image {image} not found in the local engine", field="--image")
     if current_image(ref) is None:
-        raise BuildError(f"image {ref} not found; build it first with `python build.py build {plan.variant}`",
-                         field=plan.variant)
+        raise BuildError(f"image {ref} not found", field="--image" if image else plan.variant,
+                         hint=None if image else Hint("build it first with", ("build", plan.variant)))
     return [run_tier(t, ref, model) for t in tiers]
 
 
@@ -346,7 +347,8 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         raise ConfigError("--no-build and --image exclude each other", field="--image")
     path = lock_path(layout.images_dir, plan.variant)
     sde = epoch or existing_epoch(path) or today_epoch()
-    pins = resolve_pins(plan, say=say)
+    pins = resolve_pins(plan, say=say, ca_cert=opts.ca_cert)
+    wheels = lock_wheels(plan, opts.ca_cert, say)
     packages = built_from = unresolved = None
     if no_build:
         unresolved = (f"not taken from a real build (lock --no-build): this needs a build of {plan.variant} on its "
@@ -354,7 +356,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
                       f"lock {plan.variant}` there")
     else:
         if image is None:
-            to_build = pinned_plan(plan, pins, sde)
+            to_build = pinned_plan(plan, pins, sde, wheels)
             say(f"building {to_build.tag} to see what it installs")
             with same_plan_lock(to_build, say):
                 wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
@@ -367,6 +369,23 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
                               "build it again", field="--image")
         packages = record.packages
         built_from = BuiltFrom(image_id_of(image), record.plan_hash)
-    lock = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from)
+    lock = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from,
+                     wheels=wheels)
     write_lock(path, lock)
     return path, lock
+
+
+def lock_wheels(plan: Plan, ca_cert: Path | None = None,
+                say: Callable[[str], None] = lambda line: None) -> LockedWheels | None:
+    """The wheel set of a recipe with `python:`, resolved with uv (ca_cert: a proxy's CA bundle), or the reason it
+    cannot be; None without."""
+    if plan.python is None:
+        return None
+    try:
+        found = resolve_wheel_set(plan, ca_cert=ca_cert)
+    except Unresolvable as exc:
+        say(f"wheels for {plan.python.platform}: unresolved: {exc}")
+        return LockedWheels(plan.python, None, (), f"{exc}; lock again where the index answers")
+    say(f"wheels for Python {plan.python.version} on {plan.python.platform}: {len(found.packages)} wheels, "
+        f"{found.download / 1e9:.2f} GB to download ({found.resolver})")
+    return LockedWheels(found.python, found.resolver, found.packages)

@@ -7,6 +7,7 @@ never leaves a half-written directory behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -22,6 +23,7 @@ from ..inimage.contract import SCHEMA
 from ..recipe.plan import Layout, Plan
 from ..recipe.remote import materialize
 from ..recipe.sources import cache_dir
+from ..recipe.wheelset import requirements_txt
 from .wheels import WheelInput, planned_wheel
 
 DOCKERFILE = "Dockerfile"
@@ -40,13 +42,25 @@ class Context:
         return self.path / DOCKERFILE
 
 
+class _BytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Jinja's bytecode kept in the cache folder, where it can be: a full or read-only cache only makes the
+    next render compile the template again, it never fails this one."""
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
 def _environment(template_dir: Path) -> jinja2.Environment:
     # Compiling the template costs more than rendering it; keep the bytecode between runs.
     cache = cache_dir() / "jinja"
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # compiled on every render instead
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
-        bytecode_cache=jinja2.FileSystemBytecodeCache(str(cache)),
+        bytecode_cache=_BytecodeCache(str(cache)) if cache.is_dir() else None,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -77,8 +91,11 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         source_mods=plan.mods_in("source"),
         install_mods=plan.mods_in("install"),
         # What the kernel scan reads: the installed distributions' libraries, and the git components' trees.
-        scan_dists=["vllm"] + [c.package.split("[")[0] for c in plan.components if c.kind == "pip"],
+        scan_dists=list(dict.fromkeys(["vllm"] + [c.package.split("[")[0] for c in plan.components if c.kind == "pip"]
+                                      + list(plan.kernels_scan))),
         scan_roots=[c.dest for c in plan.components if c.kind == "git"],
+        # A base's own vLLM is protected too: no later pip install may replace the one the mods were checked on.
+        protect=plan.protect + (("vllm",) if plan.vllm.source == "base" and "vllm" not in plan.protect else ()),
         mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),
     )
     # Collapse runs of blank lines left by template conditionals.
@@ -104,6 +121,8 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
         files[f"sparkforge/inimage/{rel}"] = path.read_bytes()
     if plan.pins:
         files["lock/constraints.txt"] = "".join(f"{name}=={version}\n" for name, version in plan.pins).encode()
+    if plan.wheel_set:
+        files["lock/requirements.txt"] = requirements_txt(plan.wheel_set).encode()
     for mod in plan.mods:
         spec, folder = materialize(mod, ca_cert)
         for rel, body in mod_files(mod.name, folder).items():
@@ -147,8 +166,9 @@ def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput 
                               path=out_dir)
     files = context_files(plan, layout, wheel, ca_cert=ca_cert)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging: Path | None = None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
         for rel, body in files.items():
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -158,12 +178,21 @@ def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput 
         os.chmod(staging, 0o755)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            os.replace(out_dir, old / "ctx")
-            os.replace(staging, out_dir)
-            shutil.rmtree(old)
+            try:
+                os.replace(out_dir, old / "ctx")
+                try:
+                    os.replace(staging, out_dir)
+                except BaseException:
+                    os.replace(old / "ctx", out_dir)  # the context that was there stays
+                    raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):  # about out_dir, not a temporary name (a full disk names no file at all)
+            exc.filename, exc.filename2 = str(out_dir), None
         raise
     return Context(out_dir, tuple(files))

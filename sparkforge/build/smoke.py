@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildError
+from ..files import name_path
 from ..inimage.contract import ContractError, SmokeCheck
 from . import dockercli
 
@@ -175,7 +176,11 @@ def run_serve(image: str, model: str = DEFAULT_SERVE_MODEL, timeout: float = 900
             log_dir.mkdir(parents=True, exist_ok=True)
             log = log_dir / f"{name}.log"
             logs = dockercli.run(["logs", name], what="docker logs", timeout=60, check=False)
-            log.write_text(logs.stdout + logs.stderr, encoding="utf-8")
+            try:
+                log.write_text(logs.stdout + logs.stderr, encoding="utf-8")
+            except OSError as exc:  # a full disk names no file of its own
+                name_path(exc, log)
+                raise
             checks.append(Check("server log kept", "failed", str(log)))
     finally:
         dockercli.run(["stop", "-t", "10", name], what="docker stop", timeout=60, check=False)

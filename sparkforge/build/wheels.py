@@ -27,7 +27,8 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ..errors import BuildError, ConfigError, DownloadError
-from ..files import NotRegularFile, is_regular, read_regular
+from ..files import NotRegularFile, is_regular, name_path, read_regular, write_atomic
+from ..inimage.contract import JsonError, parse_json
 from ..recipe import download
 from ..recipe.plan import Layout, Plan, WheelFile
 from ..recipe.sources import cache_dir
@@ -254,10 +255,7 @@ def claim(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     marker = root / MARKER
     if not marker.exists():
-        fd, tmp = tempfile.mkstemp(prefix=f"{MARKER}.", dir=root)
-        with os.fdopen(fd, "w") as fh:
-            fh.write("This folder is a sparkforge wheel cache: `python build.py wheels list` shows it.\n")
-        os.replace(tmp, marker)
+        write_atomic(marker, b"This folder is a sparkforge wheel cache: `./build.py wheels list` shows it.\n")
 
 
 def is_wheel_cache(root: Path) -> bool:
@@ -298,13 +296,13 @@ def scan(root: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
 
 def _why_damaged(folder: Path) -> str:
     try:
-        data = json.loads(read_regular(folder / ENTRY))
+        data = parse_json(read_regular(folder / ENTRY))
     except OSError as exc:
         return f"{ENTRY} cannot be read ({exc.strerror or exc})"
     except NotRegularFile as exc:
         return f"{ENTRY} {exc.detail}"
-    except (ValueError, RecursionError):
-        return f"{ENTRY} is not JSON"
+    except JsonError as exc:
+        return f"{ENTRY} cannot be read as JSON: {exc}"
     if not isinstance(data, dict):
         return f"{ENTRY} is not a JSON object"
     if data.get("format") != CACHE_FORMAT:
@@ -318,12 +316,12 @@ def read_entry(folder: Path) -> Entry | None:
     A shared folder may hold anything: every field that later reaches a Dockerfile line or a table
     is checked here (a wheel path inside the entry with a plain file name, 64-hex hashes, one line)."""
     try:
-        data = json.loads(read_regular(folder / ENTRY))
+        data = parse_json(read_regular(folder / ENTRY))
         used_file = folder.parent / USED / folder.name
         used = (used_file if used_file.exists() else folder / ENTRY).stat().st_mtime
         entry = Entry(data["key"], folder, data["inputs"], data["wheel"], data["sha256"], data["size"],
                       data["created"], data["compiled_for"], used)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, NotRegularFile):
+    except (OSError, ValueError, KeyError, TypeError, NotRegularFile):
         return None
     well_formed = (data.get("format") == CACHE_FORMAT and folder.name == entry.key and _HEX64.fullmatch(entry.key)
                    and _HEX64.fullmatch(str(entry.sha256)) and ENTRY_WHEEL_RE.fullmatch(str(entry.wheel))
@@ -422,8 +420,9 @@ def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str)
             os.replace(staging, root / key)
         except OSError:  # another build stored the same key in the meantime
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        name_path(exc, root / key)  # a full disk names no file of its own
         raise
     entry = read_entry(root / key)
     if entry is None or not _intact(entry):

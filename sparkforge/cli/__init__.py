@@ -5,7 +5,7 @@ none imports it. `app` holds the typer app and what the verbs share; the verb mo
 imported here in the order --help lists them.
 """
 
-from . import main, cluster, wheels, pins  # noqa: F401, I001 - each registers its verbs on app, in this order
+from . import main, cluster, wheels, pins, mods  # noqa: F401, I001 - each registers its verbs on app, in this order
 from .app import app, run
 
 __all__ = ["app", "run"]

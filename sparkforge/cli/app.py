@@ -1,60 +1,147 @@
-"""The one typer app, its consoles and what every verb shares: the global options, the plan as every
-command sees it, the help strings, and `run`, where every SparkforgeError becomes one line on stderr and
-its exit code (2 for bad input), never a traceback.
+"""The one typer app, its consoles and what every verb shares: the global options, the options several verbs
+take (each defined once), the plan as every command sees it, hints written as commands to paste, and `run`,
+where every error becomes one line on stderr and its exit code (2 for bad input), never a traceback.
 
-The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins); the
+The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins, mods); the
 package imports them in the order --help lists them.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
+import io
+import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Optional
 
 import typer
 from rich.console import Console
-from rich.segment import Segment
+from rich.table import Table
+from rich.text import Span, Text
 
 # typer's bundled click: its usage errors become one line like every other bad input.
+from typer._click.core import Context, ParameterSource
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from .. import __version__
 from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
-from ..errors import ConfigError, SparkforgeError, visible
+from ..errors import ConfigError, Hint, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan
+from .usage import App, Invoked, usage_error_line
 
-app = typer.Typer(
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+app = App(
     help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
-    "Recipes live in images/<variant>.yaml, mods in mods/<name>/. Typical use:\n\n"
-    "  python build.py list\n\n"
-    "  python build.py show ng17e\n\n"
-    "  python build.py render ng17e -o build/ng17e",
+    "Recipes live in images/VARIANT.yaml, mods in mods/NAME/. Typical use:\n\n"
+    "  ./build.py list\n\n"
+    "  ./build.py show ng17e\n\n"
+    "  ./build.py render ng17e -o build/ng17e",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
 
-class _SafeConsole(Console):
-    """A console that shows every control character of what it prints as its escape (errors.visible):
-    names, paths and messages come from recipes, mods, caches and downloads, and an escape sequence in
-    one must not reach the terminal. Rich's own styles and cursor moves are not text, so they pass."""
+class _NamedFile(io.FileIO):
+    """The descriptor of stdout or stderr, whose failed writes (a full disk, a broken pipe) name the stream."""
 
-    def render(self, renderable, options=None):
-        for segment in super().render(renderable, options):
-            if segment.control is None and segment.text and not segment.text.isprintable() and segment.text != "\n":
-                segment = Segment(visible(segment.text), segment.style)
-            yield segment
+    def __init__(self, fd: int, shown: str) -> None:
+        super().__init__(fd, "w", closefd=False)
+        self.shown = shown
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            exc.filename = self.shown
+            raise
+
+
+class _Closed(io.TextIOBase):
+    """stdout or stderr when its descriptor was closed before the tool started: a write fails, naming it."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), self.shown)
+
+
+def _named_stdio() -> None:
+    """Make sys.stdout and sys.stderr streams whose failures name them, `<stdout>` as Python names it: a full
+    disk, a closed or broken pipe is then one line like any other failure of the world, never a silent
+    drop and never Python's own complaint at exit. A character the terminal's encoding lacks is shown
+    as its escape rather than failing."""
+    for attr, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, attr)
+        shown = f"<{attr}>"
+        if old is None:  # Python found the descriptor closed: a file opened since may have its number
+            setattr(sys, attr, _Closed(shown))
+            continue
+        try:
+            old.flush()
+            raw = _NamedFile(fd, shown)
+        except (OSError, ValueError):  # closed meanwhile
+            setattr(sys, attr, _Closed(shown))
+            continue
+        setattr(sys, attr, io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
+                                            errors="backslashreplace",
+                                            line_buffering=bool(getattr(old, "line_buffering", False))))
+
+
+def one_line(renderable: Any) -> Any:
+    """What a console prints, with every text in it shown on one line by the one rule (errors.visible):
+    a str, a Text (its styles kept), or each header, cell and title of a Table. A line break in a
+    recipe's description, a lock's reason or an image's label is shown as `\\n`, never as a line."""
+    if isinstance(renderable, str):
+        return visible(renderable, keep_newlines=False)
+    if isinstance(renderable, Text):
+        masked = mask_secrets(renderable.plain)
+        if masked != renderable.plain:  # a URL's user and password, whatever styles cross it
+            return Text(visible(masked, keep_newlines=False), style=renderable.style)
+        if renderable.plain.isprintable():
+            return renderable
+        # Cut where any style starts or ends, so that each piece is styled alike from end to end.
+        cuts = sorted({i for span in renderable.spans for i in (span.start, span.end)})
+        out = renderable.blank_copy()
+        for piece in renderable.divide(cuts):
+            shown = Text(visible(piece.plain, keep_newlines=False), style=piece.style)
+            shown.spans = [Span(0, len(shown), span.style) for span in piece.spans]
+            out.append_text(shown)
+        return out
+    if isinstance(renderable, Table):
+        for column in renderable.columns:
+            column.header = one_line(column.header)
+            column._cells[:] = [one_line(cell) for cell in column._cells]  # rich keeps a column's rows there
+        renderable.title = one_line(renderable.title)
+        return renderable
+    return renderable
+
+
+class _OneLineConsole(Console):
+    """A console that prints every text as one line (one_line), read as markup only where a caller asks.
+
+    Names, paths, reasons and labels come from recipes, locks, mods, caches, registries and images: a
+    control character in one must neither reach the terminal nor start a line that looks like output."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(one_line(o) for o in objects), **kwargs)
+
+
+# Where output is no terminal (a log, a pipe), tables are never wrapped: each row stays one line.
+_UNWRAPPED = 1 << 16
 
 
 def _console(stderr: bool = False) -> Console:
-    # Tables stay readable in logs and pipes, where there is no terminal width to fit.
     probe = Console(stderr=stderr)
-    width = None if probe.is_terminal else 200
-    return _SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    return _OneLineConsole(stderr=stderr, highlight=False, soft_wrap=True,
+                           width=None if probe.is_terminal else _UNWRAPPED)
 
 
 out = _console()
@@ -63,6 +150,12 @@ err = _console(stderr=True)
 
 class State:
     layout: Layout = Layout.default()
+
+
+def program() -> str:
+    """This program as the user started it, so that a command in a hint runs where they are."""
+    name = sys.argv[0] if sys.argv and sys.argv[0] else "build.py"
+    return name if "/" in name else f"./{name}"
 
 
 def _print_version(value: bool) -> None:
@@ -74,10 +167,12 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def main(
-    images: Optional[Path] = typer.Option(None, "--images", help="Folder of variant recipes (default: images/)."),
-    mods: Optional[Path] = typer.Option(None, "--mods", help="Folder of mods (default: mods/)."),
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
-                                 callback=_print_version),
+    images: Annotated[Optional[Path], typer.Option("--images", metavar="DIR",
+                                                   help="Folder of variant recipes (default: images/).")] = None,
+    mods: Annotated[Optional[Path], typer.Option("--mods", metavar="DIR", help="Folder of mods (default: mods/).")]
+    = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
 ) -> None:
     for option, folder in (("--images", images), ("--mods", mods)):
         if folder is not None and folder.exists() and not folder.is_dir():
@@ -85,39 +180,34 @@ def main(
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
 
 
-def load(variant: str, base: Optional[str] = None, *, locked: bool = False,
-          policy: Optional[LockPolicy] = None) -> LoadedPlan:
-    """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
-    return warned(load_plan(State.layout, variant, base=base,
-                             lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
+# ------------------------------------------------------------------ what several verbs take, defined once
 
-
-def warned(loaded: LoadedPlan) -> LoadedPlan:
-    for warning in loaded.warnings:
-        err.print(f"warning: {warning}", markup=False)
-    return loaded
-
-
-def emit(lines) -> None:
-    for line in lines:
-        out.print(line)
-
-
-def say(text: str) -> None:
-    """One line of plain text: paths and names in it are never read as Rich markup."""
-    out.print(text, markup=False)
-
-
-def plan_of(variant: str, base: Optional[str] = None, *, locked: bool = False,
-          policy: Optional[LockPolicy] = None) -> Plan:
-    return load(variant, base, locked=locked, policy=policy).plan
-
-
-BASE_HELP = "Swap the base image, as REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)."
-WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
-                    "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
+BASE_HELP = r"Swap the base image, as REPOSITORY:TAG\[@sha256:DIGEST] (changes the tag)."
 CA_HELP = ("CA bundle for a proxy or a private server: used to download patches and wheels named by URL, and given to "
            "BuildKit as a secret for its own downloads, never stored in a layer. Give a full bundle (system + yours).")
+WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
+                    "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
+
+Variant = Annotated[str, typer.Argument(metavar="VARIANT", help="The variant (images/VARIANT.yaml), e.g. ng17e.")]
+Base = Annotated[Optional[str], typer.Option("--base", metavar="REF", help=BASE_HELP)]
+CaCert = Annotated[Optional[Path], typer.Option("--ca-cert", metavar="FILE", help=CA_HELP)]
+WheelCache = Annotated[Optional[Path], typer.Option("--wheel-cache", metavar="DIR", envvar="SPARKFORGE_WHEEL_CACHE",
+                                                    show_envvar=False, help=WHEEL_CACHE_HELP)]
+LogDir = Annotated[Path, typer.Option("--log-dir", metavar="DIR", help="Where build logs go (default: build/logs).",
+                                      show_default=False)]
+DEFAULT_LOG_DIR = PROJECT_ROOT / "build" / "logs"
+
+
+class Network(str, enum.Enum):
+    """The network of a build's RUN steps."""
+
+    host = "host"
+    none = "none"
+    default = "default"  # BuildKit's own
+
+
+NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RUN steps: host, none, or default "
+                                                "(BuildKit's own).")]
 
 
 def ca_bundle(path: Optional[Path]) -> Optional[Path]:
@@ -127,7 +217,42 @@ def ca_bundle(path: Optional[Path]) -> Optional[Path]:
     return path
 
 
-def progress_printer(label: str):
+# ------------------------------------------------------------------ the plan, and what to print
+
+def load(variant: str, base: Optional[str] = None, *, locked: bool = False,
+         policy: Optional[LockPolicy] = None) -> LoadedPlan:
+    """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
+    return warned(load_plan(State.layout, variant, base=base,
+                            lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
+
+
+def warned(loaded: LoadedPlan) -> LoadedPlan:
+    for warning in loaded.warnings:
+        err.print(f"warning: {warning}", markup=False)
+    return loaded
+
+
+def emit(lines: Iterable[Any]) -> None:
+    for line in lines:
+        out.print(line)
+
+
+def say(text: str) -> None:
+    """One line of plain text: paths and names in it are never read as Rich markup."""
+    out.print(text, markup=False)
+
+
+def write(text: str, *, stderr: bool = False) -> None:
+    """Text as it is, to stdout (or stderr): a JSON document, or lines already made safe by errors.visible."""
+    (sys.stderr if stderr else sys.stdout).write(text)
+
+
+def plan_of(variant: str, base: Optional[str] = None, *, locked: bool = False,
+            policy: Optional[LockPolicy] = None) -> Plan:
+    return load(variant, base, locked=locked, policy=policy).plan
+
+
+def progress_printer(label: str) -> Callable[[Any, float], None]:
     """Show each BuildKit step as it starts: live on a terminal, one line per step in logs."""
     from ..build.builder import Step
 
@@ -140,30 +265,114 @@ def progress_printer(label: str):
     return show
 
 
+# ------------------------------------------------------------------ hints: commands to paste
+
+# The options that say which recipes, mods, base, cluster and proxy a command means. A hint's command repeats
+# each one the user gave, where its verb takes it, so that it names the same plan, tag and nodes.
+CARRIED = ("images", "mods", "base", "ca_cert", "cluster", "nodes", "registry")
+
+
+def command_line(hint: Hint) -> str:
+    """The hint's command as the user would type it here: this program, the global options they gave, the
+    verb and its arguments, then the options they gave this verb that the hinted one takes too."""
+    ctx = Invoked.ctx
+    if ctx is None:
+        return shlex.join([program(), *hint.words])
+    root = ctx.find_root()
+    target = root.command
+    for word in hint.words:  # down to the hinted verb: `mod save` is a verb of the group `mod`
+        sub = getattr(target, "get_command", lambda c, name: None)(root, word)
+        if sub is None:
+            break
+        target = sub
+    takes = {p.name for p in target.params if p.name}
+    verbs: list[str] = []
+    c: Optional[Context] = ctx
+    while c is not None and c is not root:
+        verbs = list(_given(c, takes)) + verbs
+        c = c.parent
+    return shlex.join([program(), *_given(root, set(CARRIED)), *hint.words, *verbs])
+
+
+def _given(ctx: Context, takes: set[str]) -> Iterator[str]:
+    """The carried options given on the command line to ctx's command that `takes` holds, as words."""
+    for param in ctx.command.params:
+        if param.name is None or param.name not in CARRIED or param.name not in takes or not param.opts:
+            continue
+        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params.get(param.name)
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            if one is not None:
+                yield from (param.opts[-1], str(getattr(one, "value", one)))
+
+
+def next_step(lead: str, *words: str) -> str:
+    """`lead `COMMAND``: a step to take next, written as a command to paste."""
+    return f"{lead} `{command_line(Hint(lead, words))}`"
+
+
+# ------------------------------------------------------------------ run
+
 def run() -> None:
-    """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code."""
+    """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code; so
+    does output that cannot be written (stdout on a full disk, a closed or broken pipe: exit 1)."""
+    _named_stdio()
+    code = _run_app()
+    try:
+        if sys.stdout is not None:  # None: it failed, and said so
+            sys.stdout.flush()
+    except OSError as exc:
+        code = _world_failed(exc)
+    sys.exit(code)
+
+
+def _run_app() -> int:
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as exc:
-        say(exc.format_message())
-        code = 2
+        for line in exc.format_message().splitlines():  # the help text: our own lines
+            say(line)
+        return 2
     except UsageError as exc:
-        command = f"{exc.ctx.info_name}: " if exc.ctx is not None and exc.ctx.parent is not None else ""
-        err.print(f"error: {command}{' '.join(exc.format_message().split())}", markup=False)
-        code = exc.exit_code
+        return _report(f"error: {usage_error_line(exc, program())}", exc.exit_code)
     except SparkforgeError as exc:
-        err.print(f"error: {exc}", markup=False)
-        code = exc.exit_code
+        return _report(f"error: {exc.render(command_line)}", exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        err.print("interrupted", markup=False)
-        code = 130
+        return _report("interrupted", 130)
     except OSError as exc:  # the world (disk full, read-only, permissions) or a path the user gave that cannot be one
-        err.print(f"error: {os_error_line(exc)}", markup=False)
-        code = 2 if exc.errno in INPUT_ERRNOS else 1
+        return _world_failed(exc)
     except RecursionError:
-        err.print("error: input nested too deeply to read", markup=False)
-        code = 2
-    sys.exit(code if isinstance(code, int) else 0)
+        return _report("error: input nested too deeply to read", 2)
+    return code if isinstance(code, int) else 0
+
+
+def _world_failed(exc: OSError) -> int:
+    """The one line of an OSError, and its exit code. A broken pipe on stdout (`| head` read what it
+    wanted) is exit 1 without a line, as typer treats one that breaks while a command runs."""
+    if exc.filename == "<stdout>":
+        _drop("stdout")
+        if exc.errno == errno.EPIPE:
+            return 1
+    return _report(f"error: {os_error_line(exc)}", 2 if exc.errno in INPUT_ERRNOS else 1)
+
+
+def _report(line: str, code: int) -> int:
+    try:
+        err.print(line, markup=False)
+    except OSError:  # stderr cannot be written either: the exit code is all that is left to say it
+        _drop("stderr")
+    return code
+
+
+def _drop(attr: str) -> None:
+    """No more output to a stream that failed: what its buffer still holds is not written again at exit."""
+    file = getattr(sys, attr)
+    if isinstance(file, io.TextIOWrapper):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, file.fileno())
+        os.close(null)
+    setattr(sys, attr, None)
 
 
 # Errors of a path as given, not of the world: a name too long, a file where a folder must be, ...

@@ -5,24 +5,51 @@ Only flags and printing live here; what to do on the nodes is decided in the dis
 
 from __future__ import annotations
 
-import sys
+import enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
-from ..errors import SparkforgeError, visible
+from ..errors import ConfigError, visible
 from ..imageref import ImageRef
 from . import views
-from .app import BASE_HELP, app, emit, err, out, plan_of
+from .app import Base, Variant, app, emit, err, next_step, out, plan_of, write
 
-CLUSTER_HELP = "Cluster file naming the nodes and the registry (default: ./cluster.yaml when it exists)."
-NODES_HELP = ("Nodes by cluster-file name, or by endpoint (ssh://user@host, tcp://host:port, unix:///path); "
-              "comma-separated or repeated. Default: every node of the cluster file.")
-REGISTRY_HELP = "Registry as HOST:PORT, e.g. 127.0.0.1:5000 (default: registry: of the cluster file)."
+Cluster = Annotated[Optional[Path], typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
+                                                 "the registry (default: ./cluster.yaml when it exists).")]
+Nodes = Annotated[Optional[list[str]], typer.Option("--nodes", metavar="NODES", help="Nodes by cluster-file name, or by "
+                                                    "endpoint (ssh://user@host, tcp://host:port, unix:///path); "
+                                                    "comma-separated or repeated. Default: every node of the cluster "
+                                                    "file.", show_default=False)]
+Registry = Annotated[Optional[str], typer.Option("--registry", metavar="HOST:PORT", help="Registry as HOST:PORT, e.g. "
+                                                 "127.0.0.1:5000 (default: registry: of the cluster file).")]
+
+
+class Compression(str, enum.Enum):
+    """How `push` sends layers."""
+
+    zstd = "zstd"
+    none = "none"
+    gzip = "gzip"
+
+
+class Mode(str, enum.Enum):
+    """How `deploy` moves the image."""
+
+    registry = "registry"
+    stream = "stream"
+
+
+class Action(str, enum.Enum):
+    """What `registry` does."""
+
+    start = "start"
+    stop = "stop"
+    status = "status"
 
 
 def _cluster_path(cluster: Optional[Path]) -> Optional[Path]:
@@ -54,17 +81,18 @@ def _distribute_printer():
 
 @app.command()
 def push(
-    variant: str = typer.Argument(..., help="The variant whose built image to push, e.g. ng17e."),
-    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    compression: str = typer.Option("zstd", "--compression", help="zstd: layers compressed on every core "
-                                    "(Docker 23+ pulls them, both image stores); none: uncompressed, for a fast "
-                                    "LAN; gzip: the engine's own push (one core, any Docker)."),
+    variant: Variant,
+    registry: Registry = None,
+    cluster: Cluster = None,
+    base: Base = None,
+    compression: Annotated[Compression, typer.Option("--compression", help="zstd: layers compressed on every core "
+                                                     "(Docker 23+ pulls them, both image stores); none: uncompressed, "
+                                                     "for a fast LAN; gzip: the engine's own push (one core, any "
+                                                     "Docker).")] = Compression.zstd,
 ) -> None:
     """Push a built image's immutable tag and moving tag to a registry.
 
-    Example: python build.py push ng17e --registry 127.0.0.1:5000
+    Example: ./build.py push ng17e --registry 127.0.0.1:5000
     """
     from ..distribute.cluster import push_registry
     from ..distribute.deploy import human_bytes
@@ -74,8 +102,8 @@ def push(
     plan = plan_of(variant, base)
     reg = push_registry(registry, _cluster_path(cluster))
     image = head_image(plan)
-    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}, layers {compression}")
-    result = push_to(image, reg, compression, progress=_distribute_printer())
+    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}, layers {compression.value}")
+    result = push_to(image, reg, compression.value, progress=_distribute_printer())
     for ref in result.refs:
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
@@ -84,23 +112,26 @@ def push(
 
 @app.command()
 def deploy(
-    variant: str = typer.Argument(..., help="The variant whose built image to deploy, e.g. ng17e."),
-    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-    registry: Optional[str] = typer.Option(None, "--registry", help=REGISTRY_HELP),
-    mode: str = typer.Option("registry", "--mode", help="registry: nodes pull what they lack (push first); "
-                             "stream: docker save piped into each node's docker load, no registry needed."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    to: Optional[str] = typer.Option(None, "--to", help="Deploy this older build instead (an immutable tag, "
-                                     "see `history`); the moving tag goes back to it."),
-    previous: bool = typer.Option(False, "--previous", help="Deploy the build the nodes ran before their "
-                                  "current one (from the head's deploy record)."),
-    stall: Optional[float] = typer.Option(None, "--stall", metavar="SECONDS", min=1,
-                                          help="Stop a node's transfer after this many seconds without "
-                                          "progress (its docker pull prints nothing, or its docker load takes no "
-                                          f"data); that node fails alone and keeps its old image. Default: "
-                                          f"{PULL_STALL_TIMEOUT:.0f} for a pull (a containerd-store node prints "
-                                          f"nothing while it unpacks a layer), {STALL_TIMEOUT:.0f} for a stream."),
+    variant: Variant,
+    nodes: Nodes = None,
+    cluster: Cluster = None,
+    registry: Registry = None,
+    mode: Annotated[Mode, typer.Option("--mode", help="registry: nodes pull what they lack (push first); stream: "
+                                       "docker save piped into each node's docker load, no registry needed.")]
+    = Mode.registry,
+    base: Base = None,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="TAG", help="Deploy this older build instead (an "
+                                              "immutable tag, see `history`); the moving tag goes back to it.")]
+    = None,
+    previous: Annotated[bool, typer.Option("--previous", help="Deploy the build the nodes ran before their current "
+                                           "one (from the head's deploy record).")] = False,
+    stall: Annotated[Optional[float], typer.Option("--stall", metavar="SECONDS", min=1,
+                                                   help="Stop a node's transfer after this many seconds without "
+                                                   "progress (its docker pull prints nothing, or its docker load "
+                                                   "takes no data); that node fails alone and keeps its old image. "
+                                                   f"Default: {PULL_STALL_TIMEOUT:.0f} for a pull (a containerd-store "
+                                                   "node prints nothing while it unpacks a layer), "
+                                                   f"{STALL_TIMEOUT:.0f} for a stream.")] = None,
 ) -> None:
     """Put a built image on every node, in parallel, and check that every node has the head's image.
 
@@ -110,29 +141,27 @@ def deploy(
 
     Examples:
 
-      python build.py push ng17e --registry 127.0.0.1:5000
+      ./build.py push ng17e --registry 127.0.0.1:5000
 
-      python build.py deploy ng17e --cluster cluster.yaml
+      ./build.py deploy ng17e --cluster cluster.yaml
 
-      python build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
+      ./build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from ..distribute.cluster import resolve_cluster
     from ..distribute.deploy import deploy_registry
     from ..distribute.images import head_image, rollback_tag
     from ..distribute.stream import deploy_stream
 
-    if mode not in ("registry", "stream"):
-        raise SparkforgeError(f"unknown mode {mode!r}; choose registry or stream", field="--mode")
     plan = plan_of(variant, base)
     target = resolve_cluster(_cluster_path(cluster), nodes, registry)
-    if mode == "registry" and not target.registry:
-        raise SparkforgeError("registry mode needs a registry: pass --registry HOST:PORT, set registry: in the "
+    if mode is Mode.registry and not target.registry:
+        raise ConfigError("registry mode needs a registry: pass --registry HOST:PORT, set registry: in the "
                               "cluster file, or use --mode stream", field="--registry")
     image = head_image(plan, tag=rollback_tag(plan, to, previous, target.nodes) if to or previous else None)
-    where = f"from {target.registry}" if mode == "registry" else "by docker save | docker load"
+    where = f"from {target.registry}" if mode is Mode.registry else "by docker save | docker load"
     out.print(f"deploying {image.tag} ({image.image_id[:19]}) to {len(target.nodes)} nodes {where}")
     show = _distribute_printer()
-    if mode == "registry":
+    if mode is Mode.registry:
         result = deploy_registry(image, target.nodes, target.registry_spec or target.registry or "", show,
                                  stall_timeout=stall or PULL_STALL_TIMEOUT)
     else:
@@ -146,14 +175,14 @@ def deploy(
 
 @app.command()
 def status(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
-    nodes: Optional[list[str]] = typer.Option(None, "--nodes", help=NODES_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    variant: Variant,
+    nodes: Nodes = None,
+    cluster: Cluster = None,
+    base: Base = None,
 ) -> None:
     """Show which image each node's moving tag points to; exit 1 unless all match (and match the head).
 
-    Example: python build.py status ng17e --cluster cluster.yaml
+    Example: ./build.py status ng17e --cluster cluster.yaml
     """
     from ..distribute.cluster import resolve_cluster
     from ..distribute.deploy import cluster_status
@@ -164,8 +193,8 @@ def status(
     head_id = st.image.image_id if st.image else None
     out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
     if st.newest:
-        out.print(f"compared with {st.tag}, the build the last deploy set; this recipe's own build is {st.newest}",
-                  markup=False)
+        out.print(f"compared with {st.tag}, the build the last deploy set; the newest build here is {st.newest} "
+                  f"({next_step('deploy it with', 'deploy', plan.variant)})", markup=False)
     out.print(views.status_table(st, ImageRef.parse(plan.tag).tag or ""))
     if st.all_match:
         out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
@@ -177,28 +206,28 @@ def status(
 
 @app.command("registry")
 def registry_cmd(
-    action: str = typer.Argument(..., help="start, stop or status."),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    action: Annotated[Action, typer.Argument(metavar="ACTION", help="start, stop or status.", show_default=False)],
+    cluster: Cluster = None,
 ) -> None:
     """Start, stop or check the registry the cluster file describes (address, TLS or insecure).
 
     Without a cluster file (or without registry: in it): a plain-HTTP registry on 127.0.0.1:5000.
 
-    Example: python build.py registry start --cluster cluster.yaml
+    Example: ./build.py registry start --cluster cluster.yaml
     """
     from ..distribute.cluster import registry_to_run, run_registry
 
-    proc = run_registry(action, registry_to_run(_cluster_path(cluster)))
-    sys.stdout.write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
-    sys.stderr.write(visible(proc.stderr))
+    proc = run_registry(action.value, registry_to_run(_cluster_path(cluster)))
+    write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
+    write(visible(proc.stderr), stderr=True)
     if proc.returncode != 0:
         raise typer.Exit(proc.returncode)
 
 
 @app.command()
 def history(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    variant: Variant,
+    base: Base = None,
 ) -> None:
     """List the builds of a variant on this machine, newest first, with vLLM, mods and the nodes running each.
 

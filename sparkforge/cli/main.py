@@ -5,10 +5,10 @@ Registered first on the one typer app (cli.app), so that --help lists them first
 
 from __future__ import annotations
 
+import enum
 import json
-import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,14 +16,18 @@ from ..build import pipeline
 from ..build.smoke import DEFAULT_SERVE_MODEL
 from ..recipe import archlist
 from ..recipe.config import list_variants
-from ..recipe.plan import PROJECT_ROOT
 from ..repro import verbs
 from . import views
 from .app import (
-    BASE_HELP,
-    CA_HELP,
-    WHEEL_CACHE_HELP,
+    DEFAULT_LOG_DIR,
+    Base,
+    CaCert,
+    LogDir,
+    Network,
+    NetworkOption,
     State,
+    Variant,
+    WheelCache,
     app,
     ca_bundle,
     emit,
@@ -34,28 +38,38 @@ from .app import (
     progress_printer,
     say,
     warned,
+    write,
 )
 
 
+class Tier(str, enum.Enum):
+    """A smoke tier of `test`."""
+
+    static = "static"
+    gpu = "gpu"
+    serve = "serve"
+
+
 @app.command("list")
-def list_cmd(names: bool = typer.Option(False, "--names", help="Print only the variant names.")) -> None:
+def list_cmd(names: Annotated[bool, typer.Option("--names", help="Print only the variant names.")] = False) -> None:
     """List the variants with their parent, vLLM and mods."""
     if names:
-        say("\n".join(list_variants(State.layout.images_dir)))
+        for name in list_variants(State.layout.images_dir):
+            say(name)
         return
     out.print(views.variants_table([warned(loaded).plan for loaded in pipeline.list_plans(State.layout)]))
 
 
 @app.command()
 def show(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
-    as_json: bool = typer.Option(False, "--json", help="Print the whole resolved plan as JSON."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
+    variant: Variant,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole resolved plan as JSON.")] = False,
+    base: Base = None,
 ) -> None:
     """Show the fully resolved plan of a variant, with its lock applied. Never touches Docker."""
     loaded = load(variant, base)
     if as_json:
-        sys.stdout.write(loaded.plan.to_json())
+        write(loaded.plan.to_json())
         return
     emit(views.plan_lines(loaded))
     for warning in archlist.plan_warnings(loaded.plan):
@@ -64,10 +78,11 @@ def show(
 
 @app.command()
 def render(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Folder to write (default: build/VARIANT)."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
+    variant: Variant,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="DIR",
+                                                   help="Folder to write (default: build/VARIANT).")] = None,
+    base: Base = None,
+    ca_cert: CaCert = None,
 ) -> None:
     """Write the Dockerfile and the build context of a variant. Never touches Docker.
 
@@ -81,13 +96,17 @@ def render(
 
 @app.command("check-mods")
 def check_mods(
-    variants: list[str] = typer.Argument(None, help="Variants to check (default with --all: every variant)."),
-    all_variants: bool = typer.Option(False, "--all", help="Check every variant in images/."),
-    show_matrix: bool = typer.Option(False, "--matrix", help="Also try each vLLM mod against a range of releases."),
-    since: str = typer.Option("0.15.0", help="First vLLM release of --matrix."),
-    until: Optional[str] = typer.Option(None, help="Last vLLM release of --matrix (default: the newest)."),
-    strict: bool = typer.Option(False, "--strict", help="Fail also when a source could not be fetched."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
+    variants: Annotated[Optional[list[str]], typer.Argument(metavar="VARIANTS", help="Variants to check.",
+                                                            show_default=False)] = None,
+    all_variants: Annotated[bool, typer.Option("--all", help="Check every variant in images/.")] = False,
+    show_matrix: Annotated[bool, typer.Option("--matrix", help="Also try each vLLM mod against a range of "
+                                              "releases.")] = False,
+    since: Annotated[str, typer.Option("--since", metavar="VERSION", help="First vLLM release of --matrix.")]
+    = "0.15.0",
+    until: Annotated[Optional[str], typer.Option("--until", metavar="VERSION", help="Last vLLM release of --matrix "
+                                                 "(default: the newest).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Fail also when a source could not be fetched.")] = False,
+    ca_cert: CaCert = None,
 ) -> None:
     """Prove that each mod applies to the real source it targets.
 
@@ -113,25 +132,27 @@ def check_mods(
 
 @app.command()
 def build(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every step."),
-    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="Override MAX_JOBS of the compile."),
-    nvcc_threads: Optional[int] = typer.Option(None, "--nvcc-threads", min=1, help="Override NVCC_THREADS."),
-    smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the static smoke tier before tagging."),
-    log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
-    locked: bool = typer.Option(False, "--locked", help="Build with the lock (images/VARIANT.lock.json) and refuse "
-                                "when the recipe disagrees with it or there is none. Without it a lock that agrees "
-                                "is used, and one that does not is ignored with a warning."),
-    dry: bool = typer.Option(False, "--dry-run", help="Print the tags and the exact `docker buildx build` command; "
-                             "write nothing and do not touch Docker."),
-    wheel_cache: Optional[Path] = typer.Option(None, "--wheel-cache", envvar="SPARKFORGE_WHEEL_CACHE",
-                                               help=WHEEL_CACHE_HELP),
-    no_wheel_cache: bool = typer.Option(False, "--no-wheel-cache",
-                                        help="Compile vLLM inside the image build, and store nothing in the wheel "
-                                        "cache (--no-cache alone still installs a cached wheel)."),
+    variant: Variant,
+    base: Base = None,
+    network: NetworkOption = Network.host,
+    ca_cert: CaCert = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every step.")] = False,
+    max_jobs: Annotated[Optional[int], typer.Option("--max-jobs", metavar="N", min=1,
+                                                    help="Override MAX_JOBS of the compile.")] = None,
+    nvcc_threads: Annotated[Optional[int], typer.Option("--nvcc-threads", metavar="N", min=1,
+                                                        help="Override NVCC_THREADS.")] = None,
+    smoke: Annotated[bool, typer.Option("--smoke/--no-smoke", help="Run the static smoke tier before tagging.")]
+    = True,
+    log_dir: LogDir = DEFAULT_LOG_DIR,
+    locked: Annotated[bool, typer.Option("--locked", help="Build with the lock (images/VARIANT.lock.json) and refuse "
+                                         "when the recipe disagrees with it or there is none. Without it a lock that "
+                                         "agrees is used, and one that does not is ignored with a warning.")] = False,
+    dry: Annotated[bool, typer.Option("--dry-run", help="Print the tags and the exact `docker buildx build` command; "
+                                      "write nothing and do not touch Docker.")] = False,
+    wheel_cache: WheelCache = None,
+    no_wheel_cache: Annotated[bool, typer.Option("--no-wheel-cache", help="Compile vLLM inside the image build, and "
+                                                 "store nothing in the wheel cache (--no-cache alone still installs "
+                                                 "a cached wheel).")] = False,
 ) -> None:
     """Render, build with BuildKit, smoke-test, then tag a variant.
 
@@ -141,12 +162,12 @@ def build(
 
     A git-source variant installs the vLLM wheel from the wheel cache when an earlier compile
     with the same inputs (commit, source-phase mods, build.env, arch list, base) left it there,
-    and otherwise compiles and stores its wheel there. `python build.py wheels list` shows it.
+    and otherwise compiles and stores its wheel there. `./build.py wheels list` shows it.
     """
     from ..build.wheels import default_root
 
     plan = plan_of(variant, base, locked=locked)
-    opts = pipeline.build_options(network=network, ca_cert=ca_cert, no_cache=no_cache, max_jobs=max_jobs,
+    opts = pipeline.build_options(network=network.value, ca_cert=ca_cert, no_cache=no_cache, max_jobs=max_jobs,
                                   nvcc_threads=nvcc_threads, log_dir=log_dir)
     if dry:
         emit(views.dry_run_lines(pipeline.dry_run(plan, opts, wheel_cache=not no_wheel_cache)))
@@ -160,17 +181,21 @@ def build(
 
 @app.command("test")
 def test_cmd(
-    variant: str = typer.Argument(..., help="The variant whose built image to test."),
-    tier: list[str] = typer.Option(["static"], "--tier", help="static, gpu or serve; repeat for several."),
-    image: Optional[str] = typer.Option(None, "--image", help="Test this image instead of the variant's tag."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    model: str = typer.Option(DEFAULT_SERVE_MODEL, "--model", help="Small model for the serve tier."),
+    variant: Variant,
+    tier: Annotated[list[Tier], typer.Option("--tier", metavar="TIER", help="static, gpu or serve; repeat for "
+                                             "several (default: static).", show_default=False)] = [Tier.static],
+    image: Annotated[Optional[str], typer.Option("--image", metavar="IMAGE", help="Test this image instead of the "
+                                                 "variant's tag.")] = None,
+    base: Base = None,
+    model: Annotated[str, typer.Option("--model", metavar="MODEL", help="Small model for the serve tier.")]
+    = DEFAULT_SERVE_MODEL,
 ) -> None:
     """Run smoke tiers inside a built image. GPU tiers skip, with the reason, where there is no GPU."""
     plan = plan_of(variant, base)
-    results = pipeline.test_variant(plan, tier, image=image, model=model)
+    tiers = [t.value for t in tier]
+    results = pipeline.test_variant(plan, tiers, image=image, model=model)
     out.print(views.smoke_table(results))
-    if "static" in tier:
+    if Tier.static in tier:
         from ..build.inspect import read_record
 
         kernels = read_record(image or plan.tag)[0].kernels
@@ -181,14 +206,15 @@ def test_cmd(
 
 
 @app.command()
-def inspect(image: str = typer.Argument(..., help="An image reference, e.g. sparkforge/vllm:ng17e."),
-            as_json: bool = typer.Option(False, "--json", help="Print the build record as JSON.")) -> None:
+def inspect(image: Annotated[str, typer.Argument(metavar="IMAGE", help="An image reference, e.g. "
+                                                 "sparkforge/vllm:ng17e.")],
+            as_json: Annotated[bool, typer.Option("--json", help="Print the build record as JSON.")] = False) -> None:
     """Print what is inside an image: its build record and labels."""
     from ..build.inspect import read_record
 
     record, labels = read_record(image)
     if as_json:
-        sys.stdout.write(json.dumps({"record": record.to_dict(), "labels": labels}, indent=2, sort_keys=True) + "\n")
+        write(json.dumps({"record": record.to_dict(), "labels": labels}, indent=2, sort_keys=True) + "\n")
         return
     emit(views.record_lines(image, record, labels))
     if record.kernels:

@@ -1,4 +1,4 @@
-"""The verbs of pins and mods: lock, verify-repro, diff, outdated and `mod new`.
+"""The verbs of pins: lock, verify-repro, diff and outdated.
 
 Registered after the cluster and wheels verbs, keeping the order of --help.
 """
@@ -6,31 +6,50 @@ Registered after the cluster and wheels verbs, keeping the order of --help.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from ..build import pipeline
 from ..build.pipeline import LockPolicy
-from ..recipe.plan import PROJECT_ROOT
+from ..recipe.lock import MAX_EPOCH, MIN_EPOCH
 from ..repro import verbs
 from . import views
-from .app import BASE_HELP, CA_HELP, State, app, ca_bundle, emit, err, plan_of, progress_printer, say
+from .app import (
+    DEFAULT_LOG_DIR,
+    Base,
+    CaCert,
+    LogDir,
+    Network,
+    NetworkOption,
+    State,
+    Variant,
+    app,
+    ca_bundle,
+    emit,
+    err,
+    plan_of,
+    progress_printer,
+    say,
+)
+
+Epoch = Annotated[Optional[int], typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH, max=MAX_EPOCH,
+                                              help="SOURCE_DATE_EPOCH of the builds (default: the lock's, else "
+                                              "today 00:00 UTC); 1980 to 2107, the years a wheel's zip can store.")]
 
 
 @app.command()
 def lock(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17e."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    no_build: bool = typer.Option(False, "--no-build", help="Do not build: mark the installed packages unresolved "
-                                  "(for a machine that cannot build this variant)."),
-    image: Optional[str] = typer.Option(None, "--image", help="Take the installed packages from this image, built "
-                                        "by sparkforge, instead of building."),
-    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800, help="SOURCE_DATE_EPOCH of locked "
-                                        "builds (default: the existing lock's, else today 00:00 UTC)."),
-    network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
-    log_dir: Path = typer.Option(PROJECT_ROOT / "build" / "logs", "--log-dir", help="Where build logs go."),
+    variant: Variant,
+    base: Base = None,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Do not build: mark the installed packages unresolved "
+                                           "(for a machine that cannot build this variant).")] = False,
+    image: Annotated[Optional[str], typer.Option("--image", metavar="IMAGE", help="Take the installed packages from "
+                                                 "this image, built by sparkforge, instead of building.")] = None,
+    epoch: Epoch = None,
+    network: NetworkOption = Network.host,
+    ca_cert: CaCert = None,
+    log_dir: LogDir = DEFAULT_LOG_DIR,
 ) -> None:
     """Resolve a variant's open pins and write images/VARIANT.lock.json beside its recipe.
 
@@ -43,14 +62,14 @@ def lock(
 
     Examples:
 
-      python build.py lock ng17e
+      ./build.py lock ng17e
 
-      python build.py lock ng17e --no-build      (no GB10 or NGC access here)
+      ./build.py lock ng17e --no-build      (no GB10 or NGC access here)
 
-      python build.py --images tests/variants lock testvllm --base 127.0.0.1:5000/sparkforge/base-local:bookworm
+      ./build.py --images tests/variants lock testvllm --base 127.0.0.1:5000/sparkforge/base-local:bookworm
     """
     plan = plan_of(variant, base, policy=LockPolicy.IGNORE)
-    opts = pipeline.build_options(network=network, ca_cert=ca_cert, log_dir=log_dir)
+    opts = pipeline.build_options(network=network.value, ca_cert=ca_bundle(ca_cert), log_dir=log_dir)
     path, result = pipeline.lock_variant(plan, State.layout, opts, epoch=epoch, no_build=no_build, image=image,
                                          say=lambda line: err.print(f"  {line}", markup=False),
                                          progress=progress_printer(variant))
@@ -59,18 +78,21 @@ def lock(
 
 @app.command("verify-repro")
 def verify_repro_cmd(
-    variant: str = typer.Argument(..., help="The variant, e.g. testvllm."),
-    base: Optional[str] = typer.Option(None, "--base", help=BASE_HELP),
-    builder_host: Optional[str] = typer.Option(None, "--builder-host", help="Docker engine to build on, e.g. "
-                                               "unix:///run/ctd-docker.sock: a dockerd with the containerd image "
-                                               "store (the default engine's classic store cannot do this)."),
-    locked: bool = typer.Option(False, "--locked", help="Refuse when the recipe disagrees with its lock."),
-    epoch: Optional[int] = typer.Option(None, "--source-date-epoch", min=315532800,
-                                        help=f"Override the lock's SOURCE_DATE_EPOCH (default without a lock: "
-                                        f"{verbs.DEFAULT_EPOCH})."),
-    network: str = typer.Option("host", "--network", help="Network of RUN steps: host, none or default."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help="CA bundle for a proxy (a BuildKit secret)."),
-    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep both image tarballs and build logs in this folder."),
+    variant: Variant,
+    base: Base = None,
+    builder_host: Annotated[Optional[str], typer.Option("--builder-host", metavar="ENDPOINT", help="Docker engine to "
+                                                        "build on, e.g. unix:///run/ctd-docker.sock: a dockerd with "
+                                                        "the containerd image store (the default engine's classic "
+                                                        "store cannot do this).")] = None,
+    locked: Annotated[bool, typer.Option("--locked", help="Refuse when the recipe disagrees with its lock.")] = False,
+    epoch: Annotated[Optional[int], typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH,
+                                                 max=MAX_EPOCH,
+                                                 help="Override the lock's SOURCE_DATE_EPOCH (default without a "
+                                                 f"lock: {verbs.DEFAULT_EPOCH}).")] = None,
+    network: NetworkOption = Network.host,
+    ca_cert: CaCert = None,
+    keep: Annotated[Optional[Path], typer.Option("--keep", metavar="DIR", help="Keep both image tarballs and build "
+                                                 "logs in this folder.")] = None,
 ) -> None:
     """Build a variant twice from scratch and check that both images are identical, bit for bit.
 
@@ -81,11 +103,11 @@ def verify_repro_cmd(
 
     Example:
 
-      python build.py --images tests/variants verify-repro testvllm --base sparkforge/base-local:bookworm \\
+      ./build.py --images tests/variants verify-repro testvllm --base sparkforge/base-local:bookworm \\
         --builder-host unix:///tmp/ctd/docker.sock --ca-cert /etc/ssl/certs/ca-certificates.crt
     """
     plan = verbs.repro_plan(plan_of(variant, base, locked=locked), epoch)
-    opts = pipeline.build_options(network=network, ca_cert=ca_cert, docker_host=builder_host)
+    opts = pipeline.build_options(network=network.value, ca_cert=ca_bundle(ca_cert), docker_host=builder_host)
     say(f"verify-repro {plan.tag}: two --no-cache builds, SOURCE_DATE_EPOCH={plan.source_date_epoch}")
     result = verbs.verify_variant_repro(plan, State.layout, opts, keep=keep, progress=progress_printer(variant),
                                         say=lambda line: err.print(f"  {line}", markup=False))
@@ -96,8 +118,8 @@ def verify_repro_cmd(
 
 @app.command("diff")
 def diff_cmd(
-    a: str = typer.Argument(..., help="A variant, a lock file (*.lock.json) or a built image."),
-    b: str = typer.Argument(..., help="The same kinds as A."),
+    a: Annotated[str, typer.Argument(metavar="A", help="A variant, a lock file (*.lock.json) or a built image.")],
+    b: Annotated[str, typer.Argument(metavar="B", help="The same kinds as A.")],
 ) -> None:
     """Show what changed from A to B, in every field of the plan, section by section.
 
@@ -108,11 +130,11 @@ def diff_cmd(
 
     Examples:
 
-      python build.py diff ng17 ng17e
+      ./build.py diff ng17 ng17e
 
-      python build.py diff images/ng17.lock.json images/ng17e.lock.json
+      ./build.py diff images/ng17.lock.json images/ng17e.lock.json
 
-      python build.py diff sparkforge/vllm:ng17e-261c666b5a67 sparkforge/vllm:ng17e
+      ./build.py diff sparkforge/vllm:ng17e-261c666b5a67 sparkforge/vllm:ng17e
     """
     from ..repro.diff import SECTIONS, diff, summary
 
@@ -121,10 +143,12 @@ def diff_cmd(
 
 @app.command()
 def outdated(
-    variant: str = typer.Argument(..., help="The variant, e.g. ng17."),
-    mods: bool = typer.Option(True, "--mods/--no-mods", help="Try the variant's vLLM mods on each newer vLLM release "
-                              "(as check-mods --matrix; sources are downloaded once and cached)."),
-    until: Optional[str] = typer.Option(None, "--until", help="Last vLLM release to try the mods on."),
+    variant: Variant,
+    mods: Annotated[bool, typer.Option("--mods/--no-mods", help="Try the variant's vLLM mods on each newer vLLM "
+                                       "release (as check-mods --matrix; sources are downloaded once and cached).")]
+    = True,
+    until: Annotated[Optional[str], typer.Option("--until", metavar="VERSION", help="Last vLLM release to try the "
+                                                 "mods on.")] = None,
 ) -> None:
     """Show which pinned components have newer releases on PyPI, and which mods apply to them.
 
@@ -134,53 +158,11 @@ def outdated(
 
     Examples:
 
-      python build.py outdated ng17
+      ./build.py outdated ng17
 
-      python build.py outdated ng17e --no-mods
+      ./build.py outdated ng17e --no-mods
     """
     report = verbs.outdated_variant(plan_of(variant), try_mods=mods, until=until,
                                     progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
     emit(views.outdated_lines(report, tried_mods=mods))
 
-
-# ---------------------------------------------------------------- mod new
-
-mod_app = typer.Typer(help="Write a new mod folder.", no_args_is_help=True)
-app.add_typer(mod_app, name="mod")
-
-
-@mod_app.command("new")
-def mod_new(
-    name: str = typer.Argument(..., help="The mod's name, and its folder mods/NAME (lowercase letters, digits, '-')."),
-    from_url: Optional[str] = typer.Option(None, "--from-url", help="https URL of a unified diff, e.g. "
-                                           "https://github.com/OWNER/REPO/commit/SHA.diff."),
-    pr: Optional[str] = typer.Option(None, "--pr", help="A GitHub pull request, OWNER/REPO#NUMBER; its diff is "
-                                     "https://github.com/OWNER/REPO/pull/NUMBER.diff."),
-    versions: str = typer.Option(..., "--versions", help="The releases of the component the patch is for, as a "
-                                 "PEP 440 range, e.g. '>=0.17.0,<0.19'."),
-    component: str = typer.Option("vllm", "--component", help="What the patch edits: vllm, or a component of "
-                                  "the recipe."),
-    phase: str = typer.Option("install", "--phase", help="install: the installed package; source: the vLLM "
-                              "tree before its compile (variants that build vLLM from git)."),
-    ca_cert: Optional[Path] = typer.Option(None, "--ca-cert", help=CA_HELP),
-) -> None:
-    """Write mods/NAME/mod.yaml for an upstream patch, pinned by the sha256 of what is downloaded now.
-
-    The diff is downloaded once into the cache and checked: a unified diff whose files stay inside
-    the component's tree. The mod names the URL (or the pull request) and its sha256, and gets one
-    verify check: a line the patch adds. Nothing is written when any of this fails. Read the
-    patch, fill in the description, then add the mod to a variant and run check-mods: a patch
-    that is already in the variant's release is reported `already`.
-
-    Examples:
-
-      python build.py mod new colpali-template --pr vllm-project/vllm#12345 --versions '>=0.17.0,<0.18.1'
-
-      python build.py mod new fix-x --from-url https://github.com/vllm-project/vllm/commit/SHA.diff --versions '==0.17.0'
-    """
-    from ..recipe.remote import new_mod
-
-    made = new_mod(State.layout.mods_dir, name, url=from_url, pr=pr, versions=versions, component=component,
-                   phase=phase, ca_cert=ca_bundle(ca_cert))
-    say(f"wrote {made.folder / 'mod.yaml'}: {made.url} (sha256 {made.sha256}), changes {', '.join(made.files)}")
-    say(f"next: read the patch, then add {name} to a variant's mods and run `python build.py check-mods VARIANT`")

@@ -15,6 +15,7 @@ from rich.text import Text
 from ..build.pipeline import LoadedPlan
 from ..inimage.contract import BuildRecord, WheelOrigin
 from ..recipe.plan import Plan
+from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
 
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
@@ -44,7 +45,7 @@ def variants_table(plans: Iterable[Plan]) -> Table:
     table = _table("variant", "parent", "vllm", "mods", "unpinned")
     for plan in plans:
         name, parent = plan.variant, plan.chain[1] if len(plan.chain) > 1 else "-"
-        vllm = plan.vllm.version + (f" ({plan.vllm.ref})" if plan.vllm.ref else " (pypi)")
+        vllm = plan.vllm.version + f" ({plan.vllm.ref or plan.vllm.source})"
         mods = ", ".join(m.name for m in plan.mods) or "-"
         table.add_row(Text(name), Text(parent), Text(vllm), Text(mods), str(len(plan.unpinned())))
     return table
@@ -59,15 +60,22 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         _line(f"  chain       {' <- '.join(plan.chain)}"),
         _line(f"  tag         {plan.tag}  (moving: {plan.moving_tag})"),
         _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
-        _line(f"  base        {plan.base.ref}"),
+        _line(f"  base        {plan.base.ref}", *_digest_origin(loaded)),
     ]
     if v.source == "git":
         src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
     elif v.wheel:
         src = f"wheel {v.wheel.url or v.wheel.path} sha256:{v.wheel.sha256[:12]}"
+    elif v.source == "base":
+        src = f"the vLLM that {plan.base.repository}:{plan.base.tag} carries, kept"
     else:
         src = "pypi release"
-    lines.append(_line(f"  vllm        {v.version}  ({src}{'' if v.install_deps else ', --no-deps'})"))
+    deps = "" if v.install_deps or v.source == "base" else ", --no-deps"
+    lines.append(_line(f"  vllm        {v.version}  ({src}{deps})"))
+    if plan.python:
+        wheels = (f"{len(plan.wheel_set)} wheels pinned by sha256, {download_bytes(plan.wheel_set) / 1e9:.2f} GB to "
+                  "download" if plan.wheel_set else "not locked yet")
+        lines.append(_line(f"  python      {plan.python.version} on {plan.python.platform}; wheel set: {wheels}"))
     for c in plan.components:
         if c.kind == "pip":
             lines.append(_line(f"  {c.name:<11} pip {c.requirement}"))
@@ -81,6 +89,8 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     else:
         lines.append(_line("  gpus        none: the recipe says the image runs no CUDA code, so no kernel check"))
     lines += [_line(f"  not needed  {name}: {reason}") for name, reason in plan.kernels_not_needed]
+    if plan.kernels_scan:
+        lines.append(_line(f"  scan        {', '.join(plan.kernels_scan)}  (their libraries are checked too)"))
     lines.append(_line(f"  protect     {', '.join(plan.protect) or '-'}"))
     lines += [_line(f"  env         {k}={val}") for k, val in plan.env]
     lines += [_line(f"  mod {i:<7} {m.name} ({m.spec.phase}, {m.spec.kind}) {m.digest[:19]}"
@@ -93,6 +103,16 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     return lines
 
 
+def _digest_origin(loaded: LoadedPlan) -> tuple[str, ...]:
+    """Where the base digest `show` prints comes from: neither the recipe's nor a lock's is asked of the
+    registry when shown, and `lock` keeps a digest the recipe gives as it is."""
+    if loaded.plan.base.digest.value is None:
+        return ()
+    if loaded.lock is not None:
+        return (f"  (digest as {loaded.lock.name} records it)",)
+    return ("  (digest as the recipe gives it; not checked against the registry)",)
+
+
 def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
     """check-mods: a row per variant and mod."""
     table = _table("variant", "mod", "result", "checked against", "detail")
@@ -101,7 +121,7 @@ def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
                       Text(row.source), Text(row.detail))
     for plan in plans:
         if not plan.mods:
-            table.add_row(Text(plan.variant), "-", "no mods", "", "")
+            table.add_row(Text(plan.variant), "-", _styled("skipped", "yellow"), "", "the variant has no mods")
     return table
 
 
@@ -135,8 +155,10 @@ def smoke_table(results: Iterable[Any]) -> Table:
 
 def kernels_table(kernels: dict) -> Table:
     """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
-    what it runs there (a cubin, or PTX it must JIT-compile), NONE, how many kernels it cannot run
-    (`90 missing`), `partial?` (kernel names unreadable), `not needed` or `unreadable`."""
+    what it runs there (a cubin; `JIT compute_NN` where it runs PTX only, which the driver compiles
+    at first start), NONE, how many kernels it cannot run (`90 missing`), `partial?` (kernel names
+    unreadable), `not needed` or `unreadable`. Relocatable code (nvlink's input, never loaded from
+    the file) is listed after the SASS as `rel 90 120`."""
     from ..inimage.kernels import exempt, verdicts
 
     gpus = list(kernels.get("gpus") or [])
@@ -147,10 +169,13 @@ def kernels_table(kernels: dict) -> Table:
         short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
         runs = verdicts(ext, gpus)
         not_needed = exempt(path, kernels.get("not_needed") or [])
-        cells = [_styled(label, "green") if state == "ok"
+        cells = [_styled(label, "green") if state in ("ok", "relocatable")
+                 else _styled(label, "yellow") if state == "jit"
                  else _styled("not needed", "yellow") if not_needed and state != "unreadable"
                  else _styled(label, "bold red") for state, label in runs.values()]
         sass = " ".join(n.removeprefix("sm_") for n in ext["cubins"]) or "-"
+        if ext.get("relocatable"):
+            sass += "  rel " + " ".join(n.removeprefix("sm_") for n in ext["relocatable"])
         ptx = " ".join(n.removeprefix("compute_") for n in ext["ptx"]) or "-"
         if ext.get("error"):
             sass, ptx = "unreadable", ext["error"]
@@ -232,10 +257,7 @@ def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
 def outdated_table(components: Iterable[Any]) -> Table:
     table = _table("component", "pinned", "newest", "newer releases", "note")
     for c in components:
-        newer = (", ".join(c.newer) if len(c.newer) <= 6
-                 else f"{', '.join(c.newer[:3])}, ... {c.newer[-1]} ({len(c.newer)})")
-        table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(newer or "up to date"),
-                      Text(c.note))
+        table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(c.verdict), Text(c.note))
     return table
 
 
@@ -258,6 +280,8 @@ def build_lines(plan: Plan, done: Any) -> list[Text]:
                    f"{len(result.steps) - ran} cached; log: {result.log_path}")]
     if done.smoke_already_passed:
         lines.append(_line(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})"))
+    elif done.static is None:
+        lines.append(_line("static smoke tier: not run (--no-smoke); the tags moved without it"))
     lines += wheel_lines(done.wheel)
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
 
@@ -303,8 +327,8 @@ def check_summary(report: Any) -> Text:
     """check-mods: one line of counts."""
     failed, unverified = len(report.in_state(RowState.FAILED)), len(report.in_state(RowState.UNVERIFIED))
     total = len(report.rows)
-    return _line(f"{total} checked: {total - failed - unverified} ok, {failed} failed, {unverified} unverified "
-                 "(source not reachable from here)")
+    why = " (not checked from here; the detail says why)" if unverified else ""
+    return _line(f"{total} results: {total - failed - unverified} ok, {failed} failed, {unverified} unverified{why}")
 
 
 def check_matrix(report: Any) -> list[Any]:
@@ -320,8 +344,12 @@ def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
     """`outdated`: the components, then (when mods were tried) the newer releases they apply to."""
     shown: list[Any] = [outdated_table(report.components)]
     if not report.cells:
-        if tried_mods and report.mods and report.components[0].newer:
-            shown.append(_line("no newer vLLM release to try the mods on"))
+        if report.mods and not tried_mods:
+            shown.append(_line("mods: not tried (--no-mods)"))
+        elif report.mods and not report.components[0].checked:
+            shown.append(_line("mods: not tried, since the vLLM releases could not be read"))
+        elif report.mods:
+            shown.append(_line("mods: skipped, no newer vLLM release to try them on"))
         return shown
     versions = list(dict.fromkeys(c.version for c in report.cells))
     return shown + [matrix_table(report.cells, list(report.mods), versions,

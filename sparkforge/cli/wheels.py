@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import ConfigError
-from .app import WHEEL_CACHE_HELP, app, out
+from .app import WheelCache, app, out, write
+from .usage import App
 
-wheels_app = typer.Typer(
+wheels_app = App(
     help="Show and clean the wheel cache: the vLLM wheels git-source builds compiled, by their inputs.\n\n"
-    "  python build.py wheels list\n\n"
-    "  python build.py wheels prune --older-than 30",
+    "  ./build.py wheels list\n\n"
+    "  ./build.py wheels prune --older-than 30",
     no_args_is_help=True,
 )
 app.add_typer(wheels_app, name="wheels")
-
-CacheOption = typer.Option(None, "--wheel-cache", envvar="SPARKFORGE_WHEEL_CACHE", help=WHEEL_CACHE_HELP)
 
 
 def _root(folder: Optional[Path]) -> Path:
@@ -38,8 +36,8 @@ def _size(n: int) -> str:
 
 @wheels_app.command("list")
 def list_wheels(
-    wheel_cache: Optional[Path] = CacheOption,
-    as_json: bool = typer.Option(False, "--json", help="Print every entry with all its inputs as JSON."),
+    wheel_cache: WheelCache = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every entry with all its inputs as JSON.")] = False,
 ) -> None:
     """List the cached wheels: key, vLLM version and commit, arch list, source-phase mods, size, last use."""
     from ..build.wheels import scan
@@ -49,7 +47,7 @@ def list_wheels(
         raise ConfigError("is not a folder", path=root, field="--wheel-cache")
     found, damaged = scan(root)
     if as_json:
-        sys.stdout.write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
+        write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
                                       "created": e.created, "inputs": e.inputs} for e in found]
                                     + [{"folder": name, "damaged": why} for name, why in damaged],
                                     indent=2, sort_keys=True) + "\n")
@@ -75,12 +73,13 @@ def list_wheels(
 
 @wheels_app.command("prune")
 def prune_wheels(
-    wheel_cache: Optional[Path] = CacheOption,
-    older_than: Optional[float] = typer.Option(None, "--older-than", min=0, metavar="DAYS",
-                                               help="Remove wheels no build has used for DAYS days."),
-    key: Optional[str] = typer.Option(None, "--key", help="Remove the wheel whose key starts with this."),
-    everything: bool = typer.Option(False, "--all", help="Remove every wheel."),
-    dry: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+    wheel_cache: WheelCache = None,
+    older_than: Annotated[Optional[float], typer.Option("--older-than", min=0, metavar="DAYS",
+                                                        help="Remove wheels no build has used for DAYS days.")] = None,
+    key: Annotated[Optional[str], typer.Option("--key", metavar="KEY", help="Remove the wheel whose key starts with "
+                                               "this.")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="Remove every wheel.")] = False,
+    dry: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove wheels from the cache: by age of last use, by key, or all. A later build compiles again.
 

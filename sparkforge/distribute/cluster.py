@@ -21,34 +21,73 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..net import is_loopback
 from ..recipe.config import read_yaml, validation_error
-from ..recipe.schema import NAME_RE, Strict
+from ..recipe.schema import HOST, NAME_RE, PORT, Strict, host_problem
 from ..registry import Endpoint as RegistryEndpoint
 
-# ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock
-_HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
-SSH_RE = re.compile(rf"^ssh://(?P<user>[A-Za-z0-9._-]+@)?(?P<host>{_HOST})(:(?P<port>[0-9]{{1,5}}))?$")
-_TCP_RE = re.compile(rf"^tcp://{_HOST}:[0-9]{{1,5}}$")
-_UNIX_RE = re.compile(r"^unix:///[A-Za-z0-9._/-]+$")
-REGISTRY_RE = re.compile(rf"^{_HOST}(:[0-9]{{1,5}})?$")
-LISTEN_RE = re.compile(r"^[0-9.]+:[0-9]{1,5}$")
+# ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock; a user name as useradd takes one.
+SSH_RE = re.compile(rf"\Assh://(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*@)?(?P<host>{HOST})(:(?P<port>{PORT}))?\Z")
+_TCP_RE = re.compile(rf"\Atcp://(?P<host>{HOST}):(?P<port>{PORT})\Z")
+_UNIX_RE = re.compile(r"\Aunix://(?P<path>(/[A-Za-z0-9._-]+)+)\Z")
+REGISTRY_RE = re.compile(rf"\A(?P<host>{HOST})(:{PORT})?\Z")
+LISTEN_RE = re.compile(rf"\A[0-9.]+:{PORT}\Z")
+SSH_PORT = "22"
 
 
 ENDPOINT_HELP = "ssh://[user@]host[:port], tcp://host:port or unix:///path/to/docker.sock"
 
 
+def _endpoint_match(value: str) -> re.Match[str] | None:
+    return SSH_RE.fullmatch(value) or _TCP_RE.fullmatch(value) or _UNIX_RE.fullmatch(value)
+
+
+def endpoint_problem(value: str) -> str | None:
+    """Why value is not a Docker endpoint, or None when it is one."""
+    m = _endpoint_match(value)
+    port = re.search(r":([0-9]+)\Z", value)
+    if m is None and port and _endpoint_match(value[:port.start(1)] + "1"):
+        return f"{value!r} is not a Docker endpoint: port {port[1]} is not one of 1-65535 (written without leading zeros)"
+    if m is None:
+        return f"{value!r} is not a Docker endpoint ({ENDPOINT_HELP})"
+    found = m.groupdict()
+    if found.get("host"):
+        problem = host_problem(found["host"])
+        if problem:
+            return f"{value!r} is not a Docker endpoint: {problem}"
+    if found.get("path") and any(part in (".", "..") for part in found["path"].split("/")):
+        return f"{value!r} is not a Docker endpoint: write the socket's path without '.' or '..'"
+    return None
+
+
 def is_endpoint(value: str) -> bool:
-    return bool(SSH_RE.match(value) or _TCP_RE.match(value) or _UNIX_RE.match(value))
+    return endpoint_problem(value) is None
+
+
+def engine_of(endpoint: str) -> tuple[str, str, str]:
+    """What names the engine an endpoint reaches, however it is spelt: an ssh host in any case, with any
+    user, at its port (22 when none is given); a tcp host and port; a socket's path."""
+    m = _endpoint_match(endpoint)
+    if m is None:
+        return ("", endpoint, "")
+    found = m.groupdict()
+    if "path" in found:
+        return ("unix", found["path"], "")
+    scheme = endpoint.partition("://")[0]
+    return (scheme, found["host"].lower(), found.get("port") or SSH_PORT)
 
 
 def _endpoint(value: str) -> str:
-    if not is_endpoint(value):
-        raise ValueError(f"{value!r} is not a Docker endpoint ({ENDPOINT_HELP})")
+    problem = endpoint_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
 def _registry(value: str) -> str:
-    if not REGISTRY_RE.match(value):
-        raise ValueError(f"{value!r} is not a registry address HOST:PORT (e.g. 10.0.0.1:5000)")
+    m = REGISTRY_RE.fullmatch(value)
+    problem = host_problem(m["host"]) if m else None
+    if m is None or problem:
+        raise ValueError(f"{value!r} is not a registry address HOST:PORT (e.g. 10.0.0.1:5000)"
+                         + (f": {problem}" if problem else ""))
     return value
 
 
@@ -58,14 +97,26 @@ def _listen(value: str) -> str:
         ipaddress.IPv4Address(host)
     except ValueError:
         raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)") from None
-    if not LISTEN_RE.match(value) or not 0 < int(port) < 65536:
+    if not LISTEN_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)")
     return value
 
 
 def _node_name(value: str) -> str:
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a node name (lowercase letters, digits and '-')")
+    return value
+
+
+def _local_path(value: str) -> str:
+    if not value.strip() or not value.isprintable():
+        raise ValueError(f"{value!r} is not a path (no control characters or line breaks)")
+    return value
+
+
+def _known_hosts(value: str) -> str:
+    if any(ch.isspace() for ch in _local_path(value)):  # ssh splits UserKnownHostsFile at whitespace
+        raise ValueError(f"{value!r}: ssh would read a path with a space as several files; move the file")
     return value
 
 
@@ -73,6 +124,8 @@ Endpoint = Annotated[str, AfterValidator(_endpoint)]
 RegistryAddress = Annotated[str, AfterValidator(_registry)]
 ListenAddress = Annotated[str, AfterValidator(_listen)]
 NodeName = Annotated[str, AfterValidator(_node_name)]
+LocalPath = Annotated[str, AfterValidator(_local_path)]
+KnownHosts = Annotated[str, AfterValidator(_known_hosts)]
 
 
 class NodeSpec(Strict):
@@ -82,17 +135,17 @@ class NodeSpec(Strict):
 class SshSpec(Strict):
     """How ssh:// nodes are reached; host keys are always checked."""
 
-    known_hosts: str | None = None
-    identity_file: str | None = None
+    known_hosts: KnownHosts | None = None
+    identity_file: LocalPath | None = None
     connect_timeout: int = Field(10, ge=1, le=120)
 
 
 class TlsSpec(Strict):
     """The registry's certificate and key, and the CA that signed it (what nodes trust)."""
 
-    cert: str
-    key: str
-    ca: str
+    cert: LocalPath
+    key: LocalPath
+    ca: LocalPath
 
 
 class RegistrySpec(Strict):
@@ -178,7 +231,13 @@ def load_cluster_file(path: Path) -> ClusterFile:
     try:
         spec = ClusterFile.model_validate(data)
     except ValidationError as exc:
-        raise validation_error(exc, path) from None
+        raise validation_error(exc, path, data) from None
+    engines: dict[tuple[str, str, str], str] = {}
+    for name, node in spec.nodes.items():
+        other = engines.setdefault(engine_of(node.endpoint), name)
+        if other != name:
+            raise ConfigError(f"{node.endpoint} reaches the engine of node {other} ({spec.nodes[other].endpoint}); "
+                              "list each engine once", path=path, field=f"nodes.{name}.endpoint")
     for fld, value in _file_fields(spec):
         if not _resolve(path, value).is_file():
             raise ConfigError(f"file not found: {_resolve(path, value)}", path=path, field=fld)
@@ -273,18 +332,21 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
         elif is_endpoint(entry):
             chosen.append(Node(_name_of(entry), entry, ssh))
         elif "://" in entry:
-            raise ConfigError(f"{entry!r} is not a Docker endpoint ({ENDPOINT_HELP})", field="--nodes")
+            raise ConfigError(endpoint_problem(entry) or entry, field="--nodes")
         else:
             names = ", ".join(sorted(known)) or "none: no cluster file was read"
             raise ConfigError(f"unknown node {entry!r} (known nodes: {names})",
                               path=cluster_file, field="--nodes")
     seen: dict[str, Node] = {}
     for node in chosen:
-        if node.name in seen and seen[node.name].endpoint != node.endpoint:
+        engine = engine_of(node.endpoint)
+        if node.name in seen and engine_of(seen[node.name].endpoint) != engine:
             raise ConfigError(f"two nodes are named {node.name!r}; name them in a cluster file", field="--nodes")
-        if any(n.endpoint == node.endpoint and n.name != node.name for n in seen.values()):
-            raise ConfigError(f"endpoint {node.endpoint} is given twice under two names", field="--nodes")
-        seen[node.name] = node
+        twin = next((n for n in seen.values() if engine_of(n.endpoint) == engine and n.name != node.name), None)
+        if twin is not None:
+            raise ConfigError(f"{node.endpoint} reaches the engine of node {twin.name} ({twin.endpoint}); name each "
+                              "engine once", field="--nodes")
+        seen.setdefault(node.name, node)
     reg_spec = registry_of(spec, cluster_file) if spec is not None and cluster_file is not None else None
     if registry:
         address = check_registry(registry)
@@ -295,13 +357,13 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
 
 
 def _name_of(endpoint: str) -> str:
-    """A readable name for a node given by endpoint: its host, or its socket's folder."""
-    scheme, _, rest = endpoint.partition("://")
+    """A readable name for a node given by endpoint: its host (with a port other than ssh's), or its socket's
+    folder; one engine gets one name however its endpoint is spelt."""
+    scheme, host, port = engine_of(endpoint)
     if scheme == "unix":
-        parts = [p for p in rest.split("/") if p]
-        return parts[-2] if len(parts) >= 2 else rest
-    host = rest.rpartition("@")[2]
-    return host if scheme == "ssh" else host.replace(":", "-")
+        parts = [p for p in host.split("/") if p]
+        return parts[-2] if len(parts) >= 2 else host
+    return host if scheme == "ssh" and port == SSH_PORT else f"{host}-{port}"
 
 
 # ------------------------------------------------------------------------ the registry process

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..build import dockercli
-from ..errors import DistributeError
+from ..errors import DistributeError, Hint
+from ..files import read_regular, write_atomic
 from ..imageref import ImageRef
+from ..inimage.contract import JsonError, parse_json
 from ..recipe.plan import PROJECT_ROOT, Plan
+from ..recipe.schema import DIGEST_RE, REPOSITORY_RE, TAG_RE
 from .cluster import Node
 from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker
 
@@ -81,17 +84,51 @@ def _state_file(state_dir: Path | None, repository: str) -> Path:
 
 
 def read_state(state_dir: Path | None, repository: str) -> dict:
-    """The head's record of a repository: manifest digests per tag, and deploys per node."""
+    """The head's record of a repository: manifest digests per tag, and deploys per node.
+
+    It is a file anyone may edit, and its tags and digests reach docker's command line and registry
+    URLs: a record that is not what sparkforge writes is one line naming the file and the entry."""
     path = _state_file(state_dir, repository)
     try:
-        data = json.loads(path.read_text())
+        data = parse_json(read_regular(path))
     except FileNotFoundError:
-        return {"manifests": {}, "deploys": {}}
-    except (OSError, ValueError) as exc:
-        raise DistributeError(f"unreadable deploy record: {exc}", path=path) from None
-    data.setdefault("manifests", {})
-    data.setdefault("deploys", {})
+        return {section: {} for section in _RECORD}
+    except (OSError, JsonError) as exc:
+        raise DistributeError(f"unreadable deploy record: {getattr(exc, 'strerror', None) or exc}", path=path) from None
+    if not isinstance(data, dict):
+        raise DistributeError("unreadable deploy record: not a JSON object", path=path)
+    for section, valid in _RECORD.items():
+        entries = data.setdefault(section, {})
+        bad = (section if not isinstance(entries, dict)
+               else next((f"{section}.{key}" for key, value in entries.items() if not valid(value)), None))
+        if bad:
+            raise DistributeError("not what sparkforge writes in a deploy record; remove the entry or the file "
+                                  "(it only remembers pushes and deploys)", path=path, field=bad)
     return data
+
+
+def _digest(value: object) -> bool:
+    return isinstance(value, str) and bool(DIGEST_RE.fullmatch(value))
+
+
+def _tag(value: object) -> bool:
+    """An image reference REPOSITORY:TAG as sparkforge records one (it reaches docker's command line)."""
+    if not isinstance(value, str):
+        return False
+    ref = ImageRef.parse(value)
+    return (ref.digest is None and bool(REPOSITORY_RE.fullmatch(ref.repository))
+            and bool(ref.tag and TAG_RE.fullmatch(ref.tag)))
+
+
+# Each section of the record by its entries: what one entry must be.
+_RECORD: dict[str, Callable[[object], bool]] = {
+    "manifests": lambda v: isinstance(v, list) and all(map(_digest, v)),
+    "deploys": lambda v: isinstance(v, list) and all(isinstance(d, dict) and _tag(d.get("tag")) for d in v),
+    "configs": lambda v: isinstance(v, dict) and _digest(v.get("head_id")) and _digest(v.get("config")),
+    "deployed": _tag,  # per moving tag, the build the last deploy set
+    "blobs": lambda v: isinstance(v, dict) and all(
+        isinstance(b, list) and len(b) == 2 and _digest(b[0]) and type(b[1]) is int and b[1] >= 0 for b in v.values()),
+}
 
 
 def update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
@@ -99,9 +136,7 @@ def update_state(state_dir: Path | None, repository: str, change: Callable[[dict
     data = read_state(state_dir, repository)
     change(data)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)  # a crash never leaves half a record
+    write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())  # never half a record
 
 
 def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config: str | None = None,
@@ -129,8 +164,8 @@ def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None
     tag = tag or plan.tag
     image = image_on_head(tag, plan.moving_tag, state_dir)
     if image is None:
-        raise DistributeError(f"image {tag} is not on this machine; build it first with "
-                              f"`python build.py build {plan.variant}`", field=plan.variant)
+        raise DistributeError(f"image {tag} is not on this machine", field=plan.variant,
+                              hint=Hint("build it first with", ("build", plan.variant)))
     return image
 
 
@@ -189,8 +224,8 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
     if to:
         tag = to if ImageRef.parse(to).tag else f"{repo}:{to}"
         if dockercli.inspect_images(tag)[tag] is None:
-            raise DistributeError(f"no build {tag} on this machine (see `python build.py history {plan.variant}`)",
-                                  field="--to")
+            raise DistributeError(f"no build {tag} on this machine", field="--to",
+                                  hint=Hint("its builds are in", ("history", plan.variant)))
         return tag
     deploys = read_state(state_dir, repo)["deploys"]
     # The tag the nodes ran before their current one, from the head's deploy record.
@@ -200,15 +235,15 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
         if len(tags) >= 2:
             befores.add(tags[-2])
     if len(befores) != 1:
-        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG "
-                              f"(see `python build.py history {plan.variant}`)", field="--previous")
+        raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG",
+                              field="--previous", hint=Hint("the builds are in", ("history", plan.variant)))
     return befores.pop()
 
 
 def deployed_tag(state_dir: Path | None, moving_tag: str) -> str | None:
     """The build the last deploy of a moving tag set on the nodes (a rollback's too), from the head's record."""
-    tag = (read_state(state_dir, ImageRef.parse(moving_tag).repository).get("deployed") or {}).get(moving_tag)
-    return tag if isinstance(tag, str) else None
+    tag = read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
+    return str(tag) if tag is not None else None
 
 
 def registry_ref(registry: str, ref: str) -> str:

@@ -46,7 +46,7 @@ def ssh_argv(node: Node, tty: bool = False) -> list[str]:
 
     tty: the command runs on a terminal of the node, which hangs it up when the connection ends.
     """
-    m = SSH_RE.match(node.endpoint)
+    m = SSH_RE.fullmatch(node.endpoint)
     if m is None:
         raise NodeFailure(f"{node.endpoint} is not an ssh:// endpoint")
     o = node.ssh

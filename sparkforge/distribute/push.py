@@ -24,6 +24,7 @@ from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
+from ..inimage.contract import parse_json
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
 from .cluster import Registry
@@ -266,7 +267,7 @@ def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes]
         return DistributeError(f"docker save {image.tag}: {why}", field="docker")
 
     try:
-        entries = json.loads(saved_manifest)
+        entries = parse_json(saved_manifest)
         entry = next((e for e in entries if image.tag in (e.get("RepoTags") or [])), entries[0])
         config_name, layer_names = entry["Config"], entry["Layers"]
         if not isinstance(config_name, str) or not isinstance(layer_names, list):
@@ -277,7 +278,7 @@ def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes]
     if config is None:
         raise fail(f"the config {config_name} is not in the saved image")
     try:
-        diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+        diff_ids = parse_json(config)["rootfs"]["diff_ids"]
         if not isinstance(diff_ids, list):
             raise TypeError
     except (ValueError, LookupError, TypeError):

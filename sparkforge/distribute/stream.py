@@ -11,7 +11,6 @@ after the node's image is the head's.
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import subprocess
 import threading
@@ -22,6 +21,7 @@ from typing import Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line
+from ..inimage.contract import parse_json
 from .cluster import Node
 from .nodes import STALL_TIMEOUT, TRANSFER_TIMEOUT, NodeFailure, cli_env, docker_argv, transport_error
 from .deploy import CHUNK, Deployment, NodeRun, Progress, ProgressFn, deploy_all
@@ -101,7 +101,7 @@ class TarIndex:
                     self.pax_size = int(value)
             return
         try:
-            data = json.loads(bytes(self.index))
+            data = parse_json(bytes(self.index))
         except ValueError:
             return
         if self.kept == b"index.json" and isinstance(data, dict):

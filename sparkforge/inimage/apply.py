@@ -11,9 +11,8 @@ import tempfile
 from pathlib import Path
 
 from .contract import CheckState, ModKind, ModState, Result
-from .diff import parse_diff
 from .files import plan_files
-from .patch import plan_patch
+from .patch import check_patch, plan_patch
 from .patcher import PATCHER_TIMEOUT, literal_targets, plan_patcher
 from .paths import ModFailure, asset, check_folder, inside, parts, read_file
 
@@ -24,9 +23,16 @@ def check_paths(spec: dict, folder: Path) -> None:
     for field in ("patch", "patcher"):
         if spec.get(field):
             asset(folder, spec[field], field)
-    for i, item in enumerate(spec.get("files") or []):
+    dests: dict[tuple[str, ...], int] = {}
+    files = spec.get("files") or []
+    for i, item in enumerate(files):
         asset(folder, item["src"], f"files[{i}].src")
-        parts(item["dest"], f"files[{i}].dest", absolute_ok=True)
+        dest = tuple(parts(item["dest"], f"files[{i}].dest", absolute_ok=True))
+        if dest in dests:
+            first = dests[dest]
+            raise ModFailure(f"files[{first}].dest ({files[first]['dest']}) and files[{i}].dest ({item['dest']}) name "
+                             "one file; each file of a mod has one entry")
+        dests[dest] = i
     for i, check in enumerate(spec.get("verify") or []):
         if check.get("file") is not None:
             parts(check["file"], f"verify[{i}].file", absolute_ok=True)
@@ -34,11 +40,11 @@ def check_paths(spec: dict, folder: Path) -> None:
 
 def check_static(spec: dict, folder: Path) -> None:
     """Every refusal that needs no target tree, so that the config stage can make it before any build:
-    the spec's paths, the patch's file names and hunk counts, a patcher's TARGETS when they are a literal."""
+    the spec's paths, the patch as git reads it (its file names, hunk counts, and nothing but text changes),
+    a patcher's TARGETS when they are a literal."""
     check_paths(spec, folder)
     if spec.get("kind") == ModKind.PATCH.value and spec.get("patch"):
-        for file_patch in parse_diff(read_file(asset(folder, spec["patch"], "patch"))):
-            parts(file_patch.path, "patch target")
+        check_patch(read_file(asset(folder, spec["patch"], "patch"), spec["patch"]))
     if spec.get("kind") == ModKind.PATCHER.value and spec.get("patcher"):
         for rel in literal_targets(asset(folder, spec["patcher"], "patcher")):
             parts(rel, "patcher TARGETS entry")

@@ -13,7 +13,7 @@ from .apply import apply_mod, check_folder, component_root, verify_mod
 from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin, read_versioned
 from .patcher import PATCHER_TIMEOUT, child_main
 from .paths import ModFailure, read_file
-from .record import check_protected, note_wheel, protect, write_record
+from .record import base_vllm, check_protected, note_wheel, protect, write_record
 from .smoke import smoke_gpu, smoke_static
 
 
@@ -89,6 +89,15 @@ def _cmd_note_wheel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_base_vllm(args: argparse.Namespace) -> int:
+    problem, found = base_vllm(args.version)
+    if problem:
+        print(f"vllm of the base: {problem}", file=sys.stderr)
+        return 2
+    print(f"vllm of the base: {found} (release {args.version}), kept")
+    return 0
+
+
 def _cmd_smoke(args: argparse.Namespace) -> int:
     checks = smoke_static(Path(args.home)) if args.tier == "static" else smoke_gpu(Path(args.home))
     for name, state, detail in checks:
@@ -146,6 +155,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
                         _cmd_check_protected),
     "record": ("write the build record into HOME/build-record.json", lambda p: p.add_argument("home"), _cmd_record),
     "note-wheel": ("record the vLLM wheel installed and where it came from", _args_note_wheel, _cmd_note_wheel),
+    "base-vllm": ("check that the base carries the vLLM release VERSION (vllm.source: base)",
+                  lambda p: p.add_argument("version"), _cmd_base_vllm),
     "smoke": ("run a smoke tier inside the image; one JSON line per check", _args_smoke, _cmd_smoke),
     "kernels": ("record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
                 lambda p: p.add_argument("rest", nargs=argparse.REMAINDER), _cmd_kernels),

@@ -22,6 +22,39 @@ class ContractError(ValueError):
     """A document does not follow the contract: its version is unknown or a field is missing."""
 
 
+class JsonError(ValueError):
+    """A JSON text the tool does not read: malformed, a key written twice in one object, NaN or Infinity
+    (no JSON numbers), or nested deeper than the parser goes."""
+
+
+def parse_json(text: str | bytes) -> Any:
+    """JSON as sparkforge reads every JSON file and answer (locks, records, cache entries, documents, a
+    registry's replies): Python's json would keep the last of two equal keys silently and take NaN."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except RecursionError:
+        raise JsonError("nested too deeply to read") from None
+    except JsonError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise JsonError(f"line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:  # bytes that are not UTF-8, an integer of over 4300 digits
+        raise JsonError(str(exc)) from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JsonError(f"key {key!r} is written twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonError(f"{name} is not a JSON number")
+
+
 class ModState(str, Enum):
     """What applying a mod did."""
 
@@ -61,9 +94,9 @@ def read_versioned(text: str | bytes, where: str) -> dict:
     """A document the host writes for the image as a plain mapping (plan.json, a mod's mod.json),
     refused in one line when it is not JSON, not a mapping, or of a version this side cannot read."""
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ContractError(f"{where}: not JSON ({exc})") from None
+        data = parse_json(text)
+    except JsonError as exc:
+        raise ContractError(f"{where}: unreadable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ContractError(f"{where}: not a JSON object")
     if data.get("schema", 0) not in READABLE:
@@ -128,9 +161,9 @@ class _Document:
     @classmethod
     def from_json(cls, text: str | bytes, where: str = ""):
         try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ContractError(f"{where or cls.NAME}: not JSON ({exc})") from None
+            data = parse_json(text)
+        except JsonError as exc:
+            raise ContractError(f"{where or cls.NAME}: unreadable JSON: {exc}") from None
         return cls.from_dict(data, where)
 
 

@@ -1,9 +1,11 @@
-"""Unified diffs: file names, hunks and what a git diff changes outside its hunks.
+"""Unified diffs as text: the `---`/`+++` sections, their hunks, and the lines git would drop.
 
-The diff is applied by `git apply` (patch.py); this reader decides what git is never asked to do:
-every file name stays inside the tree, and a rename, copy, deletion, mode change, binary change or
-`diff -r` line (`Binary files ... differ`, `Only in`) is refused in one line rather than dropped.
-It also tells a diff made without context lines (`-U0`), which git reads with --unidiff-zero.
+What a diff does to files (which files, created or changed, renamed, deleted, linked, binary) is
+git's to say: patch.py asks `git apply` and compares its answer with this reader's. The reader
+checks the text only: every hunk matches its header's counts exactly, a header name stays inside
+the tree, and a `diff -r` line git would skip (`Binary files ... differ`, `Only in`) is refused
+rather than dropped. It also tells which prefix the names carry (git's `-p`) and whether the diff
+was made without context lines (`-U0`, which git reads with --unidiff-zero).
 """
 
 from __future__ import annotations
@@ -27,17 +29,28 @@ class Hunk:
     new: tuple[bytes, ...]
     context: int  # context lines in all
 
+
 @dataclass(frozen=True)
 class FilePatch:
-    path: str  # relative to the component root, without the a/ b/ prefix
-    create: bool
+    """One `---`/`+++` section with its hunks."""
+
+    path: str  # the name git picks from the two header names, without the a/ b/ prefix
     hunks: tuple[Hunk, ...]
     prefixed: bool = True  # whether its header names carry the a/ b/ prefixes (git apply -p1, else -p0)
+
+    @property
+    def added(self) -> int:
+        return sum(len(h.new) - h.context for h in self.hunks)
+
+    @property
+    def deleted(self) -> int:
+        return sum(len(h.old) - h.context for h in self.hunks)
+
 
 _HUNK_RE = re.compile(rb"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-def _lines(data: bytes) -> list[bytes]:
+def lines_of(data: bytes) -> list[bytes]:
     """Split on "\\n" only (never on "\\r" or other breaks), keeping each line's end."""
     pieces = data.split(b"\n")
     return [p + b"\n" for p in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
@@ -55,105 +68,62 @@ def _name(line: bytes, prefix: str) -> tuple[str, bool | None]:
     return name, False
 
 
+def _picked(old: str, new: str) -> str:
+    """The name git applies a section to: the other one beside /dev/null; of two names, the old one
+    when it begins the new one (`f` of `f` and `f.new`), else the new one (`f` of `f.orig` and `f`)."""
+    if new == "/dev/null" or (old != "/dev/null" and len(old) < len(new) and new.startswith(old)):
+        return old
+    return new
+
+
 def parse_diff(data: bytes) -> list[FilePatch]:
-    """Parse a unified diff (diff -u / -U0, git diff); its header counts must match its hunks exactly."""
-    lines = _lines(data)
+    """The `---`/`+++` sections of a unified diff (diff -u / -U0, git diff), whose header counts must
+    match their hunks exactly. A git diff's sections without hunks (a new empty file) are not among
+    them: git lists those (patch.py)."""
+    lines = lines_of(data)
     patches: list[FilePatch] = []
-    git = _GitHeader()
+    git_sections = False
     i = 0
     while i < len(lines):
         if lines[i].startswith(b"@@"):
             raise ModFailure(f"hunk {lines[i].decode(errors='replace').strip()} comes before any file header")
         if not (lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
-            git.line(lines[i], patches)
+            git_sections = git_sections or lines[i].startswith(b"diff --git ")
+            _refuse_dropped(lines[i])
             i += 1
             continue
-        git.close(None)
         (old_name, old_prefixed), (new_name, new_prefixed) = _name(lines[i], "a/"), _name(lines[i + 1], "b/")
         if None not in (old_prefixed, new_prefixed) and old_prefixed != new_prefixed:
             raise ModFailure(f"{new_name}: one header name has the a/ or b/ prefix and the other not")
         for name in (old_name, new_name):
             if name != "/dev/null":
                 parts(name, "patch header")
-        if new_name == "/dev/null":
-            raise ModFailure(f"deleting files is not supported ({old_name})")
-        if old_name not in ("/dev/null", new_name):
-            raise ModFailure(f"renaming files is not supported ({old_name} -> {new_name})")
+        path = _picked(old_name, new_name)
         i += 2
         hunks: list[Hunk] = []
         while i < len(lines) and lines[i].startswith(b"@@"):
-            hunk, i = _parse_hunk(new_name, lines, i)
+            hunk, i = _parse_hunk(path, lines, i)
             hunks.append(hunk)
         if not hunks:
-            raise ModFailure(f"{new_name}: the diff names this file but holds no hunk")
+            raise ModFailure(f"{path}: the diff names this file but holds no hunk")
         if i < len(lines) and lines[i][:1] in (b" ", b"+", b"-") and lines[i] != b"-- \n" and not (
                 lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
-            raise ModFailure(f"{new_name}: hunk {hunks[-1].header} holds more lines than its header counts")
-        create = old_name == "/dev/null"
-        if create and (len(hunks) != 1 or hunks[0].old_count):
-            raise ModFailure(f"{new_name}: a new file takes one hunk from -0,0")
-        patches.append(FilePatch(new_name, create, tuple(hunks), bool(new_prefixed)))
-    git.close(patches)
-    if not patches:
+            raise ModFailure(f"{path}: hunk {hunks[-1].header} holds more lines than its header counts")
+        patches.append(FilePatch(path, tuple(hunks), old_prefixed is not False and new_prefixed is not False))
+    if not patches and not git_sections:
         raise ModFailure("the patch file holds no file changes")
     return patches
 
 
-class _GitHeader:
-    """The extended header of a `diff --git` section, from that line to its `---`/`+++` pair or its end.
-
-    What git says there without a hunk (a binary change, a rename, a mode) is refused rather than
-    dropped; a new empty file (`new file mode 100644` and no `---`/`+++`) becomes a FilePatch that
-    creates it empty. Anything else ends the section, so a commit message is never read as a header."""
-
-    HEADER = (b"index ", b"old mode ", b"new mode ", b"new file mode ", b"deleted file mode ", b"similarity index ",
-              b"dissimilarity index ", b"rename from ", b"rename to ", b"copy from ", b"copy to ", b"Binary files ",
-              b"GIT binary patch")
-
-    def __init__(self) -> None:
-        self.file: str | None = None
-        self.new = False
-
-    def line(self, line: bytes, patches: list[FilePatch]) -> None:
-        if line.startswith(b"diff --git "):
-            self.close(patches)
-            names = line[11:].rstrip(b"\r\n").decode("utf-8", "surrogateescape")
-            self.file = names.rpartition(" b/")[2] if " b/" in names else names
-        elif self.file is not None and line.startswith(self.HEADER):
-            _refuse_git_extension(self.file, line)
-            self.new = self.new or line.startswith(b"new file mode ")
-        else:
-            self.close(patches)
-            text = line.decode("utf-8", "replace").strip()
-            if text.startswith("Binary files ") and text.endswith(" differ"):  # diff -r
-                raise ModFailure(f"a binary file change ({text}) is not supported; a patch mod changes the text of "
-                                 "files only")
-            if text.startswith("Only in ") and ": " in text:  # diff -r without -N
-                raise ModFailure(f"{text}: a file only one side has; make the diff with `diff -ruN` (or git diff)")
-
-    def close(self, patches: list[FilePatch] | None) -> None:
-        """End the section; with patches, a new file that had no hunk is added to them, empty."""
-        if patches is not None and self.file is not None and self.new:
-            parts(self.file, "patch header")
-            patches.append(FilePatch(self.file, True, ()))
-        self.file, self.new = None, False
-
-
-# Changes a git diff makes without a hunk, which applying only the hunks would silently drop.
-_GIT_EXTENSIONS = ((b"Binary files ", "a binary file change"), (b"GIT binary patch", "a binary file change"),
-                   (b"rename from ", "a rename"), (b"copy from ", "a copy"), (b"old mode ", "a file mode change"),
-                   (b"new mode ", "a file mode change"),
-                   (b"deleted file mode ", "a file deletion"))
-
-
-def _refuse_git_extension(files: str, line: bytes) -> None:
-    if line.startswith(b"new file mode ") and line.rstrip(b"\r\n") != b"new file mode 100644":
-        raise ModFailure(f"{files}: a new file with mode {line[14:].decode('utf-8', 'replace').strip()} is not "
-                         "supported; a patch mod makes new files as plain files (100644)")
-    for prefix, what in _GIT_EXTENSIONS:
-        if line.startswith(prefix):
-            raise ModFailure(f"{files}: {what} ({line.decode('utf-8', 'replace').strip()}) is not supported; "
-                             "a patch mod changes the text of files only")
+def _refuse_dropped(line: bytes) -> None:
+    """Refuse a line of `diff -r` that git skips as text between sections, which would drop a change."""
+    text = line.decode("utf-8", "replace").strip()
+    if text.startswith("Binary files ") and text.endswith(" differ"):
+        name = text[len("Binary files "):-len(" differ")].rpartition(" and ")[2].removeprefix("b/")
+        raise ModFailure(f"{name}: a binary file change ({text}) is not supported; a patch mod changes the text of "
+                         "files only")
+    if text.startswith("Only in ") and ": " in text:  # diff -r without -N
+        raise ModFailure(f"{text}: a file only one side has; make the diff with `diff -ruN` (or git diff)")
 
 
 def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
@@ -196,8 +166,7 @@ def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
             raise ModFailure(f"{path}: hunk {header} is truncated (it ends after {len(tags)} lines)")
         i += 1
     body_tags = [t for t in tags if t != b"\\"]
-    changes = [k for k, t in enumerate(body_tags) if t != b" "]
-    if not changes:
+    if all(t == b" " for t in body_tags):
         raise ModFailure(f"{path}: hunk {header} changes nothing")
     return Hunk(header, old_start, old_count, new_start, new_count, tuple(old), tuple(new),
                 body_tags.count(b" ")), i
@@ -206,3 +175,10 @@ def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
 def zero_context(patches: list[FilePatch]) -> bool:
     """Whether no hunk holds a context line: a diff made with -U0, applied as git's --unidiff-zero reads it."""
     return not any(h.context for fp in patches for h in fp.hunks)
+
+
+def prefix_flag(patches: list[FilePatch]) -> str:
+    """git apply's -p for the diff: -p1 when its names carry the a/ b/ prefixes, -p0 when none does."""
+    if len({fp.prefixed for fp in patches}) > 1:
+        raise ModFailure("some file names of the diff carry the a/ b/ prefixes and some not")
+    return "-p0" if patches and not patches[0].prefixed else "-p1"

@@ -10,25 +10,37 @@ were read from kernels compiled here with nvcc 13.0 for every target kind and co
 `cuobjdump --list-elf/--list-ptx` (tests/fixtures/kernels); cuobjdump names a family cubin
 plain `sm_120`. With nvcc 13.0 the cubin's own ELF e_flags are the same for all three kinds, so
 there the entry header is the one place the kind is written; CUDA 12.x output (vLLM's wheels)
-also marks an arch-specific cubin in e_flags, which is read as well.
+also marks an arch-specific cubin in e_flags, which is read as well. Code built with `nvcc -rdc`
+also leaves relocatable device code in `__nv_relfatbin` (same containers): nvlink's input when a
+program device-links against it; the runtime loads the device-linked code of `.nv_fatbin` (read
+from `nvcc -rdc -shared` output, tests/fixtures/kernels/rdc.so, and torch's libtorch_nvshmem.so).
 
 The kernel names an entry holds are a cubin's ELF sections `.text.<mangled name>` and PTX's
-`.entry <mangled name>`. A payload may be compressed: LZ4 block format (flag 0x2000, CUDA 12.x;
-decoded here) or zstd (flag 0x8000, CUDA 13; no stdlib decoder before Python 3.14, so those
-kernel names are unknown).
+`.entry <mangled name>`. A payload may be compressed: LZ4 block format (flag 0x2000, CUDA 12.x)
+or zstd (flag 0x8000, CUDA 13's default), each decoded by the system's library when there is
+one, else in Python (decompress.py, zstd.py).
+
+Everything the file says is checked before it is used: every offset and length against the
+file, the number of entries, each decoded size and the bytes a file's check may decode (the
+limits below), so a damaged or hostile file is a FatbinError, one line, never a guess.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from .decompress import DecodeError, lz4_decode, zstd_decode
 
 FATBIN_MAGIC = 0xBA55ED50
-FATBIN_SECTION = ".nv_fatbin"
+FATBIN_SECTION, RELOCATABLE_SECTION = ".nv_fatbin", "__nv_relfatbin"
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS64, ELFDATA2LSB, SHT_NOBITS = 2, 1, 8
 
@@ -42,6 +54,16 @@ FLAG_COMPRESSED = FLAG_LZ4 | FLAG_ZSTD
 # 0.17.0's _C): bit 0x800 up to ELF ABI version 7 (sm_90a 0xd00, sm_90 0x500), bit 0x8 from
 # version 8 (sm_100a and sm_120a 0xa, plain 0x2). nvcc 13.0 sets neither.
 EF_ARCH_SPECIFIC_OLD, EF_ARCH_SPECIFIC_V8 = 0x800, 0x8
+
+# Limits, from the largest CUDA library read here, torch 2.14.0's libtorch_cuda.so (aarch64, 461 MB):
+# 2,558 entries; its largest entry (an sm_100 cubin) decodes to 42,284,232 bytes; the entries of
+# one major (sm_100, sm_100a, sm_103f), the most a check of one GPU can need, to 1,239,579,456.
+MAX_ENTRIES = 100_000          # per file, ~40 times that
+MAX_PLAIN = 256 << 20          # one entry's decoded size, 6 times that
+MAX_DECODED = 2 << 30          # all that one file's check decodes, 1.7 times that
+_CHUNK = 1 << 20               # padding is read a MiB at a time
+SEEK_DATA = getattr(os, "SEEK_DATA", os.SEEK_SET)  # Linux: the next byte that is not in a hole
+_NONZERO = re.compile(rb"[^\x00]")
 
 PLAIN, ARCH_SPECIFIC, FAMILY, UNKNOWN = "", "a", "f", "?"
 TARGET_RE = re.compile(r"\A(sm|compute)_([0-9]+)([af?]?)\Z")
@@ -71,33 +93,58 @@ class Target:
         return cls("cubin" if m.group(1) == "sm" else "ptx", int(m.group(2)), m.group(3))
 
 
+def sort_key(t: Target) -> tuple[str, int, str]:
+    return t.kind, t.arch, t.variant
 
-def _sections(data) -> list[tuple[str, int, int, int]]:
-    """(name, type, offset, size) of every section of a 64-bit little-endian ELF."""
-    if len(data) < 64 or data[:4] != ELF_MAGIC:
+
+# ------------------------------------------------------------------ ELF
+
+
+def _u(fmt: str, data: Any, pos: int) -> tuple[int, ...]:
+    """struct.unpack_from, for callers that checked pos + calcsize(fmt) <= len(data) first."""
+    return struct.unpack_from(fmt, data, pos)
+
+
+def sections(data: Any) -> list[tuple[str, int, int, int]]:
+    """(name, type, offset, size) of every section of a 64-bit little-endian ELF, each checked to lie
+    inside it (extended section numbering included: more than 65,279 sections, as a cubin with
+    many kernels may have)."""
+    size = len(data)
+    if size < 64 or data[:4] != ELF_MAGIC:
         raise FatbinError("not an ELF file")
     if data[4] != ELFCLASS64 or data[5] != ELFDATA2LSB:
         raise FatbinError("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    shoff, = _u("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = _u("<HHH", data, 0x3A)
+    if shoff == 0:
+        return []
+    if shentsize < 64 or shoff > size - 64:
+        raise FatbinError("its section headers lie outside the file")
+    if shnum == 0:  # extended numbering: the count is section 0's sh_size
+        shnum, = _u("<Q", data, shoff + 32)
+    if shstrndx == 0xFFFF:  # SHN_XINDEX: the index is section 0's sh_link
+        shstrndx, = _u("<I", data, shoff + 40)
     if shnum == 0:
         return []
-    if shentsize < 64 or shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
+    if shnum > (size - shoff) // shentsize or shstrndx >= shnum:
         raise FatbinError("its section headers lie outside the file")
-    raw = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    raw = [_u("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
     _, _, _, _, stroff, strsize = raw[shstrndx]
-    if stroff + strsize > len(data):
+    if stroff > size or strsize > size - stroff:
         raise FatbinError("its section name table lies outside the file")
     out = []
-    for name, typ, _flags, _addr, off, size in raw:
+    for name, typ, _flags, _addr, off, length in raw:
         if name >= strsize:
             raise FatbinError("a section name lies outside the name table")
         end = data.find(b"\0", stroff + name, stroff + strsize)
         label = bytes(data[stroff + name:end if end >= 0 else stroff + strsize]).decode("latin-1")
-        if typ != SHT_NOBITS and off + size > len(data):
+        if typ != SHT_NOBITS and (off > size or length > size - off):
             raise FatbinError(f"section {label} lies outside the file")
-        out.append((label, typ, off, size))
+        out.append((label, typ, off, length))
     return out
+
+
+# ------------------------------------------------------------------ fat-binary entries
 
 
 @dataclass(frozen=True)
@@ -108,22 +155,29 @@ class Entry:
     offset: int
     size: int
     flags: int
-    plain_size: int  # the payload's size once decompressed (0 when the header does not say)
+    plain_size: int    # the payload's size once decompressed (0 when the header does not say)
+    container: int     # the offset of its container: one container per compiled file
+    relocatable: bool  # in __nv_relfatbin: nvlink's input, never loaded from this file
+
+    @property
+    def where(self) -> str:
+        kind = "cubin" if self.target.kind == "cubin" else "PTX"
+        return f"the {self.target.name} {kind} at offset {self.offset:#x}"
 
 
-def _entry(data, pos: int, end: int) -> tuple[Entry | None, int]:
+def _entry(data: Any, pos: int, end: int, container: int, relocatable: bool) -> tuple[Entry | None, int]:
     """The entry at pos (None for a kind that is neither PTX nor a cubin) and where the next
     entry starts. Header: kind u16, version u16, header size u32, payload size u64, compressed
     size u32 (at 16), arch u32 (at 28), flags u64 (at 40), decompressed size u64 (at 56)."""
-    if pos + 48 > end:
-        raise FatbinError("a fat-binary entry header is cut short")
-    kind, _version, header_size, size = struct.unpack_from("<HHIQ", data, pos)
-    packed, = struct.unpack_from("<I", data, pos + 16)
-    arch, = struct.unpack_from("<I", data, pos + 28)
-    flags, = struct.unpack_from("<Q", data, pos + 40)
-    plain_size = struct.unpack_from("<Q", data, pos + 56)[0] if header_size >= 64 else 0
-    if header_size < 48 or pos + header_size + size > end:
-        raise FatbinError("a fat-binary entry runs past its container")
+    if end - pos < 48:
+        raise FatbinError(f"a fat-binary entry header at offset {pos:#x} is cut short")
+    kind, _version, header_size, size = _u("<HHIQ", data, pos)
+    if header_size < 48 or header_size > end - pos or size > end - pos - header_size:
+        raise FatbinError(f"the fat-binary entry at offset {pos:#x} runs past its container")
+    packed, = _u("<I", data, pos + 16)
+    arch, = _u("<I", data, pos + 28)
+    flags, = _u("<Q", data, pos + 40)
+    plain_size = _u("<Q", data, pos + 56)[0] if header_size >= 64 else 0
     nxt = pos + header_size + size
     if kind not in (KIND_PTX, KIND_CUBIN):
         return None, nxt
@@ -133,18 +187,18 @@ def _entry(data, pos: int, end: int) -> tuple[Entry | None, int]:
         variant = _checked_cubin(data, pos + header_size, size, arch, variant)
     payload = packed if flags & FLAG_COMPRESSED and 0 < packed <= size else size
     target = Target("cubin" if kind == KIND_CUBIN else "ptx", arch, variant)
-    return Entry(target, pos + header_size, payload, flags, plain_size), nxt
+    return Entry(target, pos + header_size, payload, flags, plain_size, container, relocatable), nxt
 
 
-def _checked_cubin(data, pos: int, size: int, arch: int, variant: str) -> str:
+def _checked_cubin(data: Any, pos: int, size: int, arch: int, variant: str) -> str:
     """An uncompressed cubin must be a CUDA ELF (EM_CUDA) of the arch its header names; one that
     is not keeps its arch but loses its kind (UNKNOWN), so it only ever counts for its own arch.
     A cubin is arch-specific when its entry header or its e_flags say so (nvcc 13.0 writes the
     mark in the header only, CUDA 12.x in both)."""
     if size < 64 or data[pos:pos + 4] != ELF_MAGIC:
         return UNKNOWN
-    machine, = struct.unpack_from("<H", data, pos + 0x12)
-    e_flags, = struct.unpack_from("<I", data, pos + 0x30)
+    machine, = _u("<H", data, pos + 0x12)
+    e_flags, = _u("<I", data, pos + 0x30)
     abi_version = data[pos + 8]
     # The SM number sits in e_flags' low byte up to ELF ABI version 7, in the second from version 8.
     if abi_version >= 8:
@@ -160,175 +214,155 @@ def _checked_cubin(data, pos: int, size: int, arch: int, variant: str) -> str:
     return variant
 
 
-def _entries(data, start: int, end: int) -> list[Entry]:
-    """Every entry of the fat-binary containers laid end to end in data[start:end]; zero padding
-    between containers comes in steps of 8 bytes."""
-    found: list[Entry] = []
-    pos = start
-    while pos + 16 <= end:
-        magic, _version, header_size, fat_size = struct.unpack_from("<IHHQ", data, pos)
-        if magic != FATBIN_MAGIC:
-            if any(data[pos:pos + 8]):
-                raise FatbinError(f"no fat-binary header at offset {pos:#x}")
-            pos += 8
+def _skip_zeros(fd: int, pos: int, end: int) -> int:
+    """The first position pos + 8k before end whose 8 bytes are not all zero, or end: zero padding
+    between containers, read a MiB at a time, the holes of a sparse file skipped unread (4 GiB of
+    it takes seconds, not the minutes of a loop over 8-byte steps)."""
+    while end - pos >= 8:
+        try:
+            data_at = os.lseek(fd, pos, SEEK_DATA)
+        except OSError as exc:  # ENXIO: a hole up to the end of the file
+            data_at = end if exc.errno == errno.ENXIO else pos
+        step = (min(data_at, end) - pos) // 8 * 8
+        if step:
+            pos += step
             continue
-        body, stop = pos + header_size, pos + header_size + fat_size
-        if header_size < 16 or stop > end:
+        n = min(_CHUNK, end - pos)
+        chunk = os.pread(fd, n, pos)
+        if len(chunk) != n:
+            raise FatbinError("the file changed while it was read")
+        m = _NONZERO.search(chunk)
+        if m is not None:
+            return pos + m.start() // 8 * 8
+        pos += n
+    return end
+
+
+def _entries(data: Any, fd: int, start: int, end: int, relocatable: bool, found: list[Entry]) -> None:
+    """Append every entry of the fat-binary containers laid end to end in data[start:end] to found;
+    zero padding between containers comes in steps of 8 bytes."""
+    pos = start
+    while end - pos >= 16:
+        magic, _version, header_size, fat_size = _u("<IHHQ", data, pos)
+        if magic != FATBIN_MAGIC:
+            nxt = _skip_zeros(fd, pos, end)
+            if nxt == pos:
+                raise FatbinError(f"no fat-binary header at offset {pos:#x}")
+            pos = nxt
+            continue
+        if header_size < 16 or header_size > end - pos or fat_size > end - pos - header_size:
             raise FatbinError(f"the fat binary at offset {pos:#x} runs past its section")
+        body, stop = pos + header_size, pos + header_size + fat_size
         while body < stop:
-            entry, body = _entry(data, body, stop)
+            entry, body = _entry(data, body, stop, pos, relocatable)
             if entry is not None:
                 found.append(entry)
+                if len(found) > MAX_ENTRIES:
+                    raise FatbinError(f"it holds more than {MAX_ENTRIES} fat-binary entries")
         pos = stop
-    return found
 
 
-def _system_lz4():
-    """The system's liblz4 (Debian and Ubuntu ship it with apt), or None: it decodes in C what
-    lz4_block decodes in Python, about 100 times faster."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("lz4")
-    try:
-        lib = ctypes.CDLL(name or "liblz4.so.1")
-        fn = lib.LZ4_decompress_safe
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_LZ4 = []
-
-
-def lz4_decode(src, plain_size: int) -> bytes:
-    """Decode one LZ4 block with the system's liblz4 when there is one, else in Python."""
-    if not _LZ4:
-        _LZ4.append(_system_lz4())
-    fn = _LZ4[0]
-    if fn is None or plain_size >= 2**31 or len(src) >= 2**31:
-        return lz4_block(src, plain_size)
-    import ctypes
-
-    out = ctypes.create_string_buffer(plain_size)
-    got = fn(bytes(src), out, len(src), plain_size)
-    if got != plain_size:
-        raise FatbinError("an LZ4 block does not decode to the size its header says")
-    return out.raw
-
-
-def _lz4_length(src: bytes, i: int, length: int) -> tuple[int, int]:
-    """An LZ4 length of 15 continues in the bytes at i, each added, until one is below 255: (length, next i)."""
-    b = 255
-    while b == 255:
-        b = src[i]
-        i += 1
-        length += b
-    return length, i
-
-
-def lz4_block(src, plain_size: int) -> bytes:
-    """Decode one LZ4 block (no frame) that must give exactly plain_size bytes."""
-    src = bytes(src)
-    out = bytearray(plain_size)
-    i, o, n = 0, 0, len(src)
-    try:
-        while True:
-            token = src[i]
-            i += 1
-            length = token >> 4
-            if length == 15:
-                length, i = _lz4_length(src, i, length)
-            if o + length > plain_size or i + length > n:
-                raise FatbinError("an LZ4 block does not decode to the size its header says")
-            out[o:o + length] = src[i:i + length]
-            i += length
-            o += length
-            if i >= n:
-                break  # the last sequence holds literals only
-            offset = src[i] | src[i + 1] << 8
-            i += 2
-            length = token & 15
-            if length == 15:
-                length, i = _lz4_length(src, i, length)
-            length += 4
-            begin = o - offset
-            if offset == 0 or begin < 0 or o + length > plain_size:
-                raise FatbinError("an LZ4 block does not decode to the size its header says")
-            if offset >= length:
-                out[o:o + length] = out[begin:begin + length]
-            else:  # the match overlaps what it writes: the last `offset` bytes repeat
-                out[o:o + length] = (out[begin:o] * (length // offset + 1))[:length]
-            o += length
-    except IndexError:
-        raise FatbinError("an LZ4 block is cut short") from None
-    if o != plain_size:
-        raise FatbinError("an LZ4 block does not decode to the size its header says")
-    return bytes(out)
+# ------------------------------------------------------------------ an ELF file's device code
 
 
 PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$][A-Za-z0-9_$.]*)")
 
 
-def _payload(data, entry: Entry) -> bytes | None:
-    """The entry's payload as written by nvcc, or None when it is zstd (no stdlib decoder)."""
-    raw = data[entry.offset:entry.offset + entry.size]
-    if entry.flags & FLAG_ZSTD:
-        return None
-    if entry.flags & FLAG_LZ4:
-        return lz4_decode(raw, entry.plain_size)
-    return bytes(raw)
+class DeviceCode:
+    """An ELF file's fat-binary entries, with the file mapped to read their payloads; a context
+    manager (close() unmaps). `decoded` counts the bytes decompressed so far, up to MAX_DECODED."""
 
+    def __init__(self, fd: int, data: mmap.mmap, entries: list[Entry]) -> None:
+        self._fd, self.data, self.entries, self.decoded = fd, data, entries, 0
 
-def kernel_names(data, entry: Entry) -> frozenset[str] | None:
-    """The kernels an entry holds (mangled names), or None when they cannot be read."""
-    payload = _payload(data, entry)
-    if payload is None:
-        return None
-    if entry.target.kind == "ptx":
-        return frozenset(m.decode("latin-1") for m in PTX_ENTRY_RE.findall(payload))
-    try:
-        sections = _sections(payload)
-    except (FatbinError, struct.error):
-        return None
-    return frozenset(name[len(".text."):] for name, *_ in sections if name.startswith(".text."))
+    def __enter__(self) -> "DeviceCode":
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-def open_fatbins(path: Path):
-    """(file, mmap, [Entry]) of an ELF file's fat binaries, or None when it has no device code."""
-    fh = open(path, "rb")
-    try:
-        if fh.read(4) != ELF_MAGIC:
-            fh.close()
+    def close(self) -> None:
+        self.data.close()
+        os.close(self._fd)
+
+    def payload(self, entry: Entry) -> bytes:
+        """The entry's payload as nvcc wrote it, decompressed."""
+        raw = self.data[entry.offset:entry.offset + entry.size]
+        if not entry.flags & FLAG_COMPRESSED:
+            return raw
+        plain = entry.plain_size
+        if plain == 0:
+            raise FatbinError(f"{entry.where} is compressed, and its header gives no decoded size")
+        if plain > MAX_PLAIN:
+            raise FatbinError(f"{entry.where} says it decodes to {plain} bytes, more than the {MAX_PLAIN} "
+                              "any entry of a real CUDA library does")
+        if self.decoded + plain > MAX_DECODED:
+            raise FatbinError(f"its entries to read decode to more than {MAX_DECODED} bytes")
+        self.decoded += plain
+        try:
+            return lz4_decode(raw, plain) if entry.flags & FLAG_LZ4 else zstd_decode(raw, plain)
+        except DecodeError as exc:
+            raise FatbinError(f"{entry.where}: {exc}") from None
+        except MemoryError:
+            raise FatbinError(f"{entry.where}: out of memory decoding {plain} bytes") from None
+
+    def kernel_names(self, entry: Entry) -> frozenset[str] | None:
+        """The kernels an entry holds (mangled names), or None for a cubin that is no ELF file.
+        Raises FatbinError for a payload that cannot be decoded."""
+        payload = self.payload(entry)
+        if entry.target.kind == "ptx":
+            return frozenset(m.decode("latin-1") for m in PTX_ENTRY_RE.findall(payload))
+        try:
+            found = sections(payload)
+        except FatbinError:
             return None
-        if os.fstat(fh.fileno()).st_size < 64:
+        return frozenset(name[len(".text."):] for name, *_ in found if name.startswith(".text."))
+
+
+def open_device_code(path: Path) -> DeviceCode | None:
+    """An ELF file's fat binaries, or None when it has none (not a regular file, not ELF, or no
+    `.nv_fatbin` or `__nv_relfatbin` section). Raises FatbinError for an ELF file that cannot be
+    read, OSError for a file that cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # never waits on a FIFO
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or os.pread(fd, 4, 0) != ELF_MAGIC:
+            os.close(fd)
+            return None
+        if info.st_size < 64:
             raise FatbinError("an ELF file cut short")
-        data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except BaseException:
-        fh.close()
+        os.close(fd)
         raise
     try:
-        sections = [s for s in _sections(data) if s[0] == FATBIN_SECTION and s[1] != SHT_NOBITS]
-        entries = [e for _, _, off, size in sections for e in _entries(data, off, off + size)]
+        entries: list[Entry] = []
+        found = False
+        for name, typ, off, size in sections(data):
+            if name in (FATBIN_SECTION, RELOCATABLE_SECTION) and typ != SHT_NOBITS:
+                found = True
+                _entries(data, fd, off, off + size, name == RELOCATABLE_SECTION, entries)
+    except MemoryError:
+        data.close()
+        os.close(fd)
+        raise FatbinError("out of memory reading its fat-binary entries") from None
     except BaseException:
         data.close()
-        fh.close()
+        os.close(fd)
         raise
-    if not sections:
+    if not found:
         data.close()
-        fh.close()
+        os.close(fd)
         return None
-    return fh, data, entries
+    return DeviceCode(fd, data, entries)
 
 
-def read_targets(path: Path) -> list[Target] | None:
-    """The device code an ELF file carries (sorted, without repeats), or None when it has none
-    (not ELF, or no fat binary). Raises FatbinError for an ELF file that cannot be read."""
-    opened = open_fatbins(path)
-    if opened is None:
+def read_targets(path: Path, relocatable: bool = False) -> list[Target] | None:
+    """The device code an ELF file carries to be loaded (or, with relocatable, the relocatable code
+    of __nv_relfatbin), sorted and without repeats; None when it has no fat binary at all.
+    Raises FatbinError for an ELF file that cannot be read."""
+    code = open_device_code(path)
+    if code is None:
         return None
-    fh, data, entries = opened
-    with fh, data:
-        return sorted({e.target for e in entries}, key=lambda t: (t.kind, t.arch, t.variant))
+    with code:
+        return sorted({e.target for e in code.entries if e.relocatable == relocatable}, key=sort_key)

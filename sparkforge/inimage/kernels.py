@@ -7,8 +7,8 @@ and the record's format.
 The targets alone do not say whether a GPU runs an extension: vLLM's `_C` holds its generic
 kernels as plain `sm_120` and its SM12x-only kernels only as `sm_120a`, which a 12.1 cannot run.
 So for each listed GPU the scan also reads the kernel names and finds the kernels present in code
-of the GPU's major that no piece of code the GPU runs holds. Only entries of a listed GPU's major,
-and PTX a listed GPU can JIT, are decompressed.
+of the GPU's major that no piece of code the GPU runs holds (coverage.py). Only the code a GPU
+cannot run, and what it runs until that covers it, is decompressed.
 """
 
 from __future__ import annotations
@@ -16,119 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import stat
+import struct
 import sys
 from pathlib import Path
+from typing import Any
 
-from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, Entry, FatbinError, Target,
-                     kernel_names, open_fatbins)
+from .contract import parse_json
+from .coverage import parse_gpu, read_extension, runs_on, usable  # the rule: kernels.runs_on for the host too
+from .fatbin import FatbinError, Target
 
-FORMAT = 2
-GPU_RE = re.compile(r"\A([0-9]+)\.([0-9])\Z")
-
-
-def coverage(data, entries: list[Entry], gpus: list[str]) -> dict[str, dict]:
-    """Per GPU, the kernels that code of the GPU's major holds and no code the GPU runs holds.
-
-    The answer per GPU: `kernels` (how many kernels code of its major holds, None if unknown),
-    `missing` (how many of them it cannot run), `examples` (two of those names, shortest first),
-    `only_in` (the targets that hold them) and `unread` (targets of its major whose kernel names
-    could not be read, which leaves the answer open when it has code of that major it cannot run).
-    Only entries of a listed GPU's major and PTX a listed GPU can JIT are decompressed."""
-    names: dict[int, frozenset[str] | None] = {}
-
-    def names_of(i: int) -> frozenset[str] | None:
-        if i not in names:
-            names[i] = kernel_names(data, entries[i])
-        return names[i]
-
-    out: dict[str, dict] = {}
-    for gpu in gpus:
-        major = parse_gpu(gpu)[0]
-        mine = [i for i, e in enumerate(entries) if e.target.arch // 10 == major]
-        runnable = [i for i, e in enumerate(entries) if runs_on(e.target, gpu)]
-        blocked = [i for i in mine if i not in runnable]
-        answer = {"kernels": None, "missing": 0, "examples": [], "only_in": [], "unread": []}
-        out[gpu] = answer
-        if not blocked:
-            continue  # every piece of code of its major runs: nothing of that major is out of reach
-        universe: set[str] = set()
-        unread = set()
-        for i in mine:
-            found = names_of(i)
-            if found is None:
-                unread.add(entries[i].target.name)
-            else:
-                universe |= found
-        covered: set[str] = set()
-        runnable_unread = False
-        for i in sorted(runnable, key=lambda i: bool(entries[i].flags & FLAG_COMPRESSED)):
-            if not universe - covered:
-                break
-            found = names_of(i)
-            if found is None:
-                unread.add(entries[i].target.name)
-                runnable_unread = True
-            else:
-                covered |= found
-        answer["unread"] = sorted(unread)
-        answer["kernels"] = None if unread else len(universe)
-        lacking = set() if runnable_unread else universe - covered
-        answer["missing"] = len(lacking)
-        answer["examples"] = sorted(lacking, key=lambda n: (len(n), n))[:2]
-        answer["only_in"] = sorted({entries[i].target.name for i in blocked
-                                    if (names_of(i) or frozenset()) & lacking})
-    return out
-
-
-def read_extension(path: Path, gpus: list[str]) -> tuple[list[Target], dict[str, dict]] | None:
-    """The targets of an ELF file and their per-kernel coverage of each GPU, or None without device
-    code. Raises FatbinError for an ELF file that cannot be read."""
-    opened = open_fatbins(path)
-    if opened is None:
-        return None
-    fh, data, entries = opened
-    with fh, data:
-        targets = sorted({e.target for e in entries}, key=lambda t: (t.kind, t.arch, t.variant))
-        return targets, coverage(data, entries, gpus)
-
-
-# ------------------------------------------------------------------ the rule
-
-
-def parse_gpu(gpu: str) -> tuple[int, int]:
-    m = GPU_RE.match(gpu)
-    if not m:
-        raise ValueError(f"not a compute capability: {gpu!r} (write it as 12.1)")
-    return int(m.group(1)), int(m.group(2))
-
-
-def runs_on(target: Target, gpu: str) -> bool:
-    """Whether a GPU of compute capability `gpu` ("12.1") can run this piece of device code.
-
-    CUDA's compatibility rules (CUDA C++ Programming Guide, "Binary Compatibility" and "Feature
-    Set Compiler Targets"): a cubin runs on its own arch; a plain cubin also on later minors of the
-    same major; a family cubin (sm_120f) on later minors of its major too; an arch-specific one
-    (sm_120a) only on its own arch. PTX is JIT-compiled for its own and every later arch, except
-    arch-specific PTX (own arch only) and family PTX (its family only). A target whose kind could
-    not be read counts only for its own arch."""
-    major, minor = parse_gpu(gpu)
-    cc = major * 10 + minor
-    t_major, t_minor = divmod(target.arch, 10)
-    if target.arch == cc:
-        return True
-    if target.variant in (ARCH_SPECIFIC, UNKNOWN):
-        return False
-    if target.kind == "cubin" or target.variant == FAMILY:
-        return t_major == major and t_minor <= minor
-    return target.arch <= cc  # plain PTX
-
-
-def usable(targets: list[Target], gpu: str) -> list[Target]:
-    """The targets a GPU of this capability can run: cubins first, then PTX it must JIT."""
-    ok = [t for t in targets if runs_on(t, gpu)]
-    return sorted(ok, key=lambda t: (t.kind != "cubin", -t.arch))
+FORMAT = 3  # 3: relocatable code, `jit`, coverage's `kernels` counts the code a GPU cannot run
 
 
 # ------------------------------------------------------------------ scan and record
@@ -175,43 +73,61 @@ def exempt(path: str, not_needed: list[str]) -> bool:
     return Path(path).name.split(".", 1)[0] in not_needed
 
 
-def scan(paths: list[Path], gpus: list[str], not_needed: list[str] = (),
-         dists: dict[str, list[Path]] | None = None) -> dict:
-    """The kernel record of these files, for these GPUs: per extension its cubins and PTX and, per
-    GPU, its per-kernel coverage (see coverage()); files without device code are only counted; a
-    file that cannot be read is listed with the reason. `not_needed` names extensions that vLLM
-    loads only on other GPUs (the recipe's kernels_not_needed); `dists` the files of each scanned
-    distribution, whose extensions with device code are counted per distribution."""
+def _read(path: Path, gpus: list[str]) -> dict[str, Any] | None:
+    """One file's entry of the record, None without device code; a file that cannot be read is
+    listed with the reason, in one line (the check of the other files goes on)."""
+    try:
+        read = read_extension(path, gpus)
+    except (FatbinError, OSError, MemoryError, IndexError, struct.error, OverflowError) as exc:
+        # The reader checks every size before use; the last three are the net under those checks.
+        reason = (str(exc) if isinstance(exc, FatbinError) else exc.strerror or str(exc) if isinstance(exc, OSError)
+                  else f"malformed device code ({type(exc).__name__})")
+        return {"path": str(path), "cubins": [], "ptx": [], "relocatable": [], "coverage": {},
+                "error": " ".join(reason.split())}
+    if read is None or not (read[0] or read[1]):
+        return None
+    loadable, relocatable, per_gpu = read
+    return {"path": str(path),
+            "cubins": [t.name for t in loadable if t.kind == "cubin"],
+            "ptx": [t.name for t in loadable if t.kind == "ptx"],
+            "relocatable": [t.name for t in relocatable],
+            "coverage": per_gpu,
+            "error": None}
+
+
+def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, ...] = (),
+         dists: dict[str, list[Path]] | None = None) -> dict[str, Any]:
+    """The kernel record of these files, for these GPUs: per extension its cubins, PTX and
+    relocatable code and, per GPU, its per-kernel coverage (see coverage()); files without device
+    code are only counted; a file that cannot be read is listed with the reason. `not_needed` names
+    extensions that vLLM loads only on other GPUs (the recipe's kernels_not_needed); `dists` the
+    files of each scanned distribution, whose extensions with device code are counted per
+    distribution."""
     extensions, without = [], 0
     for path in dict.fromkeys(paths):
-        try:
-            read = read_extension(path, gpus)
-        except (FatbinError, OSError, ValueError) as exc:
-            extensions.append({"path": str(path), "cubins": [], "ptx": [], "coverage": {}, "error": str(exc)})
-            continue
-        if read is None or not read[0]:
+        ext = _read(path, gpus)
+        if ext is None:
             without += 1
-            continue
-        targets, per_gpu = read
-        extensions.append({"path": str(path),
-                           "cubins": [t.name for t in targets if t.kind == "cubin"],
-                           "ptx": [t.name for t in targets if t.kind == "ptx"],
-                           "coverage": per_gpu,
-                           "error": None})
+        else:
+            extensions.append(ext)
     with_code = {e["path"] for e in extensions}
     counts = {name: sum(str(p) in with_code for p in dict.fromkeys(files)) for name, files in (dists or {}).items()}
     return {"format": FORMAT, "gpus": list(gpus), "not_needed": sorted(not_needed), "extensions": extensions,
             "without_device_code": without, "dists": counts}
 
 
-def verdict(ext: dict, gpu: str) -> tuple[str, str]:
+def verdict(ext: dict[str, Any], gpu: str) -> tuple[str, str]:
     """(state, what the table shows) of one extension on one GPU. States: `ok` (the label is the
-    best code it runs), `none` (nothing it runs), `missing` (kernels that exist only in code it
-    cannot run), `partial` (it cannot run some code of its major, and the kernel names that would
-    tell are unreadable), `unreadable` (the file)."""
+    best cubin it runs), `jit` (it runs PTX only, which the driver compiles at first start: the
+    label is `JIT compute_NN`), `relocatable` (its only device code is relocatable: nothing of it
+    is loaded from this file), `none` (nothing it runs), `missing` (kernels that exist only in
+    code it cannot run), `partial` (it cannot run some code of its major, and the kernel names that
+    would tell are unreadable), `unreadable` (the file)."""
     if ext.get("error"):
         return "unreadable", "unreadable"
     targets = [Target.parse(n) for n in ext["cubins"] + ext["ptx"]]
+    if not targets and ext.get("relocatable"):
+        return "relocatable", "relocatable only"
     ok = usable(targets, gpu)
     if not ok:
         return "none", "NONE"
@@ -222,15 +138,20 @@ def verdict(ext: dict, gpu: str) -> tuple[str, str]:
         return "missing", f"{cov['missing']} missing"
     if blocked and (cov is None or cov.get("unread")):
         return "partial", "partial?"
+    if ok[0].kind == "ptx":
+        return "jit", f"JIT {ok[0].name}"
     return "ok", ok[0].name
 
 
-def verdicts(ext: dict, gpus: list[str]) -> dict[str, tuple[str, str]]:
+RUNS = ("ok", "jit", "relocatable")  # the states in which a GPU runs (or needs nothing of) an extension
+
+
+def verdicts(ext: dict[str, Any], gpus: list[str]) -> dict[str, tuple[str, str]]:
     """Per GPU, verdict(ext, gpu)."""
     return {gpu: verdict(ext, gpu) for gpu in gpus}
 
 
-def _problem(ext: dict, gpu: str, state: str) -> str:
+def _problem(ext: dict[str, Any], gpu: str, state: str) -> str:
     """The one-line reason an extension fails a GPU."""
     have = ", ".join(ext["cubins"] + ext["ptx"])
     cov = (ext.get("coverage") or {}).get(gpu) or {}
@@ -238,19 +159,27 @@ def _problem(ext: dict, gpu: str, state: str) -> str:
         return f"no kernel for GPU {gpu} (it holds {have})"
     if state == "missing":
         examples = ", ".join(n if len(n) <= 100 else n[:97] + "..." for n in cov.get("examples", []))
-        of = f" of its {cov['kernels']}" if cov.get("kernels") is not None else ""
-        return (f"GPU {gpu} cannot run {cov['missing']}{of} kernels, which exist only in "
+        return (f"GPU {gpu} cannot run {cov['missing']} kernels, which exist only in "
                 f"{', '.join(cov.get('only_in', []))} (e.g. {examples})")
     blocked = [t.name for t in map(Target.parse, ext["cubins"] + ext["ptx"])
                if t.arch // 10 == parse_gpu(gpu)[0] and not runs_on(t, gpu)]
-    why = (f"the kernel names of {', '.join(cov['unread'])} cannot be read (zstd-compressed)" if cov.get("unread")
+    why = (f"the kernel names of {', '.join(cov['unread'])} cannot be read" if cov.get("unread")
            else "its kernels were not read for this GPU")
     return (f"GPU {gpu} may lack kernels: it cannot run {', '.join(blocked)}, and {why}")
 
 
-def check(record: dict, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
+def _runs(gpu: str, state: str, label: str, ext: dict[str, Any]) -> str:
+    """What a GPU runs of an extension that passes, for the check's detail."""
+    if state == "jit":
+        return f"{gpu}: {label.removeprefix('JIT ')} PTX only, compiled by the driver at first start"
+    if state == "relocatable":
+        return f"{gpu}: nothing to load (only relocatable code: {', '.join(ext['relocatable'])})"
+    return f"{gpu}: {label}"
+
+
+def check(record: dict[str, Any], gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(check, ok|failed|skipped, detail) per extension: the GPUs it lacks kernels for, or what each
-    runs. The GPUs are the record's own unless given."""
+    runs (saying so where that is PTX only). The GPUs are the record's own unless given."""
     checks = []
     gpus = list(record.get("gpus") or []) if gpus is None else gpus
     if not gpus:
@@ -266,14 +195,14 @@ def check(record: dict, gpus: list[str] | None = None) -> list[tuple[str, str, s
             checks.append((f"kernels {path}", "failed", f"cannot read its device code: {ext['error']}"))
             continue
         runs = verdicts(ext, gpus)
-        problems = [_problem(ext, g, state) for g, (state, _) in runs.items() if state != "ok"]
+        problems = [_problem(ext, g, state) for g, (state, _) in runs.items() if state not in RUNS]
         if problems and exempt(path, record.get("not_needed") or []):
             checks.append((f"kernels {path}", "skipped",
                            "; ".join(problems) + "; not needed: listed in the recipe's kernels_not_needed"))
         elif problems:
             checks.append((f"kernels {path}", "failed", "; ".join(problems)))
         else:
-            checks.append((f"kernels {path}", "ok", "; ".join(f"{g}: {label}" for g, (_, label) in runs.items())))
+            checks.append((f"kernels {path}", "ok", "; ".join(_runs(g, *runs[g], ext) for g in runs)))
     per_dist = "".join(f"; {name}: {n}" for name, n in sorted(counts.items()))
     checks.append(("kernels: extensions checked", "ok",
                    f"{len(record['extensions'])} with device code, {record['without_device_code']} without, "
@@ -328,7 +257,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
 def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """The checks of the kernels record under home against gpus (default: the record's own)."""
     try:
-        record = json.loads((home / "record" / "kernels.json").read_text())
+        record = parse_json((home / "record" / "kernels.json").read_text())
         gpus = list(gpus or []) or list(record.get("gpus") or [])
         for gpu in gpus:
             parse_gpu(gpu)

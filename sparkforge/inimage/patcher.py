@@ -2,9 +2,12 @@
 
 The child is bounded, not sandboxed (a patcher is trusted code): it runs isolated (`-I`), in a
 fresh scratch folder as its working folder (a relative path it writes lands there, never in the
-mod folder), with an environment of PATH and the locale only, in its own process group, which is
-killed when the run ends, on success too, so nothing it started outlives it. A patcher that
-raises, exits, hangs past its time limit or answers what is not the contract fails, naming the mod.
+mod folder), with an environment of PATH and the locale only, in its own process group. The child
+is a supervisor: it runs the patcher in a worker process and adopts every process left orphaned
+below it (Linux's child subreaper), so when the run ends, on success too, it kills the worker and
+everything it started, whatever session or group those moved to and whether or not they hold its
+output; the runner then kills the group as well. A patcher that raises, exits, hangs past its time
+limit or answers what is not the contract fails, naming the mod.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from pathlib import Path
 
 from .contract import ModState
 from .paths import ModFailure, inside, last_line, read_file
+from .reaper import reaped
 
 PATCHER_TIMEOUT = 60.0  # seconds for each run of a patcher, unless the caller says otherwise
+STOP_TIMEOUT = 5.0  # seconds the supervisor has to end what the patcher started, and the runner waits for it
 _RESULT_MARK = "sparkforge-patcher-result "
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -100,7 +105,7 @@ def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float) -> bytes:
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
         selector.register(proc.stdin, selectors.EVENT_WRITE)
-        while proc.poll() is None:
+        while not _ended(proc):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(proc.args, 0)
@@ -144,10 +149,7 @@ def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
     """The last marked line of the child's output as a dict; ModFailure for an error or no answer."""
     marked = [line for line in data.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
     if not marked:
-        try:
-            code = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
+        code = _exit_code(proc, time.monotonic() + STOP_TIMEOUT)
         errors.seek(0)
         why = last_line(errors.read().decode("utf-8", "replace"), "no output")
         raise ModFailure(f"patcher {patcher.name} exited with code {code} without a result: {why}")
@@ -158,17 +160,43 @@ def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
 
 
 def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
-    """Resolve a patcher's targets in root (refusing any that leave it) and read their texts."""
+    """Resolve a patcher's targets in root (refusing any that leave it, and two that are one file) and
+    read their texts."""
     paths = {rel: inside(root, rel, "patcher TARGETS entry") for rel in targets}
+    named: dict[Path, str] = {}
     sources = {}
     for rel, path in paths.items():
-        if not path.is_file():
+        if path in named:
+            raise ModFailure(f"patcher TARGETS name one file twice, as {named[path]} and as {rel}; name it once")
+        named[path] = rel
+        if not os.path.lexists(path):
             raise ModFailure(f"{rel}: file to patch not found")
         try:
-            sources[rel] = read_file(path).decode("utf-8")
+            sources[rel] = read_file(path, rel).decode("utf-8")
         except UnicodeDecodeError:
             raise ModFailure(f"{rel}: not UTF-8 text; a patcher edits text files") from None
     return paths, sources
+
+
+def _exit_code(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The child's exit code (negative: the signal that ended it) once it has ended, without reaping it
+    (its process group keeps its number until then); None if it still runs at deadline."""
+    while True:
+        if proc.returncode is not None:
+            return proc.returncode
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return proc.poll()
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def _ended(proc: subprocess.Popen[bytes]) -> bool:
+    return _exit_code(proc, 0) is not None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -179,12 +207,20 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """End a run: the group killed, the child reaped, its pipes closed."""
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a run: the supervisor told to end the worker and all it started, and given STOP_TIMEOUT for it;
+    then the group killed in any case, the child reaped, its pipes closed."""
+    if not _ended(proc):
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        _exit_code(proc, time.monotonic() + STOP_TIMEOUT)
     _kill_group(proc)
     for stream in (proc.stdin, proc.stdout):
         try:
-            stream.close()
+            if stream is not None:
+                stream.close()
         except OSError:
             pass
     try:
@@ -229,8 +265,14 @@ def _patcher_run(module, name: str, sources: dict[str, str]) -> dict:
 
 
 def child_main(patcher: str) -> int:
-    """The child side of plan_patcher: import the patcher, print its targets, read their texts from
-    stdin, and print the answer; one marked JSON line each."""
+    """The child side of plan_patcher: the patcher runs in a worker process, and whatever it started is
+    killed once it has ended, or once the runner asks the child to stop (SIGTERM)."""
+    return reaped(lambda: _worker_main(patcher), STOP_TIMEOUT)
+
+
+def _worker_main(patcher: str) -> int:
+    """Import the patcher, print its targets, read their texts from stdin, and print the answer; one
+    marked JSON line each."""
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # the patcher's prints must not mix with the answer
 
     def say(answer: dict) -> None:

@@ -1,8 +1,11 @@
-"""Confinement: every path a mod names stays inside the folder it is read against."""
+"""Confinement: every path a mod names stays inside the folder it is read against, and every file
+the applier reads is a regular file reached without a link at its last step."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 
@@ -37,6 +40,22 @@ def inside(root: Path, rel: str, what: str, *, absolute_ok: bool = False) -> Pat
     return Path(real)
 
 
+def unlinked(root: Path, rel: str, what: str) -> Path:
+    """root/rel, refused when a link stands anywhere on its way, as `git apply` run in the tree refuses
+    it ("beyond a symbolic link") or patches the link itself: a patch changes no file through a link."""
+    path = Path(os.path.realpath(root))
+    for part in parts(rel, what):
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISLNK(mode):
+            raise ModFailure(f"{what} {rel!r}: {path.relative_to(os.path.realpath(root))} is a link in the tree; "
+                             "a patch changes no file through a link (name the file itself)")
+    return path
+
+
 def asset(folder: Path, rel: str, what: str) -> Path:
     """A file of the mod's own folder; refused when its path leaves the folder or passes a link."""
     path = folder
@@ -47,21 +66,57 @@ def asset(folder: Path, rel: str, what: str) -> Path:
     return path
 
 
+def shown(name: str) -> str:
+    """A file name as read from disk, printable: bytes that are not UTF-8 as escapes (b'\\xff' -> \\xff)."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
 def check_folder(folder: Path) -> None:
-    """Refuse a mod folder that holds a link or anything but folders and regular files."""
+    """Refuse a mod folder that holds a link, anything but folders and regular files, or a name
+    that is not UTF-8 (such a name could be neither hashed into the plan nor printed)."""
     for parent, dirs, files in os.walk(folder):
         for name in dirs + files:
             path = Path(parent) / name
-            if path.is_symlink():
-                raise ModFailure(f"{path.relative_to(folder)} is a link; a mod folder holds only regular files")
-            if name in files and not path.is_file():
-                raise ModFailure(f"{path.relative_to(folder)} is not a regular file")
+            rel = shown(str(path.relative_to(folder)))
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ModFailure(f"{rel}: the file name is not UTF-8; a mod folder holds UTF-8 names only") from None
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode) or (name in files and not stat.S_ISREG(mode)):
+                raise ModFailure(f"{rel} is {kind_of(mode)}; a mod folder holds only regular files")
 
 
-def read_file(path: Path) -> bytes:
-    """A file's bytes, refusing a link at the last step (the path was resolved by inside())."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+def kind_of(mode: int) -> str:
+    """What a file of this mode is, in words: a link, a FIFO, a folder, ..."""
+    for test, what in ((stat.S_ISLNK, "a link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return what
+    return "of an unknown type"
+
+
+def regular(mode: int, name: str) -> None:
+    """Refuse anything but a regular file (a link, a folder, a FIFO, a socket, a device)."""
+    if not stat.S_ISREG(mode):
+        raise ModFailure(f"{name} is {kind_of(mode)}, not a regular file; it is not followed or opened")
+
+
+def read_file(path: Path, what: str | None = None) -> bytes:
+    """A regular file's bytes. A link at the last step is refused (paths were resolved by inside()),
+    and so is anything else that is no regular file, before it is opened; should one take its place
+    meanwhile, it is opened without waiting (non-blocking) and refused from what it is once open."""
+    name = what or str(path)
+    regular(os.lstat(path).st_mode, name)  # a device or FIFO is refused before it is opened at all
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link took its place since
+            regular(stat.S_IFLNK, name)
+        raise
     with os.fdopen(fd, "rb") as fh:
+        regular(os.fstat(fd).st_mode, name)
         return fh.read()
 
 

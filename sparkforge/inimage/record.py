@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, read_versioned
+from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json, read_versioned
 from .paths import last_line
 
 
@@ -48,7 +48,7 @@ def protect(names: list[str], out_dir: Path) -> dict[str, str]:
 
 def check_protected(out_dir: Path) -> list[str]:
     """What differs from the base image's protected packages, one line each."""
-    recorded = json.loads((out_dir / "protected.json").read_text())
+    recorded = parse_json((out_dir / "protected.json").read_text())
     changed = []
     for name, version in sorted(recorded.items()):
         now = torch_cuda() if name == "torch.version.cuda" else (installed(name) or "absent")
@@ -64,6 +64,18 @@ def note_wheel(wheel: Path, origin: WheelOrigin, key: str | None, compiled_for: 
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return WheelNote(origin, wheel.name, digest.hexdigest(), key, compiled_for)
+
+
+def base_vllm(release: str) -> tuple[str | None, str | None]:
+    """(problem, installed version): the base's vLLM must be the release the recipe names. A local version
+    label (`0.31.0+nv26.10`) is a build of that release; a pre-release or another release is not."""
+    found = installed("vllm")
+    if found is None:
+        return "the base image has no vllm installed; use another vllm.source, or a base that carries one", None
+    if found.split("+", 1)[0] != release:
+        return (f"the base carries vllm {found}, but the recipe says vllm.version {release}; set the version the "
+                "base carries (mods are checked against it)"), found
+    return None, found
 
 
 def mod_results(home: Path) -> list[ModResult]:
@@ -99,12 +111,12 @@ def write_record(home: Path) -> BuildRecord:
         mods=tuple(RecordedMod(m["name"], m["digest"], m["spec"]["phase"], results.get(m["name"]),
                                m["spec"]["patch"] if isinstance(m["spec"].get("patch"), dict) else None)
                    for m in plan["mods"]),
-        protected=json.loads((home / "protect" / "protected.json").read_text()),
+        protected=parse_json((home / "protect" / "protected.json").read_text()),
         build=plan["build"], env=plan["env"],
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
         python=sys.version.split()[0], tool_version=plan["tool_version"], unpinned=plan["unpinned"],
-        kernels=json.loads(kernels_file.read_text()) if kernels_file.exists() else None,
+        kernels=parse_json(kernels_file.read_text()) if kernels_file.exists() else None,
     )
     (home / "build-record.json").write_text(record.to_json(indent=2))
     return record

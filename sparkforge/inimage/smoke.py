@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .apply import component_root, verify_mod
-from .contract import BuildRecord, CheckState, ModState, read_versioned
+from .contract import BuildRecord, CheckState, ModState, parse_json, read_versioned
 from .kernels import check_home
 from .paths import ModFailure, last_line
 from .record import check_protected, installed, mod_results
@@ -52,16 +52,19 @@ def smoke_static(home: Path) -> Checks:
             add(f"{comp['name']} at {want or comp['ref']}", have is not None and (want is None or have == want),
                 f"{comp['dest']}: {have}")
     changed = check_protected(home / "protect")
-    protected = json.loads((home / "protect" / "protected.json").read_text())
-    add("base packages not replaced by pip", not changed,
-        "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())) or
-        "the base has none of the protected packages")
+    protected = parse_json((home / "protect" / "protected.json").read_text())
+    if protected or changed:
+        add("base packages not replaced by pip", not changed,
+            "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())))
+    else:  # nothing to protect, so nothing was checked
+        checks.append(("base packages not replaced by pip", CheckState.SKIPPED,
+                       f"the base has none of the protected packages ({', '.join(plan['protect']) or 'none listed'})"))
     results = {entry.name: entry.result for entry in mod_results(home)}
     for mod in plan["mods"]:
         name = mod["name"]
         add(f"mod {name} recorded", results.get(name) in (ModState.APPLIED, ModState.ALREADY),
             getattr(results.get(name), "value", "not recorded"))
-        spec = json.loads((home / "mods" / name / "mod.json").read_text())
+        spec = parse_json((home / "mods" / name / "mod.json").read_text())
         try:
             root = component_root(spec["component"])
         except ModFailure as exc:

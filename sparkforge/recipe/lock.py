@@ -16,13 +16,15 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import Field, StringConstraints, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
-from ..errors import ConfigError, SparkforgeError
+from ..errors import ConfigError, Hint, SparkforgeError
+from ..files import write_atomic
+from ..inimage.contract import JsonError, parse_json
 from .config import read_text
 from .schema import (
     AbsPath,
@@ -35,16 +37,23 @@ from .schema import (
     OsPackage,
     Package,
     PipVersion,
+    PythonVersion,
     Repository,
     Sha256,
     Strict,
     Text,
+    WheelPlatform,
+    matching,
 )
-from .plan import BaseImage, Pin, Plan, rehash
+from .plan import BaseImage, Pin, Plan, PythonTarget, WheelPin, rehash
 
 LOCK_SUFFIX = ".lock.json"
 LOCK_FORMAT = 1
-MIN_EPOCH = 315532800  # 1980-01-01: zip (and so wheels) cannot store earlier times
+# SOURCE_DATE_EPOCH becomes the time of every file of the wheels a build makes (the `wheel` package
+# passes it to ZipInfo), and a zip's MS-DOS date holds the years 1980 to 2107 (7 bits from 1980):
+# Python's zipfile fails on an earlier time, and on a later one with a struct error mid-build.
+MIN_EPOCH = 315532800  # 1980-01-01T00:00:00Z
+MAX_EPOCH = 4354819199  # 2107-12-31T23:59:59Z
 
 
 def lock_path(images_dir: Path, variant: str) -> Path:
@@ -98,6 +107,24 @@ class LockedComponent:
 
 
 @dataclass(frozen=True)
+class LockedWheels:
+    """The wheel set resolved for the recipe's python: {version, platform}, or why it could not be."""
+
+    python: PythonTarget
+    resolver: str | None
+    packages: tuple[WheelPin, ...]
+    unresolved: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"python": self.python.version, "platform": self.python.platform}
+        if self.unresolved is not None:
+            return data | {"unresolved": self.unresolved}
+        return data | {"resolver": self.resolver, "packages": {
+            p.name: {"version": p.version, "files": [{"file": f, "sha256": h, "size": n} for f, h, n in p.files]}
+            for p in self.packages}}
+
+
+@dataclass(frozen=True)
 class BuiltFrom:
     """The build whose installed packages the lock records."""
 
@@ -118,6 +145,7 @@ class Lock:
     packages: tuple[tuple[str, str], ...]  # every installed Python package: (normalized name, version)
     packages_unresolved: str | None = None
     built_from: BuiltFrom | None = None
+    wheels: LockedWheels | None = None
 
     def unresolved(self) -> list[tuple[str, str]]:
         """Every field the lock could not resolve, with the reason."""
@@ -129,6 +157,8 @@ class Lock:
         out += [(f, p.unresolved or "") for f, p in pins if p is not None and p.value is None]
         if self.packages_unresolved:
             out.append(("packages", self.packages_unresolved))
+        if self.wheels is not None and self.wheels.unresolved is not None:
+            out.append(("wheels", self.wheels.unresolved))
         return out
 
     def to_json(self) -> str:
@@ -152,6 +182,8 @@ class Lock:
         }
         if self.built_from:
             data["built_from"] = {"image_id": self.built_from.image_id, "plan_hash": self.built_from.plan_hash}
+        if self.wheels is not None:
+            data["wheels"] = self.wheels.to_json()
         return json.dumps(data, indent=2) + "\n"
 
 
@@ -160,6 +192,9 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ reading: strict schema
+
+# Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
+InstalledVersion = matching(re.compile(r"\A[A-Za-z0-9][A-Za-z0-9.+!_~:-]*\Z"), "installed version")
 
 
 class _Unresolved(Strict):
@@ -173,7 +208,7 @@ class _Base(Strict):
 
 
 class _Vllm(Strict):
-    source: Literal["git", "pypi", "wheel"]
+    source: Literal["git", "pypi", "wheel", "base"]
     version: PipVersion
     ref: Optional[GitRef] = None
     commit: Union[Commit, _Unresolved, None] = None
@@ -198,13 +233,32 @@ class _Mod(Strict):
 
 class _BuiltFrom(Strict):
     image_id: Digest
-    plan_hash: Text
+    plan_hash: Sha256
+
+
+class _WheelFile(Strict):
+    file: Text
+    sha256: Sha256
+    size: int = Field(ge=0)
+
+
+class _WheelPackage(Strict):
+    version: PipVersion
+    files: list[_WheelFile] = Field(min_length=1)
+
+
+class _Wheels(Strict):
+    python: PythonVersion
+    platform: WheelPlatform
+    resolver: Optional[Text] = None
+    packages: Optional[dict[Package, _WheelPackage]] = None
+    unresolved: Optional[Text] = None
 
 
 class _LockFile(Strict):
     sparkforge_lock: Literal[1]
     variant: Name
-    source_date_epoch: int = Field(ge=MIN_EPOCH)
+    source_date_epoch: int = Field(ge=MIN_EPOCH, le=MAX_EPOCH)
     base: _Base
     vllm: _Vllm
     components: dict[Name, _Component]
@@ -213,10 +267,19 @@ class _LockFile(Strict):
     os_packages: list[OsPackage]
     packages: Union[dict[Package, InstalledVersion], _Unresolved]
     built_from: Optional[_BuiltFrom] = None
+    wheels: Optional[_Wheels] = None
 
-
-# Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
-InstalledVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+!_~:-]*$")]
+    @field_validator("packages")
+    @classmethod
+    def _one_version_each(cls, v: Any) -> Any:
+        """One version per distribution: pip reads `Torch` and `torch` as one name (PEP 503)."""
+        if isinstance(v, dict):
+            seen: dict[str, str] = {}
+            for name in v:
+                other = seen.setdefault(canonicalize_name(name), name)
+                if other != name:
+                    raise ValueError(f"{other!r} and {name!r} name one package; keep one")
+        return v
 
 _BRANCHES = re.compile(r"^(str|_Unresolved|dict\[.*\]|function-.*|none|int|bool|\[key\])$")
 
@@ -231,12 +294,11 @@ def _pin(raw: Any) -> Pinned | None:
 
 def read_lock(path: Path) -> Lock:
     """Read and check a lock file; any fault is one line naming the file and the field."""
-    text = read_text(path, missing="no lock file: run `python build.py lock VARIANT` first")
+    text = read_text(path, missing="no such lock file")
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-        line = f"line {exc.lineno}, column {exc.colno}: " if hasattr(exc, "lineno") else ""
-        raise ConfigError(f"malformed lock file: {line}{getattr(exc, 'msg', exc)}", path=path) from None
+        raw = parse_json(text)
+    except JsonError as exc:
+        raise ConfigError(f"malformed lock file: {exc}", path=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("a lock file must be a JSON object", path=path)
     try:
@@ -249,8 +311,8 @@ def read_lock(path: Path) -> Lock:
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        raise ConfigError(f"{msg} (write the lock again with `python build.py lock`)", path=path,
-                          field=loc or None) from None
+        raise ConfigError(msg, path=path, field=loc or None,
+                          hint=Hint("write the lock again with", ("lock", path.name.removesuffix(".lock.json")))) from None
     packages: tuple[tuple[str, str], ...] = ()
     unresolved = None
     if isinstance(data.packages, _Unresolved):
@@ -271,13 +333,27 @@ def read_lock(path: Path) -> Lock:
         packages=packages,
         packages_unresolved=unresolved,
         built_from=BuiltFrom(data.built_from.image_id, data.built_from.plan_hash) if data.built_from else None,
+        wheels=_wheels(data.wheels, path),
     )
 
 
+def _wheels(data: _Wheels | None, path: Path) -> LockedWheels | None:
+    if data is None:
+        return None
+    target = PythonTarget(data.python, data.platform)
+    if (data.packages is None) == (data.unresolved is None):
+        raise ConfigError("give packages or unresolved, one of them (write the lock again with `python build.py "
+                          "lock`)", path=path, field="wheels")
+    if data.unresolved is not None:
+        return LockedWheels(target, data.resolver, (), data.unresolved)
+    packages = tuple(sorted((WheelPin(canonicalize_name(name), p.version,
+                                      tuple((f.file, f.sha256, f.size) for f in p.files))
+                             for name, p in (data.packages or {}).items()), key=lambda p: p.name))
+    return LockedWheels(target, data.resolver, packages)
+
+
 def write_lock(path: Path, lock: Lock) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(lock.to_json(), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, lock.to_json().encode())
 
 
 # ------------------------------------------------------------------ recipe versus lock
@@ -313,6 +389,8 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("mods", [m.name for m in plan.mods])]
         out += [(f"mods.{m.name}.digest", m.digest) for m in plan.mods]
         out += [("protect", list(plan.protect)), ("os_packages", list(plan.os_packages))]
+        out += [("python.version", plan.python.version if plan.python else None),
+                ("python.platform", plan.python.platform if plan.python else None)]
     if lock is not None:
         b, v = lock.base, lock.vllm
         out += [("variant", lock.variant), ("base.repository", b.repository), ("base.tag", b.tag),
@@ -328,6 +406,9 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("mods", [n for n, _ in lock.mods])]
         out += [(f"mods.{n}.digest", d) for n, d in lock.mods]
         out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
+        w = lock.wheels
+        out += [("python.version", w.python.version if w else None),
+                ("python.platform", w.python.platform if w else None)]
     return out
 
 
@@ -378,7 +459,7 @@ def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
         raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}; the recipe changed after it "
-                          f"was locked: run `python build.py lock {plan.variant}` again", path=path, field=first.field)
+                          "was locked", path=path, field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
 
 
 def apply_lock(plan: Plan, lock: Lock) -> Plan:
@@ -399,8 +480,10 @@ def apply_lock(plan: Plan, lock: Lock) -> Plan:
         if lc and c.kind == "git" and c.commit.value is None and lc.commit and lc.commit.value:
             c = replace(c, commit=Pin(lc.commit.value))
         components.append(c)
+    wheel_set = lock.wheels.packages if lock.wheels is not None else ()
     return rehash(replace(plan, base=base, vllm=vllm, components=tuple(components),
-                          pins=constraints(lock.packages), source_date_epoch=lock.source_date_epoch))
+                          pins=constraints(lock.packages), source_date_epoch=lock.source_date_epoch,
+                          wheel_set=wheel_set))
 
 
 def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
@@ -416,15 +499,16 @@ def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str],
     return tuple(out)
 
 
-def pinned_plan(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int) -> Plan:
-    """The plan to build for a lock: resolved digest and commits, the epoch; no package pins yet."""
-    lock = make_lock(plan, pins, source_date_epoch, packages=None, packages_unresolved="not built yet")
+def pinned_plan(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int,
+                wheels: LockedWheels | None = None) -> Plan:
+    """The plan to build for a lock: resolved digest, commits and wheel set, the epoch; no package pins yet."""
+    lock = make_lock(plan, pins, source_date_epoch, packages=None, packages_unresolved="not built yet", wheels=wheels)
     return apply_lock(plan, lock)
 
 
 def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
               packages: dict[str, str] | None, packages_unresolved: str | None,
-              built_from: BuiltFrom | None = None) -> Lock:
+              built_from: BuiltFrom | None = None, wheels: LockedWheels | None = None) -> Lock:
     """A Lock from the plan, the resolved pins and (from a real build) the installed packages."""
     installed = {canonicalize_name(k): v for k, v in (packages or {}).items()}
     comps = []
@@ -456,6 +540,7 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         packages=tuple(sorted(installed.items())),
         packages_unresolved=None if packages is not None else packages_unresolved,
         built_from=built_from,
+        wheels=wheels,
     )
 
 

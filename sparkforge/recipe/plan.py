@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..imageref import ImageRef
 from ..inimage.contract import SCHEMA
 from .config import Recipe, load_mod, load_variant
-from .schema import DIGEST_RE, REPOSITORY_RE, TAG_RE, ModSpec, Unknown
+from .schema import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE, ModSpec, Unknown
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
@@ -106,8 +106,28 @@ class WheelFile:
 
 
 @dataclass(frozen=True)
+class PythonTarget:
+    """The image's Python (3.12) and wheel platform (aarch64-manylinux_2_34), which `lock` resolves the
+    wheel set for."""
+
+    version: str
+    platform: str
+
+
+@dataclass(frozen=True)
+class WheelPin:
+    """One distribution of a locked wheel set: its version and every wheel of it pip may pick for the
+    platform, by file name, sha256 and size in bytes."""
+
+    name: str
+    version: str
+    files: tuple[tuple[str, str, int], ...]
+
+
+@dataclass(frozen=True)
 class Vllm:
-    source: str  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel
+    source: str  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel;
+    # "base": keep the vLLM the base image carries
     version: str
     repo: str | None
     ref: str | None
@@ -171,7 +191,14 @@ class Plan:
     gpus: tuple[str, ...] = ()
     # Extensions no listed GPU needs (vLLM loads them only on others), with the recipe's reason.
     kernels_not_needed: tuple[tuple[str, str], ...] = ()
+    # Distributions whose libraries the kernel check reads too (besides vLLM and the pip components).
+    kernels_scan: tuple[str, ...] = ()
     tool_version: str = __version__
+    # The recipe's `python:`; with it, `lock` resolves the wheel set below.
+    python: PythonTarget | None = None
+    # From a lock file: every wheel the runtime's pip install takes (vLLM, its dependencies and the pip
+    # components), installed with hashes enforced. Empty when not locked.
+    wheel_set: tuple[WheelPin, ...] = ()
     # From a lock file (sparkforge/recipe/lock.py): every installed package's version, as pip
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
     pins: tuple[tuple[str, str], ...] = ()
@@ -202,6 +229,9 @@ class Plan:
                 out.append((f"components.{c.name}.commit", c.commit.unknown or ""))
             if c.kind == "pip" and c.version.value is None:
                 out.append((f"components.{c.name}.version", c.version.unknown or ""))
+        if self.python is not None and not self.wheel_set:
+            out.append(("wheels", f"the wheel set for {self.python.platform} is resolved by `python build.py lock "
+                                  f"{self.variant}`; until then pip resolves the dependencies at build time"))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +254,8 @@ class Plan:
         data = _jsonable(self)
         for key in ("plan_hash", "description", "recipe_files"):
             data.pop(key)
+        if not data["kernels_scan"]:
+            data.pop("kernels_scan")  # plans from before the field keep their tags
         for mod in data["mods"]:
             mod.pop("folder")
         if data["vllm"]["wheel"]:
@@ -270,7 +302,8 @@ def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
     """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base (no tag: latest)."""
     parsed = ImageRef.parse(ref)
     repo, tag, digest = parsed.repository, "latest" if parsed.tag is None else parsed.tag, parsed.digest
-    if not REPOSITORY_RE.match(repo) or not TAG_RE.match(tag) or (digest and not DIGEST_RE.match(digest)):
+    if (not REPOSITORY_RE.fullmatch(repo) or len(repo) > MAX_REPOSITORY or not TAG_RE.fullmatch(tag)
+            or (digest is not None and not DIGEST_RE.fullmatch(digest))):
         raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source)
     pin = Pin(digest) if digest else Pin(None, f"base given as {ref} with {source}, without a digest")
     return BaseImage(repo, tag, pin)
@@ -301,6 +334,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
                       bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
 
     mods, env = _mods(data, layout, leaf, vllm, components)
+    python = _python(data.python, vllm, leaf)
 
     for name, reason in (data.kernels_not_needed or {}).items():
         if reason is None:
@@ -324,8 +358,24 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         tooling_digest=digest_tooling(layout),
         gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
         kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
+        kernels_scan=tuple(data.kernels_scan or ()),
+        python=python,
     )
     return rehash(plan)
+
+
+def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
+    """The recipe's `python:`: both fields, and only where pip resolves what the image installs (source pypi)."""
+    if spec is None:
+        return None
+    if vllm.source != "pypi":
+        raise ConfigError(f"a wheel set is resolved for a pypi source only (this variant's vllm.source is "
+                          f"{vllm.source})", path=leaf, field="python")
+    for fld in ("version", "platform"):
+        if getattr(spec, fld) is None:
+            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
+                              field=f"python.{fld}")
+    return PythonTarget(spec.version, spec.platform)
 
 
 def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
@@ -349,6 +399,12 @@ def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
     elif source == "wheel":
         vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
                     _wheel_file(v, version, leaf))
+    elif source == "base":
+        for fld in ("repo", "ref", "commit", "url", "path", "sha256", "install_deps"):
+            if getattr(v, fld) is not None:
+                raise ConfigError("a base source takes only version: the vLLM release the base image carries (in a "
+                                  f"child of another variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
+        vllm = Vllm("base", version, None, None, Pin(None), False)
     return vllm
 
 
@@ -387,7 +443,7 @@ def _mods(data: Any, layout: Layout, leaf: Path, vllm: Vllm,
     owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
     for name in data.mods or []:
         spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
-        _check_mod_fits(spec, folder, vllm, known_components, leaf)
+        check_mod_fits(spec, folder, vllm, known_components, leaf)
         mods.append(Mod(name, digest_tree(folder), str(folder), spec))
         for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
             if value is None:
@@ -460,7 +516,8 @@ def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
     return WheelFile(filename, v.sha256, v.url, v.path, str(local) if local else None)
 
 
-def _check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
+def check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
+    """Refuse a mod the variant cannot take: another component, a source phase without a source, other releases."""
     where = f"mods: {spec.name}"
     if spec.component not in components:
         raise ConfigError(f"targets component {spec.component!r}, which this variant does not have",
@@ -481,3 +538,4 @@ def _check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str
 def plan_variant(layout: Layout, variant: str, *, base: str | None = None) -> Plan:
     """Config and plan stages in one call: load the recipe chain and resolve it."""
     return resolve(load_variant(layout.images_dir, variant), layout, base=base)
+

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import inimage
 from ..errors import ConfigError, DownloadError
+from ..files import write_atomic
 from . import download
 from .config import REMOTE_PATCH_FILE, mod_yaml_text
 from .schema import NAME_RE, PATCH_URL_RE, PR_RE, RemotePatch, pr_diff_url, specifier_error
@@ -177,7 +178,7 @@ def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str
         "summary": f"Upstream patch: {pr or source}",
         "description": (f"The diff of {origin}, pinned by its sha256.\n"
                         f"It changes {', '.join(files)}.\n"
-                        "Written by `python build.py mod new`: say here what it fixes and why this image needs "
+                        "Written by `./build.py mod new`: say here what it fixes and why this image needs "
                         "it, check the targets and the verify check, then add the mod to a variant and run "
                         "check-mods.\n"),
         "component": component,
@@ -189,9 +190,7 @@ def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str
     }, path=folder / "mod.yaml")
     folder.mkdir(parents=True)  # fails when the folder appeared meanwhile: nothing of another is touched
     try:
-        part = folder / ".mod.yaml.part"
-        part.write_text(text, encoding="utf-8")
-        os.replace(part, folder / "mod.yaml")
+        write_atomic(folder / "mod.yaml", text.encode())
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 from .. import gitfetch, registry
+from ..errors import mask_secrets
 from ..imageref import ImageRef
 from .lock import Pinned
 from .plan import Plan
@@ -32,12 +35,16 @@ def split_repository(repository: str) -> tuple[str, str]:
     return "registry-1.docker.io", repository if "/" in repository else f"library/{repository}"
 
 
-def registry_digest(repository: str, tag: str, *, timeout: float = 15) -> str:
+def registry_digest(repository: str, tag: str, *, timeout: float = 15, ca_cert: Path | None = None) -> str:
     """The digest a registry gives for repository:tag (a multi-arch index when there is one),
-    over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise.
-    No read waits longer than `timeout` seconds, and no request takes longer than four times that."""
+    over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise,
+    trusting ca_cert (a proxy's bundle, --ca-cert) instead of the system's store when it is given, for the
+    token too. No read waits longer than `timeout` seconds, and no request takes longer than four times that."""
     host, name = split_repository(repository)
-    client = registry.Client(registry.Endpoint.of(host), deadline=timeout * 4, window=timeout)
+    endpoint = registry.Endpoint.of(host)
+    if ca_cert is not None and endpoint.scheme == "https":
+        endpoint = replace(endpoint, ca=str(ca_cert))
+    client = registry.Client(endpoint, deadline=timeout * 4, window=timeout)
     try:
         return client.manifest_digest(name, tag)
     except registry.RegistryError as exc:
@@ -82,18 +89,20 @@ def today_epoch(now: float | None = None) -> int:
     return t - t % 86400
 
 
-def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None) -> dict[str, Pinned]:
-    """Ask the registry for the base digest and the git remotes for the commits the recipe leaves open."""
+def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None,
+                 ca_cert: Path | None = None) -> dict[str, Pinned]:
+    """Ask the registry for the base digest (trusting ca_cert, see registry_digest) and the git remotes for the
+    commits the recipe leaves open. Why a pin stays open is written into the lock with every URL masked."""
     pins: dict[str, Pinned] = {}
     b = plan.base
     if b.digest.value:
         pins["base.digest"] = Pinned(b.digest.value)
     else:
         try:
-            pins["base.digest"] = Pinned(registry_digest(b.repository, b.tag))
+            pins["base.digest"] = Pinned(registry_digest(b.repository, b.tag, ca_cert=ca_cert))
             say(f"base {b.repository}:{b.tag} is {pins['base.digest'].value}")
         except Unreachable as exc:
-            pins["base.digest"] = Pinned(None, f"{exc}; lock again where the registry answers")
+            pins["base.digest"] = Pinned(None, mask_secrets(f"{exc}; lock again where the registry answers"))
             say(f"base {b.repository}:{b.tag}: unresolved: {exc}")
     gits = [("vllm.commit", plan.vllm.repo, plan.vllm.ref, plan.vllm.commit)] if plan.vllm.source == "git" else []
     gits += [(f"components.{c.name}.commit", c.repo, c.ref, c.commit) for c in plan.components if c.kind == "git"]
@@ -104,7 +113,7 @@ def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None) -> dic
         try:
             pins[name] = Pinned(git_commit(str(repo), str(ref)))
         except Unreachable as exc:
-            pins[name] = Pinned(None, f"{exc} (recipe: {pin.unknown})")
+            pins[name] = Pinned(None, mask_secrets(f"{exc} (recipe: {pin.unknown})"))
         say(f"{name}: {pins[name].show()}")
     return pins
 

@@ -32,7 +32,8 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .. import gitfetch, net
-from ..files import locked, name_path
+from ..errors import mask_url
+from ..files import locked, name_path, write_atomic
 from ..inimage import version_file_commit
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -136,7 +137,7 @@ def find_release(project: str, version: str) -> Release:
             wheel = (filename, url)
     chosen = sdist or wheel
     if chosen is None:
-        raise SourceUnavailable(f"{project} {version} has no sdist or wheel on {index_url()}")
+        raise SourceUnavailable(f"{project} {version} has no sdist or wheel on {mask_url(index_url())}")
     filename, url = chosen
     base, _, fragment = url.partition("#")
     sha = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
@@ -172,18 +173,10 @@ def download(release: Release) -> Path:
 
 
 def _write_whole(target: Path, body: bytes) -> None:
-    """Put body at target by a rename from a temporary file of this process's own, so that other
-    processes sharing the cache see the old file or the new, never half of one; nothing is left on failure."""
+    """Put body at target whole (files.write_atomic): other processes sharing the cache see the old file
+    or the new, never half of one; nothing is left on failure."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(body)
-        os.replace(tmp, target)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        name_path(exc, target)
-        raise
+    write_atomic(target, body)
 
 
 def _package_dir(project: str) -> str:

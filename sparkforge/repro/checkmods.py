@@ -2,7 +2,8 @@
 
 For every variant: fetch the pinned source of each component its mods edit, apply the mods
 in the variant's order with the same applier the image build uses, run each mod's file checks,
-and apply again to prove the second application is detected. Nothing here touches Docker.
+and apply again to prove the second application is detected. Only a variant that keeps its base's vLLM
+(`vllm.source: base`) asks the engine, for that base's installed tree.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .. import inimage
-from ..build import wheels
+from ..build import basetree, wheels
 from ..errors import DownloadError
 from ..recipe import sources
 from ..recipe.plan import Mod, Plan
@@ -52,7 +53,7 @@ class SourceRef:
     """Where the source of a component at the variant's pin comes from."""
 
     label: str
-    fetch: Callable[[], Path]
+    fetch: Callable[[], Path | None]  # None: an empty root (the image component)
 
 
 def unavailable(label: str, reason: str) -> SourceRef:
@@ -82,6 +83,8 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
         return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
     if v.source == "pypi":
         return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
+    if v.source == "base":
+        return base_source(plan)
     if v.commit.value is None:
         return unavailable(f"vllm {v.ref} (commit unknown)", f"vllm.commit is not pinned ({v.commit.unknown})")
     commit = v.commit.value
@@ -96,6 +99,19 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
             return tree
         return SourceRef(f"vllm {v.version} (PyPI, commit {commit[:9]})", from_release)
     return SourceRef(f"vllm {commit[:12]} (git)", lambda: sources.git_tree(v.repo or "", commit, "vllm"))
+
+
+def base_source(plan: Plan) -> SourceRef:
+    """The vLLM a base variant keeps: the base image's own installed tree where the engine has the image;
+    else the same release's sdist from PyPI, and the label says so (unverified where PyPI lacks it too)."""
+    ref, version = plan.base.ref, plan.vllm.version
+    try:
+        found = basetree.base_tree(ref)
+    except basetree.NotOnEngine as exc:
+        return SourceRef(f"vllm {version} (PyPI, the release the base carries; the base's own tree is not read: "
+                         f"{exc})", lambda: sources.release_tree("vllm", version))
+    return SourceRef(f"vllm {version} installed in the base {ref} ({found.installed_at}, image {found.image_id[:19]})",
+                     lambda: found.root)
 
 
 def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
@@ -153,12 +169,7 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     for component, mods in groups.items():
         # Source-phase mods run before install-phase ones, as in the build.
         mods = sorted(mods, key=lambda m: m.spec.phase != "source")
-        if component == "image":
-            ref, tree = SourceRef("an empty image root", lambda: None), None
-        elif component == "vllm":
-            ref = vllm_source(plan, ca_cert)
-        else:
-            ref = _component_source(plan, component)
+        ref = source_of(plan, component, ca_cert)
         try:
             tree = ref.fetch()
         except sources.SourceUnavailable as exc:
@@ -175,7 +186,13 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     return [rows[m.name] for m in plan.mods]
 
 
-def _component_source(plan: Plan, component: str) -> SourceRef:
+def source_of(plan: Plan, component: str, ca_cert: Path | None = None) -> SourceRef:
+    """The pristine tree the mods of a component are applied to: vLLM's (vllm_source), a component's at its
+    pin, or for `image` an empty root (fetch gives None)."""
+    if component == "image":
+        return SourceRef("an empty image root", lambda: None)
+    if component == "vllm":
+        return vllm_source(plan, ca_cert)
     comp = next(c for c in plan.components if c.name == component)
     if comp.kind == "pip" and comp.version.value:
         project = (comp.package or "").split("[")[0]

@@ -20,7 +20,7 @@ from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord
 from ..recipe.config import list_variants
 from ..recipe.lock import LOCK_SUFFIX, Lock, Pinned, read_lock
-from ..recipe.plan import Layout, Plan
+from ..recipe.plan import Layout, Plan, PythonTarget, WheelPin
 
 SECTIONS = ("image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods", "tooling",
             "packages")
@@ -30,7 +30,8 @@ Entries = tuple[tuple[str, "str | None"], ...]
 
 # The fields of a plan's identity that the named sections above show; `other` shows the rest.
 _SHOWN = {"image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods",
-          "tooling_digest", "tool_version", "source_date_epoch", "pins", "gpus", "kernels_not_needed"}
+          "tooling_digest", "tool_version", "source_date_epoch", "pins", "gpus", "kernels_not_needed", "python",
+          "wheel_set"}
 # What names the variant rather than what is in it: every two variants differ there.
 _NAMING = {"variant", "chain"}
 
@@ -107,7 +108,7 @@ def _commit(commit: str | None) -> str:
 
 
 def _vllm_text(source: str, version: str, ref: str | None, commit: str | None) -> str:
-    if source in ("pypi", "wheel"):
+    if source in ("pypi", "wheel", "base"):
         return f"{version} ({source})"
     return f"{version} ({source} {ref} @ {_commit(commit)})"
 
@@ -154,6 +155,16 @@ def _kernels(gpus: Any, not_needed: Any) -> Entries:
     return tuple(out)
 
 
+def _wheels(python: PythonTarget | None, pins: tuple[WheelPin, ...], unresolved: str | None = None) -> Entries:
+    """The image's Python and its locked wheel set: one entry per distribution, by version and sha256s."""
+    out: list[tuple[str, str | None]] = [("python", f"{python.version} on {python.platform}" if python else "none")]
+    if unresolved:
+        return (*out, ("wheel set", f"unresolved: {unresolved}"))
+    out.append(("wheel set", f"{len(pins)} wheels" if pins else "none"))
+    out += [(f"wheel {p.name}", f"{p.version} " + " ".join(f"sha256:{sha}" for _, sha, _ in p.files)) for p in pins]
+    return tuple(out)
+
+
 def _other(plan: Plan) -> Entries:
     identity = plan.identity()
     return tuple((key, json.dumps(identity[key], sort_keys=True)) for key in sorted(identity)
@@ -187,7 +198,7 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, v.commit.value)), ("repo", v.repo or "none"),
               ("install_deps", _yes(v.install_deps)),
               ("wheel", " ".join(x for x in (v.wheel.filename, v.wheel.url, v.wheel.path, f"sha256:{v.wheel.sha256}")
-                                 if x) if v.wheel else "none")),
+                                 if x) if v.wheel else "none")) + _wheels(plan.python, plan.wheel_set),
         components=tuple(comps),
         protect=_names(plan.protect),
         build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch)
@@ -227,7 +238,8 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
         os_packages=_os_packages(lock.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
               ("repo", "none" if v.source != "git" else None), ("install_deps", _yes(v.install_deps)),
-              ("wheel", None)),
+              ("wheel", None))
+        + (_wheels(lock.wheels.python, lock.wheels.packages, lock.wheels.unresolved) if lock.wheels else _wheels(None, ())),
         components=tuple(comps),
         protect=_names(lock.protect),
         build=_build(None, None, None, None, lock.source_date_epoch) + _kernels(None, None),
@@ -270,7 +282,7 @@ def from_record(image: str, record: BuildRecord) -> Snapshot:
         base=(("base", base),),
         os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
-              ("install_deps", _yes(bool(v.get("install_deps"))))),
+              ("install_deps", _yes(bool(v.get("install_deps")))), ("python", None), ("wheel set", None)),
         components=tuple(comps),
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),

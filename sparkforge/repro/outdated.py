@@ -37,10 +37,22 @@ class Outdated:
     pinned: str  # the pinned version, or what is pinned instead (a git ref)
     newer: tuple[str, ...]
     note: str = ""  # why it could not be checked, or how the pin is not a version
+    checked: bool = True  # False: no release list was read, so `newer` says nothing
 
     @property
     def newest(self) -> str | None:
         return self.newer[-1] if self.newer else None
+
+    @property
+    def verdict(self) -> str:
+        """What was found, in words: the newer releases, "up to date", or "not checked"."""
+        if not self.checked:
+            return "not checked"
+        if not self.newer:
+            return "up to date"
+        if len(self.newer) > 6:
+            return f"{', '.join(self.newer[:3])}, ... {self.newer[-1]} ({len(self.newer)})"
+        return ", ".join(self.newer)
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,7 @@ def _one(component: str, project: str, pinned: str | None, shown: str, note: str
     try:
         return Outdated(component, project, shown, newer_releases(project, pinned, releases), note)
     except sources.SourceUnavailable as exc:
-        return Outdated(component, project, shown, (), f"not checked: {exc}")
+        return Outdated(component, project, shown, (), f"not checked: {exc}", checked=False)
 
 
 def check_components(plan: Plan, releases: Callable[[str], list[str]] = sources.release_versions) -> list[Outdated]:
@@ -87,7 +99,7 @@ def check_components(plan: Plan, releases: Callable[[str], list[str]] = sources.
                             f"pinned by git ref {c.ref}, not a release: every release is listed", releases))
         else:
             out.append(Outdated(c.name, "", f"git {c.ref}", (), "not checked: its releases are git tags, and PyPI "
-                                "is the only release source asked"))
+                                "is the only release source asked", checked=False))
     return out
 
 

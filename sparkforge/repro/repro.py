@@ -12,7 +12,6 @@ file, so that engine is refused with what to use instead, never reported as "not
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import tarfile
@@ -24,6 +23,7 @@ from ..build import dockercli
 from ..build.builder import BuildOptions, Step, build_image
 from ..build.render import Context
 from ..errors import SparkforgeError
+from ..inimage.contract import parse_json
 from ..recipe.plan import Plan
 
 
@@ -89,7 +89,7 @@ def check_engine(host: str | None) -> str:
         raise ReproError(f"{where} does not answer: {tail}", field="--builder-host")
     status, _, driver = proc.stdout.strip().rpartition(" ")
     try:
-        pairs = dict(json.loads(status) or [])
+        pairs = dict(parse_json(status) or [])
     except ValueError:
         pairs = {}
     if pairs.get("driver-type") != "io.containerd.snapshotter.v1":
@@ -140,13 +140,13 @@ def read_digests(tarball: Path) -> ImageDigests:
     """The manifest, config and layer digests of a single-image OCI/Docker tarball from buildx."""
     try:
         with tarfile.open(tarball) as tf:
-            index = json.loads(tf.extractfile("index.json").read())  # type: ignore[union-attr]
+            index = parse_json(tf.extractfile("index.json").read())  # type: ignore[union-attr]
             desc = index["manifests"][0]
-            manifest = json.loads(_blob(tf, desc["digest"]))
+            manifest = parse_json(_blob(tf, desc["digest"]))
             if "manifests" in manifest:  # an index: its image manifest, not an attestation beside it
                 desc = next(m for m in manifest["manifests"] if not _attestation(m))
-                manifest = json.loads(_blob(tf, desc["digest"]))
-            config = json.loads(_blob(tf, manifest["config"]["digest"]))
+                manifest = parse_json(_blob(tf, desc["digest"]))
+            config = parse_json(_blob(tf, manifest["config"]["digest"]))
     except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError, StopIteration) as exc:
         raise ReproError(f"not an image tarball from buildx: {exc}", path=tarball) from None
     steps = [h.get("created_by", "") for h in config.get("history", []) if not h.get("empty_layer")]
@@ -202,7 +202,7 @@ def _config_fields(a: object, b: object, where: str = "") -> Iterator[str]:
 def compare(first: ImageDigests, second: ImageDigests) -> tuple[tuple[str, ...], tuple[LayerDiff, ...]]:
     """What differs between two exported images: config fields, and per layer the files."""
     with tarfile.open(first.tarball) as ta, tarfile.open(second.tarball) as tb:
-        cfg = tuple(_config_fields(json.loads(_blob(ta, first.config)), json.loads(_blob(tb, second.config))))
+        cfg = tuple(_config_fields(parse_json(_blob(ta, first.config)), parse_json(_blob(tb, second.config))))
         diffs = []
         for i in range(max(len(first.layers), len(second.layers))):
             la = first.layers[i] if i < len(first.layers) else ""

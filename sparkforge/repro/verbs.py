@@ -17,11 +17,12 @@ from packaging.version import InvalidVersion, Version
 from ..build.builder import BuildOptions, Step
 from ..build.pipeline import context_dir, prepare_wheel, same_plan_lock, with_epoch, with_wheel
 from ..build.render import render_context
-from ..errors import ConfigError
+from ..errors import ConfigError, DownloadError
+from ..recipe import scaffold
 from ..recipe.config import list_variants
 from ..recipe.plan import PROJECT_ROOT, Layout, Mod, Plan
-from ..recipe.sources import release_versions
-from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix
+from ..recipe.sources import SourceUnavailable, release_versions
+from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, source_of
 
 # ------------------------------------------------------------------ check-mods
 
@@ -143,3 +144,40 @@ def outdated_variant(plan: Plan, *, try_mods: bool = True, until: str | None = N
         release_version(until, "--until")
     with tempfile.TemporaryDirectory(prefix="sparkforge-outdated-") as work:
         return outdated(plan, Path(work), try_mods=try_mods, until=until, progress=progress)
+
+
+# ------------------------------------------------------------------ a local mod: mod new --variant, mod save
+
+
+def new_local_mod(layout: Layout, plan: Plan, name: str, *, component: str = "vllm", phase: str = "install",
+                  versions: str | None = None, ca_cert: Path | None = None) -> scaffold.WorkTree:
+    """`mod new NAME --variant V`: mods/NAME/mod.yaml and a git work tree of the pristine source the variant's
+    mods of `component` are applied to (the tree check-mods fetches, from the source cache)."""
+    known = {"vllm": plan.vllm.version} | {c.name: c.version.value for c in plan.components if c.kind == "pip"}
+    if component not in known and component not in {c.name for c in plan.components}:
+        raise ConfigError(f"{plan.variant} has no component {component!r} (it has vllm"
+                          f"{''.join(f', {c.name}' for c in plan.components)})", field="--component")
+    if phase == "source" and (component != "vllm" or plan.vllm.source != "git"):
+        raise ConfigError(f"a source-phase mod patches the vLLM source before its compile, and {plan.variant} "
+                          "compiles none (vllm.source is not git)", field="--phase")
+    pinned = known.get(component)
+    if versions is None and not pinned:
+        raise ConfigError(f"{component} has no version pinned in {plan.variant}: give the releases the mod is for",
+                          field="--versions")
+    versions = versions or f"=={pinned}"
+    scaffold.check_new(layout.mods_dir, name, versions)
+    ref = source_of(plan, component, ca_cert)
+    try:
+        tree = ref.fetch()
+    except SourceUnavailable as exc:
+        raise DownloadError(f"cannot fetch {ref.label}, the source the mod patches: {exc}", field=plan.variant) from None
+    if tree is None:
+        raise ConfigError("an image mod adds files: write a `files` mod (see README, Mods)", field="--component")
+    return scaffold.new_local_mod(layout.mods_dir, name, variant=plan.variant, component=component, phase=phase,
+                                  versions=versions, tree=tree, source=ref.label)
+
+
+def save_local_mod(layout: Layout, name: str) -> tuple[scaffold.WorkTree, scaffold.SavedPatch]:
+    """`mod save NAME`: the patch from the work tree `mod new` made, written into the mod."""
+    work = scaffold.read_work_tree(name)
+    return work, scaffold.save_patch(layout.mods_dir, work)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkforge.distribute.cluster import Node, SshOptions, resolve_cluster
 from sparkforge.distribute.nodes import ssh_argv, transport_error
@@ -94,3 +96,83 @@ def test_ssh_failures_become_one_line_per_node(code, stderr, expected) -> None:
         assert reason is None
     else:
         assert reason is not None and expected in reason and "\n" not in reason, reason
+
+
+# ---------------------------------------------------------------- every value has its full rule
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    ('"ssh://node1\\n"', "is not a Docker endpoint"),
+    ('"tcp://node4:2375\\n"', "is not a Docker endpoint"),
+    ("ssh://spark2:99999", "port 99999 is not one of 1-65535"),
+    ("ssh://spark2:0", "port 0 is not one of 1-65535"),
+    ("tcp://spark2:02375", "port 02375 is not one of 1-65535"),
+    ("ssh://010.0.0.11", "'010.0.0.11' is not an IPv4 address"),
+    ("ssh://-oProxyCommand=x", "is not a Docker endpoint"),
+    ("ssh://-l@spark2", "is not a Docker endpoint"),
+    ("unix:///run/../tmp/docker.sock", "without '.' or '..'"),
+    ("unix:///run//docker.sock", "is not a Docker endpoint"),
+])
+def test_an_endpoint_that_cannot_be_one_names_the_file_and_the_node(tmp_path, endpoint, words) -> None:
+    path = write(tmp_path, f"nodes:\n  a:\n    endpoint: {endpoint}\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_cluster(path, None, None)
+    line = str(err.value)
+    assert line.startswith(f"{path}: nodes.a.endpoint: ") or "cluster.yaml: nodes.a.endpoint: " in line, line
+    assert words in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("section, field", [
+    ('registry: "10.0.0.1:5000\\n"\n', "registry"),
+    ("registry: 10.0.0.1:0\n", "registry"),
+    ("registry: 10.0.0.1:65536\n", "registry"),
+    ("registry:\n  address: 10.0.0.1:5000\n  insecure: true\n  listen: 0.0.0.0:70000\n", "registry.listen"),
+    ("registry:\n  address: 10.0.0.1:5000\n  insecure: true\n  listen: 0.0.0.0:05000\n", "registry.listen"),
+    ("ssh:\n  known_hosts: my hosts\n", "ssh.known_hosts"),
+    ('ssh:\n  identity_file: "id\\nx"\n', "ssh.identity_file"),
+    ('registry:\n  address: 10.0.0.1:5000\n  tls: {cert: "r.crt\\n", key: k, ca: a}\n', "registry.tls.cert"),
+])
+def test_a_registry_or_ssh_value_that_cannot_be_right_is_refused(tmp_path, section, field) -> None:
+    for name in ("my hosts", "id\nx", "r.crt\n", "k", "a"):  # the files exist: only the value's rule refuses them
+        (tmp_path / name).write_text("x")
+    path = write(tmp_path, section + NODES)
+    with pytest.raises(ConfigError) as err:
+        resolve_cluster(path, None, None)
+    assert f"cluster.yaml: {field}" in str(err.value) or f"{path}: {field}" in str(err.value), str(err.value)
+
+
+def test_a_registry_option_with_a_line_break_or_a_port_out_of_range_is_refused(tmp_path) -> None:
+    for value in ("127.0.0.1:5000\n", "127.0.0.1:0", "127.0.0.1:123456"):
+        with pytest.raises(ConfigError, match="--registry"):
+            resolve_cluster(write(tmp_path, NODES), None, value)
+
+
+# Spellings of one engine: ssh's host in any case, with or without a user, with or without port 22.
+HOSTS = st.sampled_from(["spark2", "node-1.lan", "10.0.0.12"])
+
+
+@st.composite
+def ssh_spelling(draw, host: str, port: str | None = None) -> str:
+    cased = "".join(c.upper() if draw(st.booleans()) else c for c in host)
+    user = draw(st.sampled_from(["", "root@", "admin@"]))
+    shown_port = port if port is not None else draw(st.sampled_from(["", ":22"]))
+    return f"ssh://{user}{cased}{shown_port}"
+
+
+@given(data=st.data(), host=HOSTS)
+@settings(max_examples=60, deadline=None)
+def test_one_engine_is_one_node_however_its_endpoint_is_spelt(tmp_path_factory, data, host) -> None:
+    first, second = data.draw(ssh_spelling(host)), data.draw(ssh_spelling(host))
+    folder = tmp_path_factory.mktemp("engine")
+    path = write(folder, f"nodes:\n  a:\n    endpoint: {first}\n  b:\n    endpoint: {second}\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_cluster(path, None, None)
+    assert "nodes.b.endpoint" in str(err.value) and "node a" in str(err.value), str(err.value)
+    # On the command line: one engine named twice is one node, and a second name for a node's engine is refused.
+    assert len(resolve_cluster(None, [first, second], None).nodes) == 1
+    alone = write(folder, f"nodes:\n  a:\n    endpoint: {first}\n")
+    with pytest.raises(ConfigError, match="--nodes: .* reaches the engine of node a"):
+        resolve_cluster(alone, ["a", second], None)
+    other = data.draw(ssh_spelling(host, ":2222"))
+    path = write(folder, f"nodes:\n  a:\n    endpoint: {first}\n  b:\n    endpoint: {other}\n")
+    assert [n.name for n in resolve_cluster(path, None, None).nodes] == ["a", "b"]  # another port, another engine

@@ -24,17 +24,14 @@ import pytest
 from tests.cluster.clusterkit import node_docker
 from tests.support.paths import ROOT
 from tests.support.gitsource import VARIANT, GitSource
-from tests.support.needs import TEST_USER, require
+from tests.support.users import docker_user, login_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.network, pytest.mark.root]
-
-USER = TEST_USER
 
 
 @pytest.fixture(scope="module")
 def user() -> pwd.struct_passwd:
-    require("test-user")
-    return pwd.getpwnam(USER)
+    return docker_user()
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +69,10 @@ def _chown(path: Path, user: pwd.struct_passwd) -> None:
 
 def as_user(user: pwd.struct_passwd, ws: Path, *argv: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run argv in the workspace as the user, with a login's plain environment (no root's variables)."""
-    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "LANG": "C.UTF-8",
-           "PATH": "/usr/local/bin:/usr/bin:/bin",
-           # A private git server's CA, as the user configures git for it; BuildKit gets it as --ca-cert.
-           "GIT_SSL_CAINFO": str(ws / "ca-bundle.crt")}
-    proc = subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                           *argv], cwd=ws, capture_output=True, text=True, timeout=timeout)
+    # A private git server's CA, as the user configures git for it; BuildKit gets it as --ca-cert.
+    env = login_env(user, GIT_SSL_CAINFO=str(ws / "ca-bundle.crt"))
+    proc = subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i", *env, *argv], cwd=ws,
+                          capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
 

@@ -140,7 +140,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_node(nodes, cluster_file, t
         (("deploy", VARIANT, "--cluster", str(extra)), "registries: unknown key"),
         (("deploy", "nosuchvariant", "--cluster", str(cluster_file)), "nosuchvariant"),
         (("deploy", VARIANT, "--nodes", nodes[0].endpoint), "registry mode needs a registry"),
-        (("deploy", VARIANT, "--cluster", str(cluster_file), "--mode", "rsync"), "unknown mode"),
+        (("deploy", VARIANT, "--cluster", str(cluster_file), "--mode", "rsync"), "'rsync' is not one of"),
         (("status", VARIANT, "--cluster", str(tmp_path / "missing.yaml")), "file not found"),
         (("push", VARIANT, "--registry", "not a registry"), "not a registry address"),
     ]

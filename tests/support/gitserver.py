@@ -33,8 +33,9 @@ def git(cwd: Path, *args: str) -> str:
     return proc.stdout.strip()
 
 
-def make_ca(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
-    """(CA certificate, server certificate, server key) for `host`, made with openssl."""
+def make_ca(folder: Path, host: str = "127.0.0.1", *others: str) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) for `host` (and the `others`: one certificate for
+    several loopback addresses or names), made with openssl."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca_crt = folder / "ca.key", folder / "ca.crt"
     key, csr, crt, ext = folder / "server.key", folder / "server.csr", folder / "server.crt", folder / "ext.cnf"
@@ -45,7 +46,8 @@ def make_ca(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=sparkforge test CA",
             "-keyout", str(ca_key), "-out", str(ca_crt))
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", str(key), "-out", str(csr))
-    ext.write_text(f"subjectAltName=IP:{host}\nbasicConstraints=CA:FALSE\n")
+    names = ",".join(f"IP:{h}" if h[0].isdigit() or ":" in h else f"DNS:{h}" for h in (host, *others))
+    ext.write_text(f"subjectAltName={names}\nbasicConstraints=CA:FALSE\n")
     openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key), "-CAcreateserial",
             "-days", "2", "-extfile", str(ext), "-out", str(crt))
     return ca_crt, crt, key
@@ -94,6 +96,18 @@ def extract_sdist(archive: Path, dest: Path) -> Path:
     return top
 
 
+def read_body(rfile, headers) -> bytes:
+    """The body of a request to one of the test servers: chunked, or as long as its Content-Length says."""
+    if headers.get("Transfer-Encoding", "").lower() == "chunked":
+        data = bytearray()
+        while size := int(rfile.readline().split(b";")[0].strip() or b"0", 16):
+            data += rfile.read(size)
+            rfile.readline()
+        rfile.readline()
+        return bytes(data)
+    return rfile.read(int(headers.get("Content-Length") or 0))
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root: Path
@@ -101,21 +115,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass
 
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(chunks)
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
     def _cgi(self) -> None:
         path, _, query = self.path.partition("?")
-        body = self._body() if self.command == "POST" else b""
+        body = read_body(self.rfile, self.headers) if self.command == "POST" else b""
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "GIT_PROJECT_ROOT": str(self.root),

@@ -191,6 +191,34 @@ def _cuda_driver() -> str | None:
     return None
 
 
+def _x86_64() -> str | None:
+    import platform
+
+    return None if platform.machine() == "x86_64" else f"this machine is {platform.machine()}"
+
+
+def _libzstd() -> str | None:
+    from sparkforge.inimage import decompress
+
+    return None if decompress.system("zstd") is not None else "libzstd cannot be loaded (Debian package libzstd1)"
+
+
+def bare_python() -> str | None:
+    """An interpreter without the project's dependencies (the venv's base, else the machine's python3), or None."""
+    import sys
+
+    for candidate in (getattr(sys, "_base_executable", ""), "/usr/bin/python3", shutil.which("python3") or ""):
+        if candidate and os.path.exists(candidate) and os.path.realpath(candidate) != os.path.realpath(sys.executable):
+            probe = _run(candidate, "-c", "import typer", timeout=60)
+            if not isinstance(probe, str) and probe.returncode != 0:
+                return candidate
+    return None
+
+
+def _bare_python() -> str | None:
+    return None if bare_python() else "every python3 here has typer installed"
+
+
 # The tier markers first (their names are needs too), then what fixtures and single tests need.
 NEEDS: dict[str, Need] = {
     "network": Need("the package index (PyPI or SPARKFORGE_INDEX_URL)", _network),
@@ -207,6 +235,9 @@ NEEDS: dict[str, Need] = {
     "docker-registry": Need("Debian's docker-registry", _docker_registry),
     "test-user": Need(f"root, runuser and a non-root member of the docker group ({TEST_USER})", _test_user),
     "git": Need("git and openssl", _git),
+    "x86-64": Need("an x86-64 machine (the reference cuobjdump of the kernel tests is an x86-64 wheel)", _x86_64),
+    "libzstd": Need("libzstd (the whole of torch's sm_120 code is 1.1 GB to decode)", _libzstd),
+    "bare-python": Need("a python3 without typer, to show build.py finding .venv", _bare_python),
     "torch": Need("torch with the GLOO backend in the tests' Python (CPU is fine)", _torch),
 }
 TIERS = ("unit", "network", "docker", "root", "cluster", "gpu")  # unit: a test with no tier marker

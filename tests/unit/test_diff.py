@@ -11,7 +11,7 @@ import pytest
 
 from sparkforge.repro.diff import SECTIONS, diff, diff_snapshots, from_plan
 from sparkforge.recipe.lock import lock_path, make_lock, write_lock
-from sparkforge.recipe.plan import Component, Layout, Plan, Vllm, WheelFile, plan_variant, rehash
+from sparkforge.recipe.plan import Component, Layout, Plan, PythonTarget, Vllm, WheelFile, WheelPin, plan_variant, rehash
 from tests.support.paths import ROOT, VARIANTS
 from tests.support.recipes import layout, unlocked_images
 
@@ -111,9 +111,9 @@ SKIP = {"variant", "chain", "recipe_files", "description", "plan_hash", "spec", 
 # What a component of the other kind does not have (resolve refuses a recipe that sets them).
 NOT_OF_PYPI = {"repo", "ref", "commit"}
 # Tuples of the plan, by what they hold.
-ITEMS = {"components", "mods"}
+ITEMS = {"components", "mods", "wheel_set"}
 PAIRS = {"env", "pins", "kernels_not_needed"}
-NAMES = {"os_packages", "protect", "gpus"}
+NAMES = {"os_packages", "protect", "gpus", "kernels_scan"}
 NOT_OF_KIND = {"pip": {"repo", "ref", "commit", "dest", "pip_install"}, "git": {"package", "version"}}
 
 
@@ -134,8 +134,13 @@ def changed(value: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield path, value + 1
     elif isinstance(value, str):
         yield path, value + "x"
+    elif value is None and path.endswith(".python"):
+        yield path, PythonTarget("3.12", "aarch64-manylinux_2_34")
     elif value is None:
         yield path, "f" * 40
+    elif isinstance(value, tuple) and path.endswith(".files"):  # a locked wheel's (file, sha256, size)
+        for i, (name, sha, size) in enumerate(value):
+            yield f"{path}[{i}]", value[:i] + ((name, "0" * 64, size),) + value[i + 1:]
     elif isinstance(value, tuple) and path.rsplit(".", 1)[-1] in ITEMS:
         for i, item in enumerate(value):
             for where, new in changed(item, f"{path}[{i}]"):
@@ -159,6 +164,11 @@ def plans() -> list[Plan]:
     wheel = WheelFile("vllm-0.17.0-py3-none-any.whl", "a" * 64, url="https://example.invalid/vllm-0.17.0-py3-none-any.whl")
     out.append(dataclasses.replace(out[-1], variant="testwheel",
                                    vllm=dataclasses.replace(out[-1].vllm, source="wheel", wheel=wheel)))
+    # A pypi source with its lock's wheel set (testvllm033's, as `lock` resolved it).
+    target = PythonTarget("3.11", "x86_64-manylinux_2_36")
+    out.append(dataclasses.replace(plan_variant(layout(VARIANTS), "testvllm033"), python=target, wheel_set=(
+        WheelPin("vllm", "0.33.0", (("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                                     "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa", 336361138),)),)))
     # Give each a lock's package pins and an epoch, so that changing them changes something known.
     return [rehash(dataclasses.replace(p, pins=(("numpy", "2.1.0"),), source_date_epoch=1704067200))
             for p in out]

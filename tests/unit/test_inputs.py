@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +28,7 @@ from tests.support import drip
 from tests.support import fileserver
 from tests.support.limits import gives_up
 from tests.support.gitserver import serve_https
-from tests.support.paths import MODS, ROOT, VARIANTS
+from tests.support.paths import MODS, ROOT, TEST_MODS, VARIANTS
 LONG = "a" * 300  # longer than any file name may be (255)
 WHEEL = "vllm-0.17.0-cp38-abi3-linux_x86_64.whl"
 CHECKING = ("checking ",)  # the progress lines check-mods writes to stderr before its error
@@ -391,7 +393,7 @@ def test_prune_cleans_a_marked_cache(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("entry, why", [
-    ("{not json", "is not JSON"),
+    ("{not json", "cannot be read as JSON: line 1, column 2"),
     ('{"format": 1, "key": "KEY", "inputs": {"vllm": "0.17", "source_mods": [1]}, "wheel": "wheels/vllm-0.17.0.whl",'
      ' "sha256": "' + "c" * 64 + '", "size": 1, "created": "x", "compiled_for": "y"}', "missing or mistyped"),
     ('{"format": 1, "key": "KEY", "inputs": {}, "wheel": "wheels/vllm-0.17.0.whl", "sha256": "' + "c" * 64 + '",'
@@ -490,7 +492,8 @@ def test_two_mods_claiming_one_dest_or_env_name_are_refused(project: Path, secon
 def test_one_mod_writing_one_dest_twice_is_refused(project: Path) -> None:
     meta = project / "mods" / "drop-in" / "mod.yaml"
     meta.write_text(meta.read_text().replace("files:\n", "files:\n  - {src: hello.txt, dest: /opt/hello.txt}\n"))
-    assert_one_line(run(project, "show", "good"), "good.yaml", "mod drop-in writes /opt/hello.txt twice")
+    assert_one_line(run(project, "show", "good"), "drop-in/mod.yaml", "files[0].dest (/opt/hello.txt) and "
+                    "files[1].dest (/opt/hello.txt) name one file")
 
 
 @pytest.mark.parametrize("address,loopback", [
@@ -502,3 +505,141 @@ def test_one_loopback_check(address, loopback):
     """Plain HTTP for a registry on this machine, TLS elsewhere: the lock's digest lookup and the cluster
     file's registry ask the same function."""
     assert net.is_loopback(address) is loopback
+
+
+# ---------------------------------------------------------------- output that cannot be written
+
+
+def direct(*args: str, preexec=None, **kw) -> subprocess.CompletedProcess:
+    """build.py in a process of its own (not forked from the test server): its stdout is what the test gives."""
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                          timeout=120, preexec_fn=preexec, **kw)
+
+
+def _no_stdout() -> None:
+    os.close(1)
+
+
+STDOUT_COMMANDS = [("list",), ("list", "--names"), ("show", "ng17", "--json"), ("show", "ng17"), ("--help",)]
+
+
+@pytest.mark.parametrize("args", STDOUT_COMMANDS, ids=" ".join)
+def test_stdout_on_a_full_disk_is_one_line_and_exit_1(args: tuple[str, ...]) -> None:
+    with open("/dev/full", "w") as full:
+        proc = direct(*args, stdout=full)
+    assert (proc.returncode, proc.stderr) == (1, "error: <stdout>: No space left on device\n")
+
+
+@pytest.mark.parametrize("args", STDOUT_COMMANDS, ids=" ".join)
+def test_a_closed_stdout_is_one_line_and_exit_1(args: tuple[str, ...]) -> None:
+    proc = direct(*args, preexec=_no_stdout)
+    assert (proc.returncode, proc.stderr) == (1, "error: <stdout>: Bad file descriptor\n")
+
+
+def test_a_reader_that_left_is_exit_1_without_a_word() -> None:
+    """`build.py show ng17 | head -1`: the pipe breaks; nothing but the exit code says so (as typer does)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "show", "ng17"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 1
+    assert proc.stderr.read() == ""
+
+
+def test_an_error_line_with_stderr_unwritable_still_exits_with_its_code() -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, str(ROOT / "build.py"), "show", "nope"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=full, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == b""
+
+
+def test_a_character_the_terminal_cannot_show_is_escaped(project: Path) -> None:
+    recipe = project / "images" / "good.yaml"
+    recipe.write_text("description: caf\u00e9 \u202eevil\n" + recipe.read_text())
+    proc = subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(project / "images"), "--mods",
+                           str(project / "mods"), "show", "good"], cwd=ROOT, capture_output=True, timeout=120,
+                          env=dict(os.environ, PYTHONIOENCODING="ascii", LC_ALL="C"))
+    assert proc.returncode == 0, proc.stderr
+    assert b"caf\\xe9 \\u202eevil" in proc.stdout
+
+
+# ---------------------------------------------------------------- files that cannot be written
+
+
+def fill(folder: Path) -> None:
+    """Take every free byte of the file system folder is on."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def lock_project(images: Path) -> None:
+    shutil.copy(VARIANTS / "testsmall.yaml", images / "testsmall.yaml")
+
+
+def lock_run(images: Path, **kw) -> subprocess.CompletedProcess:
+    return cli("--images", str(images), "--mods", str(TEST_MODS), "lock", "testsmall", "--no-build", timeout=300, **kw)
+
+
+@pytest.mark.root
+def test_a_full_disk_while_writing_a_lock_names_it_and_leaves_nothing(small_fs: Path) -> None:
+    lock_project(small_fs)
+    fill(small_fs)
+    assert_one_line(lock_run(small_fs), f"{small_fs / 'testsmall.lock.json'}: No space left on device", code=1,
+                    progress=("  ", "warning: "))
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "testsmall.yaml"]
+
+
+def test_a_file_too_large_while_writing_a_lock_names_it_and_leaves_nothing(tmp_path: Path) -> None:
+    """ulimit -f: a write past the limit fails with EFBIG (Python ignores SIGXFSZ)."""
+    images = tmp_path / "images"
+    images.mkdir()
+    lock_project(images)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))  # a lock is about 900 bytes
+
+    proc = subprocess.run([sys.executable, str(ROOT / "build.py"), "--images", str(images), "--mods", str(TEST_MODS),
+                           "lock", "testsmall", "--no-build"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=limit)
+    assert_one_line(proc, f"{images / 'testsmall.lock.json'}: File too large", code=1, progress=("  ", "warning: "))
+    assert sorted(p.name for p in images.iterdir()) == ["testsmall.yaml"]
+
+
+def test_a_read_only_folder_for_a_lock_names_it(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    lock_project(images)
+    images.chmod(0o555)
+    root = os.geteuid() == 0
+    try:
+        if root:  # root writes through a mode: a read-only bind mount of the folder on itself
+            subprocess.run(["mount", "--bind", "-o", "ro", str(images), str(images)], check=True)
+        proc = lock_run(images)
+    finally:
+        if root:
+            subprocess.run(["umount", str(images)], check=True)
+        images.chmod(0o755)
+    assert_one_line(proc, f"{images / 'testsmall.lock.json'}: ", code=1, progress=("  ", "warning: "))
+    assert sorted(p.name for p in images.iterdir()) == ["testsmall.yaml"]
+
+
+@pytest.mark.root
+def test_render_on_a_full_cache_renders_and_into_a_full_folder_names_it(project: Path, small_fs: Path,
+                                                                        tmp_path: Path) -> None:
+    """The cache holds only Jinja's compiled template, which the next render may compile again."""
+    fill(small_fs)
+    proc = run(project, "render", "good", "-o", str(tmp_path / "out"), cache=small_fs)
+    assert proc.returncode == 0 and (tmp_path / "out" / "Dockerfile").is_file(), proc.stderr
+    proc = run(project, "render", "good", "-o", str(small_fs / "out"), cache=tmp_path / "cache")
+    assert_one_line(proc, str(small_fs / "out"), "No space left on device", code=1)
+    assert [p.relative_to(small_fs).as_posix() for p in sorted(small_fs.rglob("*"))] == ["filler", "jinja"]
+
+
+def test_render_with_a_read_only_cache_renders(project: Path, read_only: Path, tmp_path: Path) -> None:
+    proc = run(project, "render", "good", "-o", str(tmp_path / "out"), cache=read_only)
+    assert proc.returncode == 0 and (tmp_path / "out" / "Dockerfile").is_file(), proc.stderr

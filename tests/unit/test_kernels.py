@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.inimage import fatbin, kernels
+from sparkforge.inimage import decompress, fatbin, kernels, zstd
 from sparkforge.inimage.fatbin import FatbinError, Target, read_targets
 from sparkforge.inimage.kernels import runs_on
+from tests.support.fatbins import python_decoders
 from tests.support.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -40,7 +42,11 @@ CUOBJDUMP = {
     "two.so": {("cubin", "sm_120"), ("cubin", "sm_120a")},
     "two_lz4.so": {("cubin", "sm_120"), ("cubin", "sm_120a")},
     "two_zstd.so": {("cubin", "sm_120"), ("cubin", "sm_120a")},
+    "rdc.so": {("cubin", "sm_120"), ("cubin", "sm_90")},
 }
+# What `cuobjdump --all-fatbin --list-elf` adds for the relocatable fat binary (its help: "by default
+# will only dump contents of executable fatbin (if exists), else relocatable fatbin").
+CUOBJDUMP_RELOCATABLE = {"rdc.so": {("cubin", "sm_120"), ("cubin", "sm_90")}}
 
 # What each fixture was compiled for (make.sh's -gencode options).
 COMPILED = {
@@ -57,6 +63,7 @@ COMPILED = {
     "two.so": ["sm_120", "sm_120a"],
     "two_lz4.so": ["sm_120", "sm_120a"],
     "two_zstd.so": ["sm_120", "sm_120a"],
+    "rdc.so": ["sm_90", "sm_120"],
 }
 
 # What `cuobjdump -elf` shows of two.cu's cubins (each .so holds them twice: cudart adds a second
@@ -79,6 +86,12 @@ def test_reader_agrees_with_cuobjdump(name):
 @pytest.mark.parametrize("name", sorted(COMPILED))
 def test_reader_names_what_nvcc_was_asked_for(name):
     assert [t.name for t in read_targets(FIXTURES / name)] == COMPILED[name]
+
+
+@pytest.mark.parametrize("name", sorted(CUOBJDUMP))
+def test_relocatable_code_is_read_apart(name):
+    targets = read_targets(FIXTURES / name, relocatable=True) or []
+    assert {_as_cuobjdump(t) for t in targets} == CUOBJDUMP_RELOCATABLE.get(name, set())
 
 
 def test_every_fixture_is_listed():
@@ -212,7 +225,8 @@ def test_check_names_the_extension_and_the_gpu():
     results = {name.split("/")[-1]: (state, detail) for name, state, detail in kernels.check(record)}
     assert results["sm120a.so"] == ("failed", "no kernel for GPU 12.1 (it holds sm_120a)")
     assert results["sm120f.so"] == ("ok", "12.1: sm_120f")
-    assert results["ptx120.so"] == ("ok", "12.1: compute_120")
+    assert results["ptx120.so"] == ("ok", "12.1: compute_120 PTX only, compiled by the driver at first start")
+    assert kernels.verdict(record["extensions"][2], "12.1") == ("jit", "JIT compute_120")
     assert results["kernels: extensions checked"][0] == "ok"
     assert kernels.check(record, [])[0][1] == "skipped"
 
@@ -238,10 +252,11 @@ def test_scan_and_check_as_the_image_runs_them(tmp_path):
     lines = [json.loads(line) for line in check.stdout.splitlines()]
     failed = {Path(x["check"].split()[-1]).name for x in lines if x["state"] == "failed"}
     # 12.1 runs sm_120 (plain), sm_120f, sm_121a and PTX 80/120/120f; nothing in sm90, sm120a, ptx120a;
-    # two*.so hold a kernel only in sm_120a (two_zstd: unreadable names), mixed_compressed an
-    # unreadable sm_120a beside what 12.1 runs.
-    assert failed == {"sm90.so", "sm120a.so", "ptx120a.so", "two.so", "two_lz4.so", "two_zstd.so",
-                      "mixed_compressed.so"}
+    # two*.so hold a kernel only in sm_120a; mixed*.so hold in sm_120f and sm_121a the one kernel
+    # of their sm_120a (read from the zstd entries of mixed_compressed.so too).
+    assert failed == {"sm90.so", "sm120a.so", "ptx120a.so", "two.so", "two_lz4.so", "two_zstd.so"}
+    jit = {Path(x["check"].split()[-1]).name for x in lines if "PTX only" in x["detail"]}
+    assert jit == {"ptx120.so", "ptx120f.so"}
     assert check.returncode == 1
     assert _run("check", "--home", str(home), "--gpu", "12.0").returncode == 1  # sm_121a alone... and sm90
     ok = _run("scan", "--gpu", "12.1", str(FIXTURES / "sm120f.so"), "--out", str(out))
@@ -274,78 +289,102 @@ def test_the_table_shows_archs_and_a_verdict_per_gpu():
     rows = {line.split()[0].rsplit("/", 1)[-1]: line.split() for line in console.export_text().splitlines()
             if ".so" in line}
     assert rows["sm120a.so"][1:] == ["120a", "-", "NONE", "NONE"]
-    assert rows["mixed_compressed.so"][1:] == ["90", "120a", "120f", "121a", "80", "partial?", "sm_90"]
+    assert rows["mixed_compressed.so"][1:] == ["90", "120a", "120f", "121a", "80", "sm_121a", "sm_90"]
     assert rows["sm90.so"][1:] == ["90", "-", "not", "needed", "sm_90"]
 
 
 # ------------------------------------------------------------------ per kernel
 
 
-@pytest.mark.parametrize("name", ["two.so", "two_lz4.so"])
+def _names_by_target(path: Path) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    with fatbin.open_device_code(path) as code:
+        for entry in code.entries:
+            found.setdefault(entry.target.name, set()).update(code.kernel_names(entry))
+    return found
+
+
+@pytest.mark.parametrize("name", ["two.so", "two_lz4.so", "two_zstd.so"])
 def test_kernel_names_are_read_from_each_cubin(name):
-    opened = fatbin.open_fatbins(FIXTURES / name)
-    fh, data, entries = opened
-    with fh, data:
-        found = {}
-        for entry in entries:
-            found.setdefault(entry.target.name, set()).update(fatbin.kernel_names(data, entry))
-    assert found == TWO_KERNELS
+    """Uncompressed, LZ4 and zstd alike, with the system's decoders and with this project's own."""
+    assert _names_by_target(FIXTURES / name) == TWO_KERNELS
+    with python_decoders():
+        assert _names_by_target(FIXTURES / name) == TWO_KERNELS
 
 
-def test_a_zstd_payload_has_no_readable_names():
-    fh, data, entries = fatbin.open_fatbins(FIXTURES / "two_zstd.so")
-    with fh, data:
-        assert all(e.flags & fatbin.FLAG_ZSTD for e in entries)
-        assert {fatbin.kernel_names(data, e) for e in entries} == {None}
-
-
-@pytest.mark.parametrize("name", ["two.so", "two_lz4.so"])
+@pytest.mark.parametrize("name", ["two.so", "two_lz4.so", "two_zstd.so"])
 def test_a_kernel_only_in_arch_specific_code_fails_the_gpu_that_cannot_run_it(name):
     record = kernels.scan([FIXTURES / name], ["12.0", "12.1"])
     (ext,) = record["extensions"]
     assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("missing", "1 missing")}
     assert ext["coverage"]["12.1"]["examples"] == ["_Z9scale_fp4Pfi"]
+    assert ext["coverage"]["12.1"]["kernels"] == 2  # what sm_120a, which 12.1 cannot run, holds
     (result, total) = kernels.check(record)
     assert result[1] == "failed"
-    assert result[2] == ("GPU 12.1 cannot run 1 of its 2 kernels, which exist only in sm_120a "
-                         "(e.g. _Z9scale_fp4Pfi)")
+    assert result[2] == "GPU 12.1 cannot run 1 kernels, which exist only in sm_120a (e.g. _Z9scale_fp4Pfi)"
     assert kernels.check(record, ["12.0"])[0][1] == "ok"
-    listed = kernels.scan([FIXTURES / name], ["12.1"], ["two", "two_lz4"])
+    listed = kernels.scan([FIXTURES / name], ["12.1"], [name.removesuffix(".so")])
     assert kernels.check(listed)[0][1] == "skipped"
 
 
-def test_unreadable_kernel_names_do_not_claim_coverage():
-    record = kernels.scan([FIXTURES / "two_zstd.so"], ["12.0", "12.1"])
+def test_unreadable_kernel_names_do_not_claim_coverage(tmp_path):
+    """two.so's sm_120a cubin made no ELF file: it keeps its arch but not its kind (sm_120?), and
+    its kernel names cannot be read, so a 12.1 beside it is `partial?`, never ok."""
+    data = bytearray((FIXTURES / "two.so").read_bytes())
+    with fatbin.open_device_code(FIXTURES / "two.so") as code:
+        for e in code.entries:
+            if e.target.name == "sm_120a":
+                data[e.offset:e.offset + 4] = b"\0ELF"
+    path = tmp_path / "two_odd.so"
+    path.write_bytes(bytes(data))
+    record = kernels.scan([path], ["12.0", "12.1"])
     (ext,) = record["extensions"]
+    assert ext["cubins"] == ["sm_120", "sm_120?"]
     assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("partial", "partial?")}
     (result, _) = kernels.check(record)
-    assert result[1] == "failed" and "cannot run sm_120a" in result[2] and "zstd" in result[2]
+    assert result[1] == "failed" and "cannot run sm_120?" in result[2] and "cannot be read" in result[2]
     # A GPU the scan did not read names for: per file only, and not claimed either.
     plain = kernels.scan([FIXTURES / "two.so"], [])
     assert kernels.verdict(plain["extensions"][0], "12.1") == ("partial", "partial?")
 
 
 def test_the_python_lz4_decoder_agrees_with_liblz4():
-    fh, data, entries = fatbin.open_fatbins(FIXTURES / "two_lz4.so")
-    with fh, data:
-        for e in entries:
-            raw = bytes(data[e.offset:e.offset + e.size])
-            mine = fatbin.lz4_block(raw, e.plain_size)
+    with fatbin.open_device_code(FIXTURES / "two_lz4.so") as code:
+        for e in code.entries:
+            raw = bytes(code.data[e.offset:e.offset + e.size])
+            mine = decompress.lz4_block(raw, e.plain_size)
             assert mine[:4] == b"\x7fELF" and len(mine) == e.plain_size
-            if fatbin._system_lz4() is not None:
-                assert fatbin.lz4_decode(raw, e.plain_size) == mine
-            with pytest.raises(FatbinError):
-                fatbin.lz4_block(raw[:len(raw) // 2], e.plain_size)
-            with pytest.raises(FatbinError):
-                fatbin.lz4_block(raw, e.plain_size + 1)
+            if decompress.system("lz4") is not None:
+                assert decompress.lz4_decode(raw, e.plain_size) == mine
+            with pytest.raises(decompress.DecodeError):
+                decompress.lz4_block(raw[:len(raw) // 2], e.plain_size)
+            with pytest.raises(decompress.DecodeError):
+                decompress.lz4_block(raw, e.plain_size + 1)
+
+
+def test_the_python_zstd_decoder_agrees_with_libzstd():
+    """Every zstd entry nvcc 13.0 wrote into the fixtures, cubins and PTX, executable and relocatable."""
+    seen = 0
+    for path in sorted(FIXTURES.glob("*.so")):
+        with fatbin.open_device_code(path) or contextlib.nullcontext() as code:
+            for e in code.entries if code else ():
+                if e.flags & fatbin.FLAG_ZSTD:
+                    raw = bytes(code.data[e.offset:e.offset + e.size])
+                    mine = zstd.decompress(raw, e.plain_size)
+                    assert len(mine) == e.plain_size
+                    assert mine[:4] == b"\x7fELF" if e.target.kind == "cubin" else b".entry" in mine
+                    if decompress.system("zstd") is not None:
+                        assert decompress.zstd_decode(raw, e.plain_size) == mine
+                    seen += 1
+    assert seen >= 10
 
 
 def test_lz4_overlapping_matches():
     # "ab" then a match of offset 2, length 4+6: "ab" repeated; then a literal-only last sequence.
     block = bytes([0x26]) + b"ab" + bytes([2, 0]) + bytes([0x10]) + b"z"
-    assert fatbin.lz4_block(block, 13) == b"ab" * 6 + b"z"
-    with pytest.raises(FatbinError, match="refers|size"):
-        fatbin.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
+    assert decompress.lz4_block(block, 13) == b"ab" * 6 + b"z"
+    with pytest.raises(decompress.DecodeError, match="refers|size"):
+        decompress.lz4_block(bytes([0x10]) + b"a" + bytes([5, 0]), 10)
 
 
 @pytest.mark.parametrize("pad", [8, 16, 24])
@@ -358,7 +397,7 @@ def test_padding_between_containers_is_skipped(tmp_path, pad):
     header_size, fat_size = struct.unpack_from("<HQ", data, first + 6)
     second = first + header_size + fat_size
     assert data[second:second + 4] == magic
-    sections = {name: (i, off, size) for i, (name, _, off, size) in enumerate(fatbin._sections(data))}
+    sections = {name: (i, off, size) for i, (name, _, off, size) in enumerate(fatbin.sections(data))}
     index, off, size = sections[".nv_fatbin"]
     assert off <= first and second + 16 <= off + size
     shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -367,13 +406,14 @@ def test_padding_between_containers_is_skipped(tmp_path, pad):
     struct.pack_into("<Q", out, 0x28, shoff + pad)
     shentsize = struct.unpack_from("<H", out, 0x3A)[0]
     struct.pack_into("<Q", out, shoff + pad + index * shentsize + 0x20, size + pad)
-    for i, (_, _, o, _) in enumerate(fatbin._sections(data)):
+    for i, (_, _, o, _) in enumerate(fatbin.sections(data)):
         if o > second:
             struct.pack_into("<Q", out, shoff + pad + i * shentsize + 0x18, o + pad)
     path = tmp_path / "padded.so"
     path.write_bytes(bytes(out))
     assert [t.name for t in read_targets(path)] == ["sm_90"]
-    assert len(fatbin.open_fatbins(path)[2]) == len(fatbin.open_fatbins(FIXTURES / "sm90.so")[2])
+    with fatbin.open_device_code(path) as padded, fatbin.open_device_code(FIXTURES / "sm90.so") as plain:
+        assert len(padded.entries) == len(plain.entries)
 
 
 def test_an_arch_specific_mark_in_e_flags_counts(tmp_path):
@@ -419,12 +459,30 @@ def test_the_table_shows_missing_partial_and_unreadable(tmp_path):
 
     broken = tmp_path / "broken.so"
     broken.write_bytes((FIXTURES / "sm120.so").read_bytes()[:40])
-    record = kernels.scan([FIXTURES / "two_lz4.so", FIXTURES / "two_zstd.so", broken], ["12.0", "12.1"], ["broken"])
+    record = kernels.scan([FIXTURES / "two_lz4.so", FIXTURES / "two_zstd.so", broken, FIXTURES / "ptx120.so"],
+                          ["12.0", "12.1"], ["broken"])
     console = Console(width=200, record=True)
     console.print(kernels_table(record))
     rows = {line.split()[0].rsplit("/", 1)[-1]: line.split() for line in console.export_text().splitlines()
             if ".so" in line}
     assert rows["two_lz4.so"][-3:] == ["sm_120", "1", "missing"]
-    assert rows["two_zstd.so"][-2:] == ["sm_120", "partial?"]
+    assert rows["two_zstd.so"][-3:] == ["sm_120", "1", "missing"]
+    assert rows["ptx120.so"][-4:] == ["JIT", "compute_120", "JIT", "compute_120"]
     assert rows["broken.so"][-2:] == ["unreadable", "unreadable"]
     assert [state for name, state, _ in kernels.check(record) if name.endswith("broken.so")] == ["failed"]
+
+
+def test_a_library_with_only_relocatable_code_needs_nothing_of_a_gpu(tmp_path):
+    """rdc.so with its .nv_fatbin section renamed: what is left is nvlink's input, which no GPU loads
+    from this file; it is recorded, shown, and passes."""
+    data = (FIXTURES / "rdc.so").read_bytes()
+    assert data.count(b".nv_fatbin\0") == 1
+    path = tmp_path / "relonly.so"
+    path.write_bytes(data.replace(b".nv_fatbin\0", b".nv_fatbiX\0"))
+    assert read_targets(path) == []
+    record = kernels.scan([path], ["12.1"])
+    (ext,) = record["extensions"]
+    assert ext["cubins"] == ext["ptx"] == [] and ext["relocatable"] == ["sm_90", "sm_120"]
+    assert kernels.verdict(ext, "12.1") == ("relocatable", "relocatable only")
+    (result, _) = kernels.check(record)
+    assert result[1:] == ("ok", "12.1: nothing to load (only relocatable code: sm_90, sm_120)")

@@ -57,6 +57,22 @@ def test_gpus_and_not_needed_are_part_of_the_plan_and_the_tag(cli, project):
     assert "gpus        12.1" in shown and "not needed  _vllm_fa3_C: Hopper only" in shown
 
 
+def test_the_distributions_to_scan_are_part_of_the_plan_and_the_tag(cli, project):
+    before = _plan(cli, project)
+    (project / "images" / "good.yaml").write_text(RECIPE + "kernels_scan: []\n")
+    assert _plan(cli, project)["tag"] == before["tag"]  # an empty list is the default: the tag stays
+    (project / "images" / "good.yaml").write_text(RECIPE + "kernels_scan: [torch, nvidia-nccl-cu13]\n")
+    plan = _plan(cli, project)
+    assert plan["kernels_scan"] == ["torch", "nvidia-nccl-cu13"] and plan["tag"] != before["tag"]
+    assert "scan        torch, nvidia-nccl-cu13" in _show(cli, project).stdout
+    out = project / "out"
+    proc = cli("--images", str(project / "images"), "--mods", str(project / "mods"), "render", "good", "-o", str(out),
+               cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in (out / "Dockerfile").read_text().splitlines() if " kernels scan " in x]
+    assert "--dist vllm --dist torch --dist nvidia-nccl-cu13 " in line
+
+
 def test_a_child_replaces_gpus_and_removes_an_exception(cli, project):
     (project / "images" / "good.yaml").write_text(RECIPE + 'gpus: ["12.1"]\nkernels_not_needed: {a_C: x, b_C: y}\n')
     (project / "images" / "kid.yaml").write_text('extends: good\ngpus: ["9.0"]\nkernels_not_needed: {a_C: null}\n')
@@ -86,6 +102,10 @@ def test_an_empty_gpu_list_says_the_image_has_no_kernels_on_purpose(cli, project
     ('kernels_not_needed: {_vllm_fa3_C: "  "}', "kernels_not_needed._vllm_fa3_C"),
     ("kernels_not_needed: [_vllm_fa3_C]", "kernels_not_needed"),
     ("kernels_not_needed: {_vllm_fa3_C: null}", "kernels_not_needed._vllm_fa3_C"),
+    ('kernels_scan: ["torch[opt]"]', "kernels_scan[0]"),
+    ("kernels_scan: [torch, Torch]", "kernels_scan"),
+    ('kernels_scan: ["torch; rm -rf /"]', "kernels_scan[0]"),
+    ("kernels_scan: torch", "kernels_scan"),
 ])
 def test_bad_fields_give_one_line_and_exit_2(cli, project, body, field):
     (project / "images" / "good.yaml").write_text(RECIPE + textwrap.dedent(body) + "\n")

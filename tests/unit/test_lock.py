@@ -8,21 +8,30 @@ import io
 import json
 import shutil
 import tarfile
+import struct
 import threading
+import time
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sparkforge.errors import ConfigError
 from sparkforge.repro.diff import diff, diff_snapshots, from_plan
-from sparkforge.recipe.lock import Pinned, apply_lock, compare, lock_path, make_lock, read_lock, write_lock
+from sparkforge.recipe.lock import (MAX_EPOCH, MIN_EPOCH, Pinned, apply_lock, compare, lock_path, make_lock, read_lock,
+                                    write_lock)
 from sparkforge.repro.outdated import check_components, newer_releases
+from sparkforge.recipe.sources import SourceUnavailable
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files
 from sparkforge.recipe.resolve import Unreachable, registry_digest, split_repository
 from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.repro.repro import compare as compare_images
 from sparkforge.repro.repro import read_digests
+from tests.support.cli import BUILD
 from tests.support.paths import MODS, ROOT
 from tests.support.recipes import layout, unlocked_images
 
@@ -129,7 +138,7 @@ def test_build_locked_refuses_an_edited_recipe_before_docker(images: Path, cli) 
 def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
     proc = cli("--images", str(images), "build", "ng16", "--locked")
     assert proc.returncode == 2
-    assert "ng16.lock.json: --locked: no lock file: run `python build.py lock ng16` first" in proc.stderr
+    assert f"ng16.lock.json: --locked: no lock file; write one with `{BUILD} --images {images} lock ng16`" in proc.stderr
 
 
 @pytest.mark.parametrize("damage, field", [
@@ -139,6 +148,12 @@ def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
     (lambda d: d.update(extra=1), "extra"),
     (lambda d: d["components"]["flashinfer"].update(version={"unknown": "x"}), "components.flashinfer.version"),
     (lambda d: d["packages"].update({"bad name!": "1"}), "packages"),
+    (lambda d: d["packages"].update({"VLLM": "0.17.0"}), "packages: 'vllm' and 'VLLM' name one package"),
+    (lambda d: d["packages"].update({"pip": "23.0.1\n"}), "packages"),
+    (lambda d: d.update(source_date_epoch=10 ** 30), "source_date_epoch"),
+    (lambda d: d.update(source_date_epoch=MAX_EPOCH + 1), "source_date_epoch"),
+    (lambda d: d.update(source_date_epoch=True), "source_date_epoch"),
+    (lambda d: d.update(built_from={"image_id": DIGEST, "plan_hash": "not a hash"}), "built_from.plan_hash"),
 ])
 def test_a_bad_lock_file_is_one_line_exit_2(images: Path, cli, damage, field) -> None:
     locked(images)
@@ -150,6 +165,31 @@ def test_a_bad_lock_file_is_one_line_exit_2(images: Path, cli, damage, field) ->
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert f"ng17e.lock.json: {field}" in proc.stderr
+
+
+@given(st.one_of(st.integers(MIN_EPOCH - 10 ** 6, MIN_EPOCH + 10 ** 6), st.integers(MAX_EPOCH - 10 ** 6, MAX_EPOCH + 10 ** 6),
+                 st.integers(-(10 ** 30), 10 ** 30)))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_an_epoch_is_taken_exactly_when_a_wheel_can_store_it(images: Path, epoch: int) -> None:
+    """The bound is the zip format's: every file of a wheel built with SOURCE_DATE_EPOCH gets that time, and
+    a zip's MS-DOS date holds the years 1980 to 2107."""
+    path = lock_path(images, "ng17e")
+    if not path.exists():
+        locked(images)
+    data = json.loads(path.read_text())
+    data["source_date_epoch"] = epoch
+    path.write_text(json.dumps(data))
+    try:
+        stamp = time.gmtime(epoch)[:6]
+        zipfile.ZipFile(io.BytesIO(), "w").writestr(zipfile.ZipInfo("x", stamp), b"x")
+        storable = True
+    except (ValueError, OverflowError, OSError, struct.error):
+        storable = False
+    if storable:
+        assert read_lock(path).source_date_epoch == epoch
+    else:
+        with pytest.raises(ConfigError, match="source_date_epoch"):
+            read_lock(path)
 
 
 def test_malformed_json_names_line_and_column(images: Path, cli) -> None:
@@ -268,6 +308,16 @@ def test_outdated_lists_newer_final_releases(images: Path) -> None:
     assert comps["flashinfer"].newer == ("0.7.0",) and comps["flashinfer"].newest == "0.7.0"
     assert comps["ray"].pinned == "UNPINNED" and comps["ray"].newer == ("2.40.0", "2.41.0")
     assert comps["cutlass"].newer == () and comps["cutlass"].note.startswith("not checked")
+    # What the table says: a component whose releases were not read is "not checked", never "up to date".
+    assert [comps[c].verdict for c in ("vllm", "flashinfer", "cutlass")] == ["0.17.1, 0.18.0", "0.7.0", "not checked"]
+    none_newer = check_components(plan_variant(layout(images), "ng17e"), lambda project: [])
+    assert {c.component: c.verdict for c in none_newer}["vllm"] == "up to date"
+
+    def unreachable(project: str) -> list[str]:
+        raise SourceUnavailable(f"cannot fetch https://pypi.org/simple/{project}/")
+
+    down = check_components(plan_variant(layout(images), "ng17e"), unreachable)
+    assert {c.component: c.verdict for c in down} == {c.component: "not checked" for c in down}
 
 
 # ------------------------------------------------------------------ repro: naming what differs

@@ -231,7 +231,7 @@ def test_links_in_the_tree_are_not_followed_out_of_it(tmp_path: Path, outside: P
         result = inimage.apply_mod(spec_for("patch", patch="p.diff"),
                                      image_mod(tmp_path / target.replace("/", "-"), {},
                                                {"p.diff": patch_to(target)}), root)
-        assert result.state == "failed" and "leads out of the tree through a link" in result.detail, result
+        assert result.state == "failed" and "is a link in the tree" in result.detail, result
         assert target in result.line()
 
 
@@ -389,3 +389,164 @@ def test_a_patcher_named_through_a_relative_mods_folder_works(tmp_path: Path, mo
     result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), Path(folder.name), root)
     assert result.state == "applied", result
     assert (root / "vllm" / "__init__.py").read_text() == "ok\n"
+
+
+# ------------------------------------------------------------------ what a patcher starts ends with its run
+
+
+SPAWNER = """\
+import os, subprocess
+TARGETS = ['vllm/__init__.py']
+def is_applied(s):
+    return s['vllm/__init__.py'].startswith('ok')
+def _daemon():
+    # the classic daemon: fork, a session of its own, fork again, the middle one gone (an orphan)
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        pid = os.fork()
+        if pid == 0:
+            os.execvp('sleep', ['sleep', '300'])
+        os.write(write, str(pid).encode())
+        os._exit(0)
+    os.close(write)
+    return int(os.read(read, 32))
+def transform(s):
+    pids = [subprocess.Popen(['sleep', '300']).pid,  # holds the runner's pipe
+            subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL, start_new_session=True).pid,
+            subprocess.Popen(['sleep', '300'], start_new_session=True).pid,  # a session of its own, with the pipe
+            _daemon()]
+    subprocess.run(['sh', '-c', 'setsid sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; sleep 300 & echo $! >> bg.pid'])
+    pids += [int(p) for p in open('bg.pid').read().split()]
+    open({pidfile!r}, 'a').write(' '.join(map(str, pids)) + '\\n')
+    return {{'vllm/__init__.py': 'ok\\n'}}
+"""
+
+
+def running(pids: list[int]) -> list[int]:
+    """The pids of the list whose process still runs (a zombie, killed and not yet reaped, does not)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+    return alive
+
+
+def spawned(pidfile: Path) -> list[int]:
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) >= 6, pids
+    return pids
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    """Every process is gone at once (within a second: SIGKILL is delivered, not waited for)."""
+    deadline = time.monotonic() + 1
+    while running(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = running(pids)
+    for pid in left:  # the test's own cleanup, before it fails
+        os.kill(pid, 9)
+    assert not left, f"processes the patcher started outlive its run: {left}"
+
+
+def test_nothing_a_patcher_starts_outlives_apply(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    folder, root = _patcher_tree(tmp_path, SPAWNER.format(pidfile=str(pidfile)))
+    started = time.monotonic()
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    assert result.state == "applied", result
+    assert_all_gone(spawned(pidfile))
+    assert time.monotonic() - started < 30  # nothing waited on a pipe a sleeping process held
+
+
+def test_nothing_a_patcher_starts_outlives_the_image_side_apply(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    root = tmp_path / "root"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("untouched\n")
+    folder = image_mod(tmp_path, spec_for("patcher", patcher="patcher.py", phase="install", verify=[]),
+                       {"patcher.py": SPAWNER.format(pidfile=str(pidfile))})
+    proc = run_inimage(folder, root)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"mod {MOD}: applied"), proc.stdout + proc.stderr
+    assert_all_gone(spawned(pidfile))
+
+
+def test_nothing_a_hanging_patcher_starts_outlives_its_time_limit(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    code = SPAWNER.format(pidfile=str(pidfile)).replace("    return {'vllm/__init__.py'", "    import time\n"
+                                                        "    time.sleep(300)\n    return {'vllm/__init__.py'")
+    folder, root = _patcher_tree(tmp_path, code)
+    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root, patcher_timeout=5)
+    assert result.state == "failed" and "did not finish within 5 s" in result.detail, result
+    assert_all_gone(spawned(pidfile))
+
+
+@pytest.mark.network  # a real vLLM release from the package index
+def test_nothing_a_patcher_starts_outlives_check_mods(tmp_path: Path, cli) -> None:
+    pidfile = tmp_path / "pids"
+    spec = spec_for("patcher", patcher="patcher.py", verify=[{"file": "vllm/__init__.py", "contains": "ok"}])
+    images, mods = make_project(tmp_path, spec, {"patcher.py": SPAWNER.format(pidfile=str(pidfile))})
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile", timeout=900)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert_all_gone(spawned(pidfile))
+
+
+# ------------------------------------------------------------------ drop-in files and mod folders
+
+
+def test_two_files_entries_with_one_dest_are_bad_input_naming_both(tmp_path: Path, cli) -> None:
+    spec = spec_for("files", component="image", files=[{"src": "a.txt", "dest": "/opt/x"},
+                                                        {"src": "b.txt", "dest": "opt/x"}],
+                    verify=[{"file": "/opt/x", "contains": "a"}])
+    images, mods = make_project(tmp_path, spec, {"a.txt": "a\n", "b.txt": "b\n"})
+    proc = cli("--images", str(images), "--mods", str(mods), "check-mods", "hostile")
+    assert_one_line_refusal(proc, "files[0].dest (/opt/x) and files[1].dest (opt/x) name one file")
+    proc = cli("--images", str(images), "--mods", str(mods), "render", "hostile", "-o", str(tmp_path / "ctx"))
+    assert_one_line_refusal(proc, "files[0].dest (/opt/x) and files[1].dest (opt/x) name one file")
+    assert not (tmp_path / "ctx").exists()
+
+
+def test_two_files_entries_with_one_dest_through_a_link_fail_naming_both(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr" / "bin").mkdir(parents=True)
+    os.symlink("usr/bin", root / "bin")
+    folder = image_mod(tmp_path, {}, {"a": "a\n", "b": "b\n"})
+    spec = spec_for("files", component="image", files=[{"src": "a", "dest": "/bin/tool"},
+                                                        {"src": "b", "dest": "/usr/bin/tool"}])
+    result = inimage.apply_mod(spec, folder, root)
+    assert result.state == "failed" and "files[0].dest (/bin/tool) and files[1].dest (/usr/bin/tool)" in result.detail, \
+        result
+    assert list((root / "usr" / "bin").iterdir()) == []
+
+
+def test_a_file_name_that_is_not_utf8_in_a_mod_folder_is_one_line(tmp_path: Path, cli) -> None:
+    images, mods = make_project(tmp_path, spec_for("patch", patch="p.diff"), {"p.diff": patch_to("vllm/__init__.py")})
+    (mods / MOD / os.fsdecode(b"notes-\xff.txt")).write_text("x\n")
+    for verb in (["show", "hostile"], ["check-mods", "hostile"], ["render", "hostile", "-o", str(tmp_path / "ctx")]):
+        proc = cli("--images", str(images), "--mods", str(mods), *verb)
+        assert_one_line_refusal(proc, "notes-\\xff.txt", "not UTF-8")
+    assert not (tmp_path / "ctx").exists()
+
+
+@pytest.mark.parametrize("odd", ["fifo", "socket", "folder"])
+def test_an_odd_file_in_a_mod_folder_is_refused_without_opening_it(odd: str, tmp_path: Path, cli) -> None:
+    import socket
+
+    images, mods = make_project(tmp_path, spec_for("patch", patch="p.diff"), {"p.diff": patch_to("vllm/__init__.py")})
+    place = mods / MOD / "odd"
+    if odd == "fifo":
+        os.mkfifo(place)
+    elif odd == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(place))
+        sock.close()
+    else:
+        (mods / MOD / "p.diff").unlink()
+        (mods / MOD / "p.diff").mkdir()
+    proc = cli("--images", str(images), "--mods", str(mods), "show", "hostile", timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

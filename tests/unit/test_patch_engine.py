@@ -66,31 +66,49 @@ def git_apply(text: bytes, diff: bytes, tmp: Path, *, reverse: bool = False) -> 
     return git_run(text, diff, tmp, reverse=reverse)[0]
 
 
-def hunk_kinds(diff: bytes) -> set[str]:
-    """insert, delete or change for each hunk of the diff, read from its @@ header."""
-    kinds = set()
-    for old_count, new_count in re.findall(rb"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", diff, re.M):
-        old_n, new_n = int(old_count or 1), int(new_count or 1)
-        kinds.add("insert" if old_n == 0 else "delete" if new_n == 0 else "change")
-    return kinds
+def own_place(text: bytes, diff: bytes) -> str | None:
+    """A context-free diff's state from its hunks' lines at each hunk's own place in text: an insertion
+    whose lines stand there is already applied, a deletion whose lines stand there is still to do, a
+    change is whichever side stands there alone; None when hunks disagree or the file has two sections."""
+    if len(re.findall(rb"^\+\+\+ ", diff, re.M)) > 1:
+        return None
+    lines, states = _lines_of(text), set()
+    for header, body in re.findall(rb"^(@@ [^\n]* @@)[^\n]*\n((?:[-+\\][^\n]*(?:\n|$))*)", diff, re.M):
+        old_start, new_start = (int(n) for n in re.findall(rb"[-+](\d+)", header))
+        old: list[bytes] = []
+        new: list[bytes] = []
+        previous = b""
+        for line in _lines_of(body):
+            if line.startswith(b"\\"):
+                last = new if previous == b"+" else old
+                last[-1] = last[-1].removesuffix(b"\n")
+            else:
+                previous = line[:1]
+                (new if previous == b"+" else old).append(line[1:])
+        old_here = bool(old) and lines[old_start - 1:old_start - 1 + len(old)] == old
+        new_here = bool(new) and lines[new_start - 1:new_start - 1 + len(new)] == new
+        if not old:
+            states.add(ALREADY if new_here else APPLIED)
+        elif not new:
+            states.add(APPLIED if old_here else ALREADY)
+        else:
+            states.add(None if old_here == new_here else APPLIED if old_here else ALREADY)
+    return states.pop() if len(states) == 1 else None
 
 
 def git_state(text: bytes, diff: bytes, tmp: Path) -> tuple[str, bytes | None]:
     """The documented rule (README, "Mods"), with git run directly: forward alone -> applied (git's file),
     reverse alone -> already, neither -> failed; both -> the direction whose hunks stand nearer their
-    lines, or for a context-free diff its hunks' kind, else failed as ambiguous."""
+    lines, or for a context-free diff where its hunks' lines stand at their own places, else failed
+    as ambiguous."""
     (ahead, ahead_off), (back, back_off) = git_run(text, diff, tmp), git_run(text, diff, tmp, reverse=True)
     if ahead is None:
         return (ALREADY, text) if back is not None else ("failed", None)
     if back is None:
         return APPLIED, ahead
     if zero_context(diff):
-        kinds = hunk_kinds(diff)
-        if kinds == {"insert"}:
-            return ALREADY, text
-        if kinds == {"delete"}:
-            return APPLIED, ahead
-        return "failed", None
+        state = own_place(text, diff)
+        return (state, ahead if state == APPLIED else text) if state else ("failed", None)
     if ahead_off == back_off:
         return "failed", None
     return (APPLIED, ahead) if ahead_off < back_off else (ALREADY, text)
@@ -205,6 +223,28 @@ def test_crlf_files_and_patches_are_kept_exactly(real_file: bytes, tmp_path: Pat
 
 
 @pytest.mark.network  # a real vLLM release from the package index
+def test_a_diff_of_file_orig_against_file_applies_to_file_as_git_does(real_file: bytes, tmp_path: Path) -> None:
+    """`diff -u vllm/x.py.orig vllm/x.py`, run in the component's root: git applies it (-p0) to vllm/x.py."""
+    lines = _lines_of(real_file)
+    new = b"".join(lines[:70] + [b"# edited by hand\n"] + lines[70:])
+    make = tmp_path / "make"
+    (make / "vllm").mkdir(parents=True)
+    (make / f"{REL}.orig").write_bytes(real_file)
+    (make / REL).write_bytes(new)
+    diff = subprocess.run(["diff", "-u", f"{REL}.orig", REL], cwd=make, capture_output=True).stdout
+    assert diff.startswith(f"--- {REL}.orig\t".encode())
+    theirs = tmp_path / "git"
+    (theirs / "vllm").mkdir(parents=True)
+    (theirs / REL).write_bytes(real_file)
+    (tmp_path / "p.diff").write_bytes(diff)
+    subprocess.run(["git", "apply", "-p0", str(tmp_path / "p.diff")], cwd=theirs, check=True,
+                   env={"PATH": os.environ["PATH"], "GIT_CEILING_DIRECTORIES": str(tmp_path), "HOME": str(tmp_path)})
+    assert sorted(p.name for p in (theirs / "vllm").iterdir()) == ["target.py"]
+    assert run_engine(real_file, diff, tmp_path) == (APPLIED, new) == (APPLIED, (theirs / REL).read_bytes())
+    assert run_engine(new, diff, tmp_path)[0] == ALREADY
+
+
+@pytest.mark.network  # a real vLLM release from the package index
 def test_a_patch_git_calls_corrupt_fails_and_writes_nothing(real_file: bytes, tmp_path: Path) -> None:
     lines = _lines_of(real_file)
     new = b"".join(lines[:80] + [b"# x\n"] + lines[80:])
@@ -273,20 +313,23 @@ def test_headers_without_hunks_are_an_error(tmp_path: Path) -> None:
 
 GIT_ONLY = {  # what `git diff` says outside its hunks; applying only the hunks would drop it
     "binary": (b"diff --git a/logo.png b/logo.png\nindex 1e2..3f4 100644\n"
-               b"Binary files a/logo.png and b/logo.png differ\n", "logo.png: a binary file change"),
-    "binary data": (b"diff --git a/w.bin b/w.bin\nnew file mode 100644\nindex 0000000..5e1c309\n"
-                    b"GIT binary patch\nliteral 5\nMcmWGYEiP6D00tNUb^rhX\n\nliteral 0\nHcmV?d00001\n\n",
+               b"Binary files a/logo.png and b/logo.png differ\n",
+               "logo.png: a binary file change (Binary files a/logo.png and b/logo.png differ)"),
+    "binary data": (b"diff --git a/w.bin b/w.bin\nnew file mode 100644\nindex 0000000000000000000000000000000000000000"
+                    b"..57ac8dfea0a9e139b853b7046845ac161d6d2bd5\nGIT binary patch\nliteral 9\n"
+                    b"QcmZQzOv=nlEUIJx01GDqhX4Qo\n\nliteral 0\nHcmV?d00001\n\n",  # git diff --binary of 9 bytes
                     "w.bin: a binary file change"),
     "rename": (b"diff --git a/old.py b/new.py\nsimilarity index 100%\nrename from old.py\nrename to new.py\n",
-               "new.py: a rename"),
+               "a rename (rename old.py => new.py (100%), as git apply reads the diff)"),
     "mode": (b"diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n--- a/run.sh\n+++ b/run.sh\n"
-             b"@@ -1 +1 @@\n-a\n+b\n", "run.sh: a file mode change"),
+             b"@@ -1 +1 @@\n-a\n+b\n", "a file mode change (mode change 100644 => 100755 run.sh, as git apply"),
     "diff -r binary": (b"Binary files old/logo.png and new/logo.png differ\n--- old/a\n+++ new/a\n@@ -1 +1 @@\n-a\n+b\n",
                        "a binary file change (Binary files old/logo.png"),
     "diff -r only in": (b"Only in new/pkg: extra.py\n--- old/a\n+++ new/a\n@@ -1 +1 @@\n-a\n+b\n",
                         "Only in new/pkg: extra.py: a file only one side has"),
     "new executable": (b"diff --git a/t.sh b/t.sh\nnew file mode 100755\nindex 0000000..1\n--- /dev/null\n"
-                       b"+++ b/t.sh\n@@ -0,0 +1 @@\n+x\n", "t.sh: a new file with mode 100755"),
+                       b"+++ b/t.sh\n@@ -0,0 +1 @@\n+x\n",
+                       "a new file with a mode other than 100644 (create mode 100755 t.sh"),
 }
 
 

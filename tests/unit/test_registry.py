@@ -17,6 +17,7 @@ from sparkforge.recipe.resolve import Unreachable, registry_digest
 from sparkforge.registry import MANIFEST_TYPES, Client, Endpoint, RegistryError
 from tests.support import drip
 from tests.support.limits import gives_up
+from tests.support.gitserver import read_body
 
 TOKEN = "t0k"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -47,14 +48,7 @@ class _Store(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            data = bytearray()
-            while size := int(self.rfile.readline().split(b";")[0], 16):
-                data += self.rfile.read(size)
-                self.rfile.readline()
-            self.rfile.readline()
-            return bytes(data)
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return read_body(self.rfile, self.headers)
 
     def _allowed(self) -> bool:
         cls = type(self)

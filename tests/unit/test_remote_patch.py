@@ -308,11 +308,12 @@ def test_mod_new_writes_nothing_on_failure(project: Project, server) -> None:
     page = server.put("/page", b"<html>not a diff</html>\n")
     cases = [
         (("Bad_Name", "--from-url", page, "--versions", ">=0.17"), 2, "NAME: 'Bad_Name' is not a mod name"),
-        (("x", "--from-url", page, "--pr", "a/b#1", "--versions", ">=0.17"), 2, "give either --from-url"),
+        (("x", "--from-url", page, "--pr", "a/b#1", "--versions", ">=0.17"), 2, "--from-url and --pr: give one of"),
         (("x", "--from-url", "http://example.org/x.diff", "--versions", ">=0.17"), 2, "--from-url: 'http://"),
         (("x", "--pr", "a/b", "--versions", ">=0.17"), 2, "--pr: 'a/b' is not a pull request"),
         (("x", "--from-url", page, "--versions", "0.17"), 2, "--versions: '0.17' is not a PEP 440 specifier"),
-        (("x", "--from-url", page, "--versions", ">=0.17", "--phase", "build"), 2, "--phase: unknown phase"),
+        (("x", "--from-url", page, "--versions", ">=0.17", "--phase", "build"), 2,
+         "--phase: 'build' is not one of 'install', 'source'"),
         (("x", "--from-url", page, "--versions", ">=0.17"), 2, f"--from-url: {page}: is not a unified diff"),
         (("x", "--from-url", server.url + "/nothing", "--versions", ">=0.17"), 1, "HTTP 404 Not Found"),
     ]

@@ -38,6 +38,9 @@ TYPES = {
     "FileUrl": (schema.FileUrl, schema.FILE_URL_RE),
     "PullRequest": (schema.PullRequest, schema.PR_RE),
     "Sha256": (schema.Sha256, schema.SHA256_RE),
+    "PythonVersion": (schema.PythonVersion, schema.PYTHON_VERSION_RE),
+    "WheelPlatform": (schema.WheelPlatform, schema.WHEEL_PLATFORM_RE),
+    "Module": (schema.Module, schema.MODULE_RE),
     # Not every string of PEP 440's characters is a version: generate versions pip would accept.
     "PipVersion": (schema.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
                                                  r"(\.post[0-9])?(\.dev[0-9]{1,3})?(\+[a-z0-9]{1,5})?")),
@@ -47,8 +50,16 @@ BREAKS = ("\n", "\r\n", "\r", "\x00", "\t", " ")
 
 
 # What the validators refuse on top of their patterns, as documented: a path segment that is '.' or '..'
-# (README, "Bad input"), and an image repository longer than Docker allows.
+# (README, "Bad input"), an image repository longer than Docker allows, and a URL's host that no
+# resolver reads as written (over 253 characters; digits and dots that are no IPv4 address).
 MAX_LENGTH = {"Repository": schema.MAX_REPOSITORY}
+
+
+def host_ok(host: str) -> bool:
+    if len(host) > 253:
+        return False
+    numeric = all(part.isdigit() for part in host.split("."))
+    return not numeric or (host.count(".") == 3 and all(p == str(int(p)) and int(p) <= 255 for p in host.split(".")))
 
 
 def valid_values(name: str) -> st.SearchStrategy[str]:
@@ -59,6 +70,9 @@ def valid_values(name: str) -> st.SearchStrategy[str]:
 
     def documented(value: str) -> bool:
         if limit is not None and len(value) > limit:
+            return False
+        m = pattern.fullmatch(value)
+        if m is not None and "host" in m.groupdict() and not host_ok(m["host"]):
             return False
         return not any(seg in (".", "..") for seg in value.replace("#", "/").split("/"))
 
@@ -168,3 +182,102 @@ def test_field_paths_read_as_the_user_wrote_them(loc, data, shown) -> None:
 def test_field_paths_without_the_input_drop_the_branches() -> None:
     assert field_path(("mods", "list[function-after[check(), str]]", 0)) == "mods[0]"
     assert field_path(("nodes", "spark-1", "endpoint")) == "nodes.spark-1.endpoint"
+
+
+# ---------------------------------------------------------------- numbers in their ranges
+
+
+PORTED = {"GitUrl": "https://h.example:{port}/a.git", "FileUrl": "https://h.example:{port}/w.whl",
+          "PatchUrl": "https://h.example:{port}/p.diff", "Repository": "h.example:{port}/sparkforge/vllm"}
+
+
+@pytest.mark.parametrize("name", sorted(PORTED))
+@given(port=st.one_of(st.integers(-10, 200_000).map(str), st.from_regex(r"0[0-9]{1,5}", fullmatch=True),
+                      st.just("")))
+@settings(max_examples=120, deadline=None)
+def test_a_port_is_one_of_1_to_65535_in_its_one_spelling(name: str, port: str) -> None:
+    value = PORTED[name].format(port=port)
+    adapter = TypeAdapter(TYPES[name][0])
+    if port.isdigit() and port == str(int(port)) and 1 <= int(port) <= 65535:
+        assert adapter.validate_python(value) == value
+    else:
+        with pytest.raises(ValidationError):
+            adapter.validate_python(value)
+
+
+@pytest.mark.parametrize("host, ok", [("10.0.0.1", True), ("010.0.0.1", False), ("1.2.3", False), ("256.1.1.1", False),
+                                      ("12345", False), ("a." * 126 + "b", True), ("a." * 127 + "b", False),
+                                      ("-a.example", False), ("a-.example", False), ("a..example", False),
+                                      ("x" * 63 + ".example", True), ("x" * 64 + ".example", False)])
+def test_a_url_host_is_a_host_name_or_an_ipv4_address_in_one_spelling(host: str, ok: bool) -> None:
+    value = f"https://{host}/a.git"
+    if ok:
+        assert TypeAdapter(schema.GitUrl).validate_python(value) == value
+    else:
+        with pytest.raises(ValidationError):
+            TypeAdapter(schema.GitUrl).validate_python(value)
+
+
+# A compute capability as CUDA numbers one, by its parts: major 1-99, minor one digit.
+ARCH = st.tuples(st.integers(0, 120), st.integers(0, 12), st.sampled_from(["", "a", "f"]), st.booleans(),
+                 st.booleans())
+
+
+def arch_text(major: int, minor: int, suffix: str, ptx: bool, zero: bool) -> tuple[str, bool]:
+    """The arch as written (zero: with a leading zero) and whether it is one nvcc can name (sm_<major><minor>)."""
+    text = f"{'0' if zero else ''}{major}.{minor}{suffix}{'+PTX' if ptx else ''}"
+    return text, 1 <= major <= 99 and minor <= 9 and not zero
+
+
+@given(st.lists(ARCH, min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_an_arch_list_names_only_archs_nvcc_can_name(archs: list) -> None:
+    written = [arch_text(*a) for a in archs]
+    value = ";".join(text for text, _ in written)
+    adapter = TypeAdapter(schema.ArchList)
+    if all(ok for _, ok in written):
+        assert adapter.validate_python(value) == value
+        from sparkforge.recipe.plan import gpus_of  # every GPU it gives is one the gpus field takes
+        for gpu in gpus_of(value):
+            assert TypeAdapter(schema.Gpu).validate_python(gpu) == gpu
+    else:
+        with pytest.raises(ValidationError):
+            adapter.validate_python(value)
+
+
+@given(ARCH)
+@settings(max_examples=200, deadline=None)
+def test_a_gpu_is_a_compute_capability(arch: tuple) -> None:
+    major, minor, _, _, zero = arch
+    text, ok = arch_text(major, minor, "", False, zero)
+    if ok:
+        assert TypeAdapter(schema.Gpu).validate_python(text) == text
+    else:
+        with pytest.raises(ValidationError):
+            TypeAdapter(schema.Gpu).validate_python(text)
+
+
+# ---------------------------------------------------------------- values that cannot be right
+
+
+@pytest.mark.parametrize("check", [{"file": "a.py", "contains": ""}, {"file": "a.py", "contains": "  "},
+                                   {"python": ""}, {"python": "x", "needs": ["torch\n"]},
+                                   {"python": "x", "needs": [""]}, {"python": "x", "needs": [".rel"]}])
+def test_a_verify_check_that_cannot_fail_or_cannot_run_is_refused(check: dict) -> None:
+    with pytest.raises(ValidationError):
+        ModVerify(**check)
+
+
+def test_a_verify_check_may_need_a_dotted_module() -> None:
+    assert ModVerify(python="x", needs=["torch", "vllm.platforms"]).needs == ["torch", "vllm.platforms"]
+
+
+@pytest.mark.parametrize("field, values, words", [
+    ("protect", ["torch", "torch"], "'torch' is listed twice"),
+    ("protect", ["torch", "Torch"], "'torch' and 'Torch' name one package"),
+    ("protect", ["flash_attn", "flash-attn"], "name one package"),
+    ("os_packages", ["ccache", "ccache=4.8"], "name one package"),
+])
+def test_a_package_listed_twice_under_any_spelling_is_refused(field: str, values: list, words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        schema.RecipeFile.model_validate({field: values})

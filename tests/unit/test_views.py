@@ -1,11 +1,28 @@
-"""What the command line prints: text from files is shown as written, never read as Rich markup."""
+"""What the command line prints: text from files is shown as written, never read as Rich markup, and every
+text is one line, with whatever is not text (a line break, an escape sequence, a bidirectional override, a
+file name's undecodable byte) shown as its escape."""
 
 from __future__ import annotations
 
+import importlib
+import io
 import shutil
+import unicodedata
 from pathlib import Path
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.table import Table
+from rich.text import Text
+
+from sparkforge.recipe.lock import lock_path, make_lock, write_lock
+from sparkforge.recipe.plan import plan_variant
 from tests.support.paths import IMAGES
+from tests.support.recipes import layout, unlocked_images
+
+app = importlib.import_module("sparkforge.cli.app")  # the module, not the typer app the package exports
+NOT_TEXT = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 
 
 def test_markup_in_a_description_is_printed_as_written(cli, tmp_path: Path) -> None:
@@ -17,3 +34,60 @@ def test_markup_in_a_description_is_printed_as_written(cli, tmp_path: Path) -> N
         assert proc.returncode == 0, proc.stderr
     proc = cli("--images", str(images), "show", "marked", check=True)
     assert "[bold]kept[/bold] and [/] too" in proc.stdout
+
+
+@pytest.fixture
+def printed():
+    """What the command line's own stdout console prints, captured."""
+    console = app.out
+    console.file = io.StringIO()
+    try:
+        yield console
+    finally:
+        console.file = None  # back to sys.stdout
+
+
+def lines_of(console) -> list[str]:
+    text = console.file.getvalue()
+    assert text.endswith("\n")
+    return text[:-1].split("\n")
+
+
+def shown(ch: str) -> bool:
+    return unicodedata.category(ch) not in NOT_TEXT
+
+
+@given(st.text(st.characters(exclude_categories=()), max_size=40))  # surrogates too: undecodable file names
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_text_prints_as_one_line_of_text(printed, text: str) -> None:
+    for form in (text, Text(text), Text.assemble(("x", "bold"), (text, "red"), "y")):
+        printed.file = io.StringIO()
+        printed.print(form, markup=False)
+        (line,) = lines_of(printed)
+        assert all(map(shown, line)), repr(line)
+        if all(map(shown, text)):
+            assert text in line
+    printed.file = io.StringIO()
+    table = Table("a", "b", box=None, pad_edge=False)
+    table.add_row(Text(text), text)
+    table.add_row("second", "row")
+    printed.print(table)
+    header, first, second = lines_of(printed)
+    assert second.startswith("second") and all(map(shown, first))
+
+
+def test_a_style_is_kept_on_the_text_around_an_escape() -> None:
+    text = app.one_line(Text.assemble("plain ", ("red\nline", "red"), " tail"))
+    assert text.plain == "plain red\\nline tail"
+    assert [(s.start, s.end, str(s.style)) for s in text.spans] == [(6, 15, "red")]
+
+
+def test_a_lines_reason_in_a_lock_is_one_line_in_show(tmp_path: Path, cli) -> None:
+    images = unlocked_images(tmp_path / "images")
+    plan = plan_variant(layout(images), "ng17")
+    lock = make_lock(plan, {}, 1767225600, packages=None,
+                     packages_unresolved="no build here\nsparkforge/vllm:ng17-000000000000 FORGED")
+    write_lock(lock_path(images, "ng17"), lock)
+    proc = cli("--images", str(images), "show", "ng17", check=True)
+    assert "no build here\\nsparkforge/vllm:ng17-000000000000 FORGED" in proc.stdout
+    assert not any(line.startswith("sparkforge/vllm") for line in proc.stdout.splitlines())
