@@ -235,8 +235,9 @@ NEEDS: dict[str, Need] = {
     "docker-registry": Need("Debian's docker-registry", _docker_registry),
     "test-user": Need(f"root, runuser and a non-root member of the docker group ({TEST_USER})", _test_user),
     "git": Need("git and openssl", _git),
+    "diff": Need("the diff command (GNU diffutils)", lambda: None if shutil.which("diff") else "diff is not installed"),
     "x86-64": Need("an x86-64 machine (the reference cuobjdump of the kernel tests is an x86-64 wheel)", _x86_64),
-    "libzstd": Need("libzstd (the whole of torch's sm_120 code is 1.1 GB to decode)", _libzstd),
+    "libzstd": Need("libzstd, to compress test data and to decode all 1.1 GB of torch's sm_120 code", _libzstd),
     "bare-python": Need("a python3 without typer, to show build.py finding .venv", _bare_python),
     "torch": Need("torch with the GLOO backend in the tests' Python (CPU is fine)", _torch),
 }
