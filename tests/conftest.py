@@ -1,10 +1,12 @@
 """The tiers, the fixtures every tier shares, and a check around the whole run that the tests left the
 machine's apt, system Python and Docker settings as they were.
 
-A test declares what it needs with a marker (registered in pyproject.toml, `--strict-markers`):
-`network` (the package index), `docker` (an engine with buildx), `root`, `cluster` (network
-namespaces, sshd, extra dockerd), `gpu`. A test without one is in the pure unit tier. Where the
-machine lacks what a marker needs, its tests skip and say why.
+A test declares what it needs with a marker: its tier (`network`, `docker`, `root`, `cluster`, `gpu`;
+a test without one is in the pure unit tier) and `needs(NAME, ...)` for more; a fixture that needs more
+calls `require(NAME)`. Every need is in one table, tests/support/needs.py: where the machine lacks
+one, the test skips and says why. Where the run must cover the test's tier (SPARKFORGE_REQUIRED_TIERS,
+or CI=true for every tier but gpu), the skip fails the test instead, naming the need; so does a skip
+that comes from no need of the table.
 """
 
 from __future__ import annotations
@@ -13,34 +15,50 @@ import os
 import shutil
 import subprocess
 import tempfile
-import urllib.error
-import urllib.request
-from functools import cache
 from pathlib import Path
 
 import pytest
+from _pytest.reports import TestReport
+from _pytest.runner import CallInfo
 
-from tests.support import hoststate
+from tests.support import hoststate, needs
 from tests.support.cli import run_cli
-from tests.support.docker import BuiltImage, built, docker_missing, image_id
+from tests.support.docker import BuiltImage, built, image_id
 from tests.support.once import one_at_a_time
 from tests.support.paths import BASE, ROOT, TEST_MODS
 
 _before: dict[str, str] = {}
+_wheel_cache: list[str] = []  # the wheel cache this process made for the run
+
+
+def pytest_configure(config):
+    for name in needs.MARKED:
+        config.addinivalue_line("markers", f"{name}: needs {needs.NEEDS[name].what}")
+    config.addinivalue_line("markers", "needs(*names): needs these entries of tests/support/needs.py besides the "
+                                       "tier's: " + ", ".join(n for n in needs.NEEDS if n not in needs.MARKED))
+    try:
+        config.stash[_REQUIRED] = needs.Required.of(os.environ)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config):
+    return config.stash[_REQUIRED].describe()
 
 
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # the controller of an xdist run, or a plain run
         _before.update(hoststate.snapshot())
-    # Builds run by the tests keep their compiled wheels in a wheel cache of their own, never the user's.
-    os.environ.setdefault("SPARKFORGE_WHEEL_CACHE", tempfile.mkdtemp(prefix="sparkforge-test-wheels-"))
+    # Builds run by the tests keep their compiled wheels in a wheel cache of their own, never the user's: one
+    # per process (xdist starts its workers before this hook runs in the controller), removed at its end.
+    _wheel_cache.append(tempfile.mkdtemp(prefix="sparkforge-test-wheels-"))
+    os.environ["SPARKFORGE_WHEEL_CACHE"] = _wheel_cache[-1]
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if hasattr(session.config, "workerinput"):
-        return
-    shutil.rmtree(os.environ.get("SPARKFORGE_WHEEL_CACHE", "/nonexistent"), ignore_errors=True)
-    if not _before:
+    while _wheel_cache:
+        shutil.rmtree(_wheel_cache.pop(), ignore_errors=True)
+    if hasattr(session.config, "workerinput") or not _before:
         return
     changed = hoststate.changed(_before, hoststate.snapshot())
     if changed:
@@ -53,39 +71,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 # ------------------------------------------------------------------ tiers
 
-@cache
-def _network_missing() -> str | None:
-    """Why the package index cannot be read, asked the way sparkforge asks it (urllib: proxies, CA)."""
-    url = os.environ.get("SPARKFORGE_INDEX_URL", "https://pypi.org/simple").rstrip("/") + "/pip/"
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10):
-            return None
-    except urllib.error.HTTPError:
-        return None  # the index answered
-    except (OSError, ValueError) as exc:
-        return f"the package index {url} cannot be read: {exc}"
-
-
-def _root_missing() -> str | None:
-    return None if os.geteuid() == 0 else "needs root (extra daemons, network namespaces, users)"
-
-
-@cache
-def _cluster_missing() -> str | None:
-    from tests.infra.netns import missing
-
-    return missing() or docker_missing()
-
-
-def _gpu_missing() -> str | None:
-    return None if shutil.which("nvidia-smi") else "no NVIDIA GPU on this host (nvidia-smi not found)"
-
-
-# A test's tier, for the summary: the first of its markers in this order, else unit.
-TIERS = ("gpu", "cluster", "docker", "root", "network")
+_REQUIRED = pytest.StashKey[needs.Required]()
 ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
-NEEDS = {"network": _network_missing, "docker": cache(docker_missing), "root": _root_missing,
-         "cluster": _cluster_missing, "gpu": _gpu_missing}
 
 
 # Tests that use the engine run in four xdist groups, each on one worker and in order, so that what a
@@ -100,26 +87,57 @@ GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wh
 
 
 def _engine_group(item) -> str:
-    path = item.path.relative_to(ROOT).as_posix()
+    path = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else str(item.path)
     if path.startswith(HOSTS_GROUP):
         return "engine-hosts"
     return GROUPS.get(path, "engine-builds")
 
 
+def tier_of(item) -> str:
+    """A test's tier: the first of its markers in needs.MARKED, else unit."""
+    return next((t for t in needs.MARKED if item.get_closest_marker(t)), "unit")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group markers into test IDs
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        tier = next((t for t in TIERS if item.get_closest_marker(t)), "unit")
+        tier = tier_of(item)
         item.user_properties.append(("tier", tier))  # reports carry it to the summary, also from xdist workers
         if tier in ENGINE_TIERS:
             item.add_marker(pytest.mark.xdist_group(_engine_group(item)))
-        for name, missing in NEEDS.items():
-            if item.get_closest_marker(name) is None:
-                continue
-            reason = missing()
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=f"{name}: {reason}"))
-                break
+        wanted = [t for t in needs.MARKED if item.get_closest_marker(t)]
+        wanted += [name for mark in item.iter_markers("needs") for name in mark.args]
+        unknown = [name for name in wanted if name not in needs.NEEDS]
+        if unknown:
+            raise pytest.UsageError(f"{item.nodeid}: needs {', '.join(unknown)}, which tests/support/needs.py "
+                                    "does not list")
+        reason = next(filter(None, map(needs.skip_reason, wanted)), None)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip that the run may not take (a required tier, or a reason outside the table of needs) is a failure
+    of the test, saying which need is missing."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    tier = dict(report.user_properties).get("tier", "unit")
+    problem = item.config.stash[_REQUIRED].problem(tier, _skip_reason(report))
+    if problem is None:
+        return
+    failed = TestReport.from_item_and_call(item, CallInfo.from_call(lambda: pytest.fail(problem, pytrace=False),
+                                                                    call.when))
+    failed.user_properties.append(("skip refused", problem))
+    outcome.force_result(failed)
 
 
 # ------------------------------------------------------------------ fixtures every tier shares
@@ -142,24 +160,21 @@ def base_image() -> str:
     """The local Debian base; made by scripts/base-local.sh (debootstrap, root) when it is missing, by one
     worker while the others wait."""
     with one_at_a_time("base-local"):
+        needs.require("base-local")
         if image_id(BASE):
             return BASE
-        if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-            pytest.skip(f"{BASE} is missing, and making it needs root and debootstrap: run `sudo make base-local` once")
         subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True, timeout=1800)
     return BASE
 
 
 @pytest.fixture(scope="session")
 def torch_base(base_image: str, tmp_path_factory) -> str:
-    """The local base with a real CPU torch and numpy (tests/support/gitsource.py), made once."""
-    from tests.support.gitsource import Unavailable, ensure_torch_base
+    """The local base with a real CPU torch and numpy (tests/support/gitsource.py), made once; a download or
+    build that fails is an error of the run, never a skip."""
+    from tests.support.gitsource import ensure_torch_base
 
-    try:
-        with one_at_a_time("torch-base"):
-            return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
-    except Unavailable as exc:
-        pytest.skip(str(exc))
+    with one_at_a_time("torch-base"):
+        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
 
 
 @pytest.fixture(scope="session")
@@ -187,19 +202,27 @@ def small_image(base_image: str) -> BuiltImage:
     return built("testsmall", base_image, TEST_MODS, "--no-smoke")
 
 
-# ------------------------------------------------------------------ time per tier, at the end of a run
+# ------------------------------------------------------------------ at the end of a run: time per tier, and
+# the tiers that had to run and could not
 
 _tier_time: dict[str, list[float]] = {}
+_refused: dict[str, dict[str, int]] = {}  # tier -> why its tests failed instead of skipping -> how many
 
 
 def pytest_runtest_logreport(report):
-    entry = _tier_time.setdefault(dict(report.user_properties).get("tier", "unit"), [0, 0.0])
+    properties = dict(report.user_properties)
+    entry = _tier_time.setdefault(properties.get("tier", "unit"), [0, 0.0])
     entry[0] += report.when == "call"
     entry[1] += report.duration
+    if "skip refused" in properties:
+        reasons = _refused.setdefault(properties.get("tier", "unit"), {})
+        reasons[properties["skip refused"]] = reasons.get(properties["skip refused"], 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _tier_time:
-        return
-    parts = [f"{tier} {n} tests {seconds:.0f}s" for tier, (n, seconds) in sorted(_tier_time.items())]
-    terminalreporter.write_line("time per tier (sum of test times): " + ", ".join(parts))
+    if _tier_time:
+        parts = [f"{tier} {n} tests {seconds:.0f}s" for tier, (n, seconds) in sorted(_tier_time.items())]
+        terminalreporter.write_line("time per tier (sum of test times): " + ", ".join(parts))
+    for tier, reasons in sorted(_refused.items()):
+        for reason, count in sorted(reasons.items()):
+            terminalreporter.write_line(f"{count} tests of the {tier} tier could not run: {reason}", red=True)

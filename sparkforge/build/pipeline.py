@@ -318,6 +318,8 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
         if tier not in TIERS:
             raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
     ref = image or plan.tag
+    if image and current_image(image) is None:  # an --image that names nothing is bad input (exit 2)
+        raise ConfigError(f"image {image} not found in the local engine", field="--image")
     if current_image(ref) is None:
         raise BuildError(f"image {ref} not found", field="--image" if image else plan.variant,
                          hint=None if image else Hint("build it first with", ("build", plan.variant)))

@@ -3,20 +3,19 @@ The built test image and the base are the whole run's (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 
 import pytest
 
 from tests.support.docker import Registry, free_port
+from tests.support.needs import require
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory) -> Registry:
     """A registry for one test module, stopped (data deleted with the tmp dir) at its end."""
-    if shutil.which("docker-registry") is None:
-        pytest.skip("docker-registry is not installed (Debian package docker-registry)")
+    require("docker-registry")
     reg = Registry(free_port(), tmp_path_factory.mktemp("registry"))
     reg.start()
     yield reg
@@ -31,8 +30,7 @@ def nodes():
     max-download-attempts=1: a pull whose registry died fails at once instead of after the
     engine's default 5 attempts with a growing back-off (about 50 s), which is the same outcome.
     """
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("extra dockerd nodes need root and dockerd on PATH")
+    require("dockerd")
     from tests.infra.nodes import start_nodes, stop_nodes, with_store
 
     base = tempfile.mkdtemp(prefix="sfd-", dir="/tmp")  # short: unix socket paths max 107 bytes

@@ -11,6 +11,8 @@ import pytest
 
 from sparkforge.build.builder import _BuildLog
 from tests.support.cli import run_cli as sparkforge
+from tests.support import needs
+from tests.support.cuda import smoke_rows
 from tests.support.docker import BASE, VARIANTS, build_args, image_id
 from tests.support.paths import MODS, ROOT
 
@@ -57,8 +59,13 @@ def test_static_tier_passes_and_gpu_tiers_say_why_they_skip(test_image) -> None:
     assert " skipped " in protected and "the base has none of the protected packages" in protected, protected
     assert "torchrun server script" in proc.stdout
     assert "failed" not in proc.stdout
-    if shutil.which("nvidia-smi") is None:
-        assert proc.stdout.count("no NVIDIA GPU on this host") == 2
+    rows = smoke_rows(proc.stdout)
+    (state, reason), = {rows["gpu", "(whole tier)"], rows["serve", "(whole tier)"]}  # both, for one reason
+    assert state == "skipped"
+    if not (needs.missing("gpu") or needs.missing("gpu-runtime")):  # a GPU host: the image has no torch
+        assert reason.startswith(f"{test_image.tag} has no importable torch"), reason
+    elif shutil.which("nvidia-smi") is None:
+        assert reason == "no NVIDIA GPU on this host (nvidia-smi not found)"
 
 
 def test_static_tier_fails_on_an_image_that_breaks_what_it_checks(test_image, tmp_path) -> None:
@@ -232,12 +239,21 @@ def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> N
     (["build", "ng17", "--ca-cert", "/nonexistent/ca.pem"], "--ca-cert: CA bundle not found"),
     (["test", "ng17", "--tier", "bogus"], "--tier: 'bogus' is not one of 'static', 'gpu', 'serve'"),
     (["inspect", "sparkforge-test/vllm:no-such-tag"], "IMAGE: image sparkforge-test/vllm:no-such-tag not found"),
+    (["--images", str(VARIANTS), "test", "testvllm", "--image", "sparkforge-test/vllm:no-such-tag"],
+     "--image: image sparkforge-test/vllm:no-such-tag not found"),
 ])
 def test_bad_build_input_is_one_line(args, words) -> None:
     proc = sparkforge(*args)
-    assert proc.returncode in (1, 2)
+    assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert words in proc.stderr.strip().splitlines()[-1]
+
+
+def test_inspect_of_an_image_sparkforge_did_not_build_is_bad_input(base_image) -> None:
+    proc = sparkforge("inspect", base_image)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == (f"error: IMAGE: {base_image} has no /opt/sparkforge/build-record.json: it was not built "
+                           "by sparkforge\n")
 
 
 def test_a_base_that_cannot_be_pulled_is_one_line_that_says_how_to_swap_it(base_image) -> None:
@@ -283,7 +299,7 @@ def test_sigterm_stops_the_build_it_started_and_moves_no_tag(test_image) -> None
     finally:
         if cli.poll() is None:
             cli.kill()
-    time.sleep(1)
+    # The CLI stops and waits for each child it started before it exits: none is left the moment it is gone.
     assert not [c for c in children if Path(f"/proc/{c}").exists()], "docker buildx outlived the CLI"
     assert cli.returncode == 128 + signal.SIGTERM
     assert image_id(test_image.moving_tag) == before

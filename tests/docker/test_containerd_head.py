@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -26,6 +25,7 @@ import pytest
 from sparkforge.distribute import deploy, images, push, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.distribute.cluster import Registry as RegistrySpec
+from tests.support.needs import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 
@@ -41,8 +41,7 @@ def engines(base_image: str):
     """A containerd-store head with a BuildKit-built image, a classic-store node and a containerd-store node.
     The head gets its base from the classic node's `docker save`, as from another machine: a layer kept as it
     came (uncompressed) beside the ones BuildKit built (gzip)."""
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("extra dockerd engines need root and dockerd on PATH")
+    require("dockerd")
     from tests.infra.nodes import CLASSIC, CONTAINERD, start_nodes
 
     where = tempfile.mkdtemp(prefix="sfh-", dir="/tmp")  # short: unix socket paths max 107 bytes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -14,6 +13,7 @@ import pytest
 
 from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, CA, VARIANTS, build_args, image_id
+from tests.support.needs import require
 from tests.support.paths import TEST_MODS
 
 from sparkforge.build.pipeline import LockPolicy, load_plan
@@ -115,8 +115,7 @@ def test_build_locked_refuses_a_recipe_edited_after_locking(locked: dict, lock_i
 @pytest.fixture(scope="module")
 def containerd_node():
     """One extra real dockerd with the containerd image store (tests/infra/nodes.py)."""
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("an extra dockerd needs root and dockerd on PATH")
+    require("dockerd")
     from tests.infra.nodes import CONTAINERD, start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfr-", dir="/tmp")  # short: unix socket paths max 107 bytes

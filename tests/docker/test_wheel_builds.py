@@ -22,6 +22,7 @@ import pytest
 
 from tests.support import fileserver
 from tests.support.gitsource import TORCH_BASE, VARIANT, GitSource, ran_steps
+from tests.support.needs import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -105,8 +106,7 @@ def engine(torch_base: str):
     """A second, real dockerd with an empty BuildKit cache: another machine that shares the wheel cache. It keeps
     its images in the classic store while the head uses the containerd store, so the cache key of the base is
     shown to name the same base on both."""
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("a second dockerd needs root and dockerd on PATH")
+    require("dockerd")
     from tests.infra.nodes import CLASSIC, start_nodes, stop_nodes
 
     base = tempfile.mkdtemp(prefix="sfw-", dir="/tmp")

@@ -112,15 +112,12 @@ def run_cli(*args: str, images: Path | None = None, mods: Path | None = None, cw
                           timeout=timeout, env=environ)
 
 
-def assert_one_line(proc: subprocess.CompletedProcess, *needles: str, code: int | None = 2,
+def assert_one_line(proc: subprocess.CompletedProcess, *needles: str, code: int = 2,
                     progress: tuple[str, ...] = ()) -> str:
     """The command failed with exactly one line on stderr, `error: ...` naming every needle, and no traceback;
     the line. Besides it, stderr may hold only lines that start with one of the progress prefixes."""
     assert "Traceback" not in proc.stderr, proc.stderr
-    if code is None:
-        assert proc.returncode != 0, proc.stdout + proc.stderr
-    else:
-        assert proc.returncode == code, f"exit {proc.returncode}, wanted {code}:\n{proc.stdout}{proc.stderr}"
+    assert proc.returncode == code, f"exit {proc.returncode}, wanted {code}:\n{proc.stdout}{proc.stderr}"
     lines = [line for line in proc.stderr.splitlines() if not line.startswith(progress)]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     for needle in needles:

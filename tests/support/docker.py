@@ -1,4 +1,4 @@
-"""The Docker side of the tests: is an engine there, the arguments of a test build, image IDs, and a
+"""The Docker side of the tests: the arguments of a test build, image IDs, and a
 real registry (Debian's docker-registry, run by scripts/registry.sh) on a free loopback port."""
 
 from __future__ import annotations
@@ -13,18 +13,6 @@ from pathlib import Path
 
 from tests.support.cli import run_cli
 from tests.support.paths import BASE, CA, ROOT, VARIANTS
-
-
-def docker_missing() -> str | None:
-    """Why no Docker engine with buildx can be used here, or None."""
-    try:
-        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no docker CLI or engine: {exc}"
-    if proc.returncode != 0:
-        return "the Docker engine does not answer (start it, or point DOCKER_HOST at one)"
-    return None
 
 
 def build_args(variant: str, *extra: str, images: Path = VARIANTS, mods: Path | None = None) -> list[str]:
@@ -105,8 +93,8 @@ class Registry:
             return False
 
 
-__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "config_digest", "docker_missing",
-           "free_port", "image_id"]
+__all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "config_digest", "free_port",
+           "image_id"]
 
 
 def built(variant: str, base: str = BASE, mods: Path | None = None, *extra: str) -> BuiltImage:

@@ -27,26 +27,22 @@ VARIANT = "testgit"
 SYSTEM_CA = Path(CA)
 
 
-class Unavailable(Exception):
-    """The setup cannot be made on this machine; the message says why."""
-
-
 def _run(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, **kw)
 
 
 def ensure_torch_base(base_image: str, workdir: Path) -> str:
     """The local base plus a real CPU torch 2.13.0 and numpy, as an NGC base holds its own builds."""
-    if _run("docker", "image", "inspect", TORCH_BASE).returncode == 0:
+    if _run("docker", "image", "inspect", TORCH_BASE, timeout=60).returncode == 0:
         return TORCH_BASE
     workdir.mkdir(parents=True, exist_ok=True)
     # The base's Python is bookworm's 3.11, whatever runs the tests; a uv-made .venv has no pip of its own,
     # and a download into workdir installs nothing anywhere.
     pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else ["python3", "-m", "pip"]
     proc = _run(*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-                "torch==2.13.0", "-d", str(workdir))
+                "torch==2.13.0", "-d", str(workdir), timeout=1800)
     if proc.returncode != 0:
-        raise Unavailable(f"no torch 2.13.0 wheel for this Python: {proc.stderr.strip()[-200:]}")
+        raise RuntimeError(f"pip download torch==2.13.0 failed:\n{proc.stderr[-3000:]}")
     (workdir / "Dockerfile").write_text(
         f"FROM {base_image}\n"
         "RUN --mount=type=bind,source=.,target=/ctx --mount=type=secret,id=ca \\\n"

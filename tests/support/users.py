@@ -3,31 +3,17 @@
 
 from __future__ import annotations
 
-import grp
-import os
 import pwd
-import shutil
 
-import pytest
+from tests.support.needs import TEST_USER, require
 
-USER = os.environ.get("SPARKFORGE_TEST_USER", "sparkforge-user")
+USER = TEST_USER
 
 
 def docker_user() -> pwd.struct_passwd:
-    """The user, or a skip saying why it cannot be used here (no root to switch to it, no such user, ...)."""
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("switching to the non-root user needs root and runuser")
-    try:
-        entry = pwd.getpwnam(USER)
-    except KeyError:
-        pytest.skip(f"no user {USER} (`.ci/provision` adds it, in the docker group)")
-    try:
-        group = grp.getgrnam("docker")
-    except KeyError:
-        pytest.skip("no docker group here")
-    if entry.pw_uid == 0 or not (entry.pw_name in group.gr_mem or entry.pw_gid == group.gr_gid):
-        pytest.skip(f"{USER} must be a non-root member of the docker group")
-    return entry
+    """The user; without it the test skips (or, where its tier is required, fails) by the table of needs."""
+    require("test-user")
+    return pwd.getpwnam(USER)
 
 
 def login_env(entry: pwd.struct_passwd, **extra: str) -> list[str]:

@@ -11,23 +11,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 
 from sparkforge import __version__
+from tests.support.needs import bare_python, require
 from tests.support.paths import ROOT
 
 
 def _bare_python() -> str:
-    """An interpreter without the project's dependencies: the venv's base, else the machine's python3."""
-    for candidate in (getattr(sys, "_base_executable", ""), "/usr/bin/python3", shutil.which("python3") or ""):
-        if candidate and os.path.exists(candidate) and os.path.realpath(candidate) != os.path.realpath(sys.executable):
-            probe = subprocess.run([candidate, "-c", "import typer"], capture_output=True, timeout=60)
-            if probe.returncode != 0:
-                return candidate
-    pytest.skip("every python3 here has typer installed, so none shows build.py finding .venv")
+    """An interpreter without the project's dependencies."""
+    require("bare-python")
+    python = bare_python()
+    assert python is not None
+    return python
 
 
 def _run(python: str, build: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -80,8 +77,7 @@ def test_a_venv_without_the_dependencies_is_one_line_not_a_loop(tmp_path: Path) 
     python = _bare_python()
     made = subprocess.run([python, "-m", "venv", "--without-pip", str(project / ".venv")], capture_output=True,
                           text=True, timeout=300)
-    if made.returncode != 0:
-        pytest.skip(f"{python} -m venv cannot make an environment here: {made.stderr.strip()[-200:]}")
+    assert made.returncode == 0, made.stderr
     proc = _run(python, project / "build.py", "list", cwd=project)
     assert proc.returncode == 1 and proc.stdout == "", proc
     lines = proc.stderr.splitlines()

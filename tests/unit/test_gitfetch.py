@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from sparkforge import gitfetch
 from sparkforge.recipe.resolve import Unreachable, git_commit
 from tests.support import gitserver
 
-pytestmark = pytest.mark.skipif(not (shutil.which("git") and shutil.which("openssl")), reason="needs git and openssl")
+pytestmark = pytest.mark.needs("git")
 
 
 @pytest.fixture(scope="module")

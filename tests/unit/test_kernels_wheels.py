@@ -6,15 +6,15 @@ fetched once into ~/.cache/sparkforge/wheel-members (tests/support/wheelmember.p
 
 from __future__ import annotations
 
-import platform
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from sparkforge.inimage import decompress, fatbin, kernels
+from sparkforge.inimage import fatbin, kernels
 from tests.support.fatbins import fuzz, python_decoders
+from tests.support.needs import require
 from tests.support.wheelmember import wheel_member
 
 pytestmark = pytest.mark.network
@@ -29,8 +29,7 @@ def flashkda() -> Path:
 
 
 def cuobjdump() -> Path:
-    if platform.machine() != "x86_64":
-        pytest.skip("the reference cuobjdump wheel used here is x86-64")
+    require("x86-64")
     tool = wheel_member("nvidia-cuda-cuobjdump", CUOBJDUMP, "nvidia/cu13/bin/cuobjdump")
     tool.chmod(0o755)
     return tool
@@ -85,8 +84,7 @@ def test_torch_libtorch_cuda_covers_a_gb10():
 def test_torch_sm_120_holds_every_kernel_of_its_arch_specific_cubins():
     """The claim the GB10 check rests on, read whole: every kernel of sm_120a and sm_121a is in sm_120
     too (so a 12.1 without the sm_121a cubins would still run them)."""
-    if decompress.system("zstd") is None:
-        pytest.skip("decoding all 1.1 GB of sm_120 takes libzstd; the Python decoder reads the check's part")
+    require("libzstd")  # the Python decoder reads only the check's part
     path = wheel_member("torch", TORCH, "torch/lib/libtorch_cuda.so")
     names: dict[str, set[str]] = {}
     with fatbin.open_device_code(path) as code:

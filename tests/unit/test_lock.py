@@ -27,7 +27,7 @@ from sparkforge.repro.outdated import check_components, newer_releases
 from sparkforge.recipe.sources import SourceUnavailable
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files
-from sparkforge.recipe.resolve import registry_digest, split_repository
+from sparkforge.recipe.resolve import Unreachable, registry_digest, split_repository
 from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.repro.repro import compare as compare_images
 from sparkforge.repro.repro import read_digests
@@ -282,8 +282,9 @@ def test_registry_digest_follows_the_token_flow_and_asks_for_indexes() -> None:
         assert _Registry.seen[0]["auth"] is None and _Registry.seen[-1]["auth"] == "Bearer t0k"
         assert "application/vnd.oci.image.index.v1+json" in _Registry.seen[0]["accept"]
         assert "application/vnd.docker.distribution.manifest.v2+json" in _Registry.seen[0]["accept"]
-        with pytest.raises(Exception, match="has no team/base:2.0"):
+        with pytest.raises(Unreachable) as err:
             registry_digest(f"127.0.0.1:{port}/team/base", "2.0")
+        assert type(err.value) is Unreachable and str(err.value) == f"127.0.0.1:{port} has no team/base:2.0"
     finally:
         server.shutdown()
 

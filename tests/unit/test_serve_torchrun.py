@@ -637,13 +637,9 @@ def _free_port():
 
 
 def test_gloo_broadcast_two_processes(tmp_path):
-    import pytest
+    from tests.support.needs import require
 
-    pytest.importorskip("torch", reason="torch is not installed; the GLOO control-plane test needs torch (CPU is fine)")
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("this torch build has no GLOO backend")
+    require("torch")
 
     port = _free_port()
     procs = []
@@ -777,9 +773,9 @@ FAKE_VLLM = {
 
 
 def test_main_under_two_processes_with_stand_in_vllm(tmp_path):
-    import pytest
+    from tests.support.needs import require
 
-    pytest.importorskip("torch", reason="torch is not installed; main() needs torch.distributed (CPU is fine)")
+    require("torch")  # main() needs torch.distributed (CPU is fine)
     import signal as _signal
 
     fake = tmp_path / "fakevllm"

@@ -17,8 +17,7 @@ import pytest
 from sparkforge import inimage
 from sparkforge.inimage.patch import plan_patch
 
-pytestmark = pytest.mark.skipif(shutil.which("diff") is None or shutil.which("git") is None,
-                                reason="needs the diff and git commands")
+pytestmark = pytest.mark.needs("git", "diff")
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
