@@ -8,7 +8,6 @@ never leaves a half-written directory behind.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -19,8 +18,23 @@ from pathlib import Path
 import jinja2
 
 from ..errors import ConfigError, SparkforgeError
-from ..inimage.contract import SCHEMA
-from ..recipe.plan import Layout, Plan
+from ..inimage.contract import Phase
+from ..inimage.seam import (
+    BaseDoc,
+    BuildDoc,
+    ComponentDoc,
+    ComponentKind,
+    PatchOrigin,
+    PinDoc,
+    PlanDoc,
+    PlannedMod,
+    UnpinnedDoc,
+    VllmDoc,
+    VllmSource,
+    WheelDoc,
+)
+from ..recipe.plan import Layout, Pin, Plan
+from ..recipe.schema import RemotePatch
 from ..recipe.remote import materialize
 from ..recipe.sources import cache_dir
 from ..recipe.wheelset import requirements_txt
@@ -113,7 +127,7 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
     into the cache the first time (with ca_cert), and is then in the context like a local one."""
     files: dict[str, bytes] = {
         DOCKERFILE: render_dockerfile(plan, layout, wheel).encode(),
-        "plan.json": plan.to_json().encode(),
+        "plan.json": plan_document(plan).to_json(indent=2).encode(),
         "sparkforge/gitfetch.py": layout.gitfetch.read_bytes(),
         MANAGED_MARK: f"rendered by sparkforge for {plan.tag}\n".encode(),
     }
@@ -127,9 +141,43 @@ def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *
         spec, folder = materialize(mod, ca_cert)
         for rel, body in mod_files(mod.name, folder).items():
             files[f"mods/{mod.name}/{rel}"] = body
-        files[f"mods/{mod.name}/mod.json"] = (json.dumps(spec | {"schema": SCHEMA}, indent=2, sort_keys=True)
-                                              + "\n").encode()
+        files[f"mods/{mod.name}/mod.json"] = spec.to_json(indent=2).encode()
     return dict(sorted(files.items()))
+
+
+def plan_document(plan: Plan) -> PlanDoc:
+    """The plan as the image reads it (plan.json): what its smoke tiers check and its build record copies."""
+    v, b = plan.vllm, plan.build
+    wheel = (WheelDoc(filename=v.wheel.filename, sha256=v.wheel.sha256, url=v.wheel.url, path=v.wheel.path)
+             if v.wheel else None)
+    return PlanDoc(
+        variant=plan.variant, chain=plan.chain, tag=plan.tag, plan_hash=plan.plan_hash,
+        base=BaseDoc(repository=plan.base.repository, tag=plan.base.tag, digest=_pin(plan.base.digest)),
+        vllm=VllmDoc(source=VllmSource(v.source), version=v.version, repo=v.repo, ref=v.ref, commit=_pin(v.commit),
+                     install_deps=v.install_deps, wheel=wheel),
+        components=tuple(ComponentDoc(name=c.name, kind=ComponentKind(c.kind), package=c.package,
+                                      version=_pin(c.version), repo=c.repo, ref=c.ref, commit=_pin(c.commit),
+                                      dest=c.dest, pip_install=c.pip_install) for c in plan.components),
+        protect=plan.protect,
+        build=BuildDoc(torch_cuda_arch_list=b.torch_cuda_arch_list, max_jobs=b.max_jobs, nvcc_threads=b.nvcc_threads,
+                       env=b.env),
+        env=plan.env,
+        mods=tuple(PlannedMod(name=m.name, digest=m.digest, phase=Phase(m.spec.phase), patch=_origin(m.spec.patch))
+                   for m in plan.mods),
+        tool_version=plan.tool_version,
+        unpinned=tuple(UnpinnedDoc(field=f, reason=r) for f, r in plan.unpinned()),
+    )
+
+
+def _pin(pin: Pin) -> PinDoc:
+    return PinDoc(value=pin.value, unknown=pin.unknown)
+
+
+def _origin(patch: object) -> PatchOrigin | None:
+    """A patch named by URL or pull request, as the recipe pins it; None for a file of the mod folder."""
+    if isinstance(patch, RemotePatch):
+        return PatchOrigin(url=patch.url, pr=patch.pr, sha256=patch.sha256)
+    return None
 
 
 def mod_files(name: str, folder: Path) -> dict[str, bytes]:

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Callable
 
 from . import kernels
-from .apply import apply_mod, check_folder, component_root, verify_mod
-from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin, read_versioned
+from .apply import apply_mod, component_root, verify_mod
+from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin
 from .patcher import PATCHER_TIMEOUT, child_main
-from .paths import ModFailure, read_file
+from .paths import ModFailure, check_folder
 from .record import base_vllm, check_protected, note_wheel, protect, write_record
+from .seam import read_mod
 from .smoke import smoke_gpu, smoke_static
 
 
@@ -21,14 +22,14 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     folder = Path(args.mod)
     try:
         check_folder(folder)
-        spec = read_versioned(read_file(folder / "mod.json"), f"{folder.name}/mod.json")
-    except (ModFailure, OSError, ValueError) as exc:  # ContractError is a ValueError
+        spec = read_mod(folder / "mod.json", f"{folder.name}/mod.json")
+    except (ModFailure, OSError, ContractError) as exc:
         print(f"mod {folder.name}: FAILED: {exc}", file=sys.stderr)
         return 1
     try:
-        root = Path(args.root) if args.root else component_root(spec["component"])
+        root = Path(args.root) if args.root else component_root(spec.component)
     except ModFailure as exc:
-        print(f"mod {spec['name']}: FAILED: {exc}", file=sys.stderr)
+        print(f"mod {spec.name}: FAILED: {exc}", file=sys.stderr)
         return 1
     result = apply_mod(spec, folder, root, patcher_timeout=args.patcher_timeout)
     print(result.line(), file=sys.stderr if result.state == ModState.FAILED else sys.stdout)
@@ -36,22 +37,27 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         return 1
     bad = [c for c in verify_mod(spec, root, in_image=False) if c[1] == CheckState.FAILED]
     if bad:
-        print(f"mod {spec['name']}: FAILED: verify: {bad[0][0]}: {bad[0][2]}", file=sys.stderr)
+        print(f"mod {spec.name}: FAILED: verify: {bad[0][0]}: {bad[0][2]}", file=sys.stderr)
         return 1
     if args.record:
         record = Path(args.record)
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(ModResult(spec["name"], result.state, spec["phase"], str(root)).to_json())
+        record.write_text(ModResult(spec.name, result.state, spec.phase, str(root)).to_json())
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     failed = 0
     for folder in args.mods:
-        spec = read_versioned((Path(folder) / "mod.json").read_bytes(), f"{folder}/mod.json")
-        root = Path(args.root) if args.root else component_root(spec["component"])
+        try:
+            spec = read_mod(Path(folder) / "mod.json", f"{folder}/mod.json")
+            root = Path(args.root) if args.root else component_root(spec.component)
+        except (ContractError, ModFailure) as exc:
+            print(f"mod {Path(folder).name}: FAILED: {exc}", file=sys.stderr)
+            failed += 1
+            continue
         for label, state, detail in verify_mod(spec, root, in_image=True):
-            print(f"{spec['name']}\t{state.value}\t{label}" + (f"\t{detail}" if detail else ""))
+            print(f"{spec.name}\t{state.value}\t{label}" + (f"\t{detail}" if detail else ""))
             failed += state == CheckState.FAILED
     return 1 if failed else 0
 
@@ -145,7 +151,7 @@ def _args_smoke(p: argparse.ArgumentParser) -> None:
 
 
 # name -> (help, add its arguments, run it); a new command is one more entry.
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Callable[[argparse.Namespace], int]]] = {
     "apply": ("apply one mod (a folder holding mod.json and its assets)", _args_apply, _cmd_apply),
     "patcher-child": ("(internal) run a patcher for apply, in a child process",
                       lambda p: p.add_argument("patcher"), _cmd_patcher_child),
@@ -171,4 +177,5 @@ def main(argv: list[str] | None = None) -> int:
         add_args(p)
         p.set_defaults(func=run)
     args = parser.parse_args(argv)
-    return args.func(args)
+    command: Callable[[argparse.Namespace], int] = args.func
+    return command(args)

@@ -1,21 +1,30 @@
 """The documents that cross between the host and the image, typed and versioned in one place.
 
 Both sides import this module: the image as `inimage.contract`, the host as
-`sparkforge.inimage.contract`. Every document carries `schema`; `from_json` refuses an unknown
-version or a missing field in one line. A document an older sparkforge wrote has no `schema`
-field; it is read as version 0, which holds the same fields, so such images still inspect.
+`sparkforge.inimage.contract`. A document is a frozen dataclass whose field types are read, at run
+time too, from its annotations: `from_json`/`from_dict` give that class or refuse, in one line naming
+the file and the field, a field that is missing or of another type and a version this side cannot
+read. Each document has its own version (its `schema` field). What the image writes back (a mod's
+result, the wheel note, the build record, a smoke check) is here; what the host hands the image
+(plan.json, mod.json) is in seam.py. A record an older sparkforge wrote has no `schema` field; it is
+read as version 0, which holds the same fields, so images built then still inspect.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, Union
 
-SCHEMA = 1
-READABLE = (0, SCHEMA)  # 0: written before documents carried a version
+RESULT_VERSION = 1  # record/mods/NN-NAME.json
+WHEEL_VERSION = 1  # record/vllm-wheel.json
+RECORD_VERSION = 1  # build-record.json, and each mod entry in it
+SMOKE_VERSION = 1  # a smoke check's line
+OLD_OR = (0, 1)  # 0: written before documents carried a version, with the fields of version 1
 
 
 class ContractError(ValueError):
@@ -90,76 +99,55 @@ class ModKind(str, Enum):
     FILES = "files"
 
 
-def read_versioned(text: str | bytes, where: str) -> dict:
-    """A document the host writes for the image as a plain mapping (plan.json, a mod's mod.json),
-    refused in one line when it is not JSON, not a mapping, or of a version this side cannot read."""
-    try:
-        data = parse_json(text)
-    except JsonError as exc:
-        raise ContractError(f"{where}: unreadable JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ContractError(f"{where}: not a JSON object")
-    if data.get("schema", 0) not in READABLE:
-        raise ContractError(f"{where}: schema {data.get('schema')!r} is not one this sparkforge reads ({SCHEMA})")
-    return data
+D = TypeVar("D", bound="Document")
+_HINTS: dict[type, dict[str, Any]] = {}
+_JSON_KINDS = ((bool, "true or false"), (int, "a number"), (float, "a number"), (str, "a string"),
+               (list, "a list"), (dict, "an object"), (type(None), "null"))
 
 
-class _Document:
-    """to_json/from_json for a frozen dataclass; ENUMS names the fields held as an Enum, NESTED
-    the fields holding a list of another document."""
+class Document:
+    """to_dict/to_json and from_dict/from_json for a frozen dataclass, by its field types. A class with a
+    `schema` field is a versioned document: READABLE lists the versions this side reads (0: a document
+    without the field). OPEN documents ignore keys this side does not know (a record a newer sparkforge
+    wrote, version unchanged); the others refuse them, so that a field renamed on one side is a missing
+    field on the other, never a default taken silently."""
 
     NAME: ClassVar[str] = "document"
-    ENUMS: ClassVar[dict[str, type[Enum]]] = {}
-    NESTED: ClassVar[dict[str, type]] = {}
+    READABLE: ClassVar[tuple[int, ...]] = ()
+    OPEN: ClassVar[bool] = True
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Enum):
-                value = value.value
-            elif f.name in self.NESTED:
-                value = [item.to_dict() for item in value]
-            out[f.name] = value
-        return out
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     def to_json(self, *, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = ""):
+    def from_dict(cls: type[D], data: object, where: str = "", path: str = "") -> D:
+        """The document data holds; where names the file (or answer) in every error, path the place in it."""
         where = where or cls.NAME
+        at = f"{where}: {path}" if path else where
         if not isinstance(data, dict):
-            raise ContractError(f"{where}: not a JSON object")
-        schema = data.get("schema", 0)
-        if schema not in READABLE:
-            raise ContractError(f"{where}: schema {schema!r} is not one this sparkforge reads ({SCHEMA}); "
-                                "it was written by a newer sparkforge")
-        values: dict[str, Any] = {"schema": schema}
-        for f in dataclasses.fields(cls):
-            if f.name == "schema":
+            raise ContractError(f"{at} is {_kind(data)}, not an object")
+        hints = _hints(cls)
+        schema = _version(cls, data, at) if "schema" in hints else None
+        values: dict[str, Any] = {} if schema is None else {"schema": schema}  # 0 where none is written
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in values:
                 continue
             if f.name not in data:
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                     continue
                 old = " (written by an older sparkforge: rebuild the image)" if schema == 0 else ""
-                raise ContractError(f"{where}: field {f.name!r} is missing{old}")
-            value = data[f.name]
-            if f.name in cls.ENUMS and value is not None:
-                try:
-                    value = cls.ENUMS[f.name](value)
-                except ValueError:
-                    raise ContractError(f"{where}: {f.name} {value!r} is not one of "
-                                        f"{', '.join(e.value for e in cls.ENUMS[f.name])}") from None
-            elif f.name in cls.NESTED:
-                if not isinstance(value, list):
-                    raise ContractError(f"{where}: {f.name} is not a list")
-                value = tuple(cls.NESTED[f.name].from_dict(v, f"{where}: {f.name}[{i}]") for i, v in enumerate(value))
-            values[f.name] = value
+                raise ContractError(f"{at}: field {f.name!r} is missing{old}")
+            values[f.name] = _read(data[f.name], hints[f.name], where, f"{path}.{f.name}" if path else f.name)
+        unknown = [] if cls.OPEN else sorted(set(data) - set(hints))
+        if unknown:  # after the missing ones: a field renamed on the writer's side is named as missing
+            raise ContractError(f"{at}: field {unknown[0]!r} is not one this sparkforge reads")
         return cls(**values)
 
     @classmethod
-    def from_json(cls, text: str | bytes, where: str = ""):
+    def from_json(cls: type[D], text: str | bytes, where: str = "") -> D:
         try:
             data = parse_json(text)
         except JsonError as exc:
@@ -167,48 +155,121 @@ class _Document:
         return cls.from_dict(data, where)
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """The field types of a document class, resolved once (its annotations are strings)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _version(cls: type[Document], data: dict[str, Any], at: str) -> int:
+    """The document's version, when it is one cls reads; else ContractError saying which side is newer."""
+    version = data.get("schema", 0)
+    if type(version) is int and version in cls.READABLE:
+        return version
+    known = ", ".join(str(v) for v in cls.READABLE if v)
+    if "schema" not in data:
+        raise ContractError(f"{at}: field 'schema' is missing: a document without a version, which this sparkforge "
+                            f"does not read (it reads version {known})")
+    newer = type(version) is not int or version > max(cls.READABLE)
+    raise ContractError(f"{at}: schema {version!r} is not one this sparkforge reads ({known}); it was written by "
+                        f"{'a newer' if newer else 'an older'} sparkforge")
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, in words."""
+    return next((name for kind, name in _JSON_KINDS if isinstance(value, kind)), type(value).__name__)
+
+
+def _read(value: object, hint: Any, where: str, path: str) -> Any:
+    """value as the type hint says (a JSON list becomes a tuple where the field is one), or ContractError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin is Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]  # a field is one type, or that type or null
+        return _read(value, inner, where, path)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise ContractError(f"{where}: {path} {value!r} is not one of "
+                                f"{', '.join(str(e.value) for e in hint)}") from None
+    if isinstance(hint, type) and issubclass(hint, Document):
+        return hint.from_dict(value, where, path)
+    want = origin or hint
+    expected = next(name for kind, name in _JSON_KINDS if kind is (list if want is tuple else want))
+    if not isinstance(value, list if want is tuple else want) or (want in (int, float) and isinstance(value, bool)):
+        raise ContractError(f"{where}: {path} is {_kind(value)}, not {expected}")
+    if want is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            raise ContractError(f"{where}: {path} holds {len(value)} items, not {len(args)}")
+        return tuple(_read(v, a, where, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if want in (tuple, list) and args:
+        items = [_read(v, args[0], where, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if want is tuple else items
+    if want is dict and args:
+        return {k: _read(v, args[1], where, f"{path}.{k}") for k, v in value.items()}  # type: ignore[union-attr]
+    return value
+
+
+def _plain(value: object) -> Any:
+    """A field's value as JSON holds it."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Document):
+        return value.to_dict()
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 @dataclass(frozen=True)
-class ModResult(_Document):
+class ModResult(Document):
     """What applying one mod did in the image: record/mods/NN-NAME.json."""
 
     NAME: ClassVar[str] = "mod result"
-    ENUMS: ClassVar[dict[str, type[Enum]]] = {"result": ModState, "phase": Phase}
+    READABLE: ClassVar[tuple[int, ...]] = OLD_OR
 
     name: str
     result: ModState
     phase: Phase
     root: str
-    schema: int = SCHEMA
+    schema: int = RESULT_VERSION
 
 
 @dataclass(frozen=True)
-class WheelNote(_Document):
+class WheelNote(Document):
     """The vLLM wheel an image installed: record/vllm-wheel.json."""
 
     NAME: ClassVar[str] = "wheel note"
-    ENUMS: ClassVar[dict[str, type[Enum]]] = {"origin": WheelOrigin}
+    READABLE: ClassVar[tuple[int, ...]] = OLD_OR
 
     origin: WheelOrigin
     filename: str
     sha256: str
     cache_key: str | None
     compiled_for: str | None
-    schema: int = SCHEMA
+    schema: int = WHEEL_VERSION
 
 
 @dataclass(frozen=True)
-class RecordedMod(_Document):
+class RecordedMod(Document):
     """A mod as the build record names it: its digest, phase and result (and a fetched patch's origin)."""
 
     NAME: ClassVar[str] = "recorded mod"
-    ENUMS: ClassVar[dict[str, type[Enum]]] = {"result": ModState, "phase": Phase}
+    READABLE: ClassVar[tuple[int, ...]] = OLD_OR
 
     name: str
     digest: str
     phase: Phase
     result: ModState | None
-    patch: dict | None = None
-    schema: int = SCHEMA
+    patch: dict[str, Any] | None = None
+    schema: int = RECORD_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
@@ -218,52 +279,53 @@ class RecordedMod(_Document):
 
 
 @dataclass(frozen=True)
-class BuildRecord(_Document):
+class BuildRecord(Document):
     """What an image says about itself: /opt/sparkforge/build-record.json. The plan's own parts
-    (base, vllm, components, build) are kept as the plan wrote them."""
+    (base, vllm, components, build) are kept as plan.json holds them, and read as JSON (an image of any
+    age may be inspected)."""
 
     NAME: ClassVar[str] = "build record"
-    NESTED: ClassVar[dict[str, type]] = {"mods": RecordedMod}
+    READABLE: ClassVar[tuple[int, ...]] = OLD_OR
 
     variant: str
-    chain: list
+    chain: list[str]
     tag: str
     plan_hash: str
-    base: dict
-    vllm: dict
-    components: list
-    installed: dict
+    base: dict[str, Any]
+    vllm: dict[str, Any]
+    components: list[Any]
+    installed: dict[str, Any]
     mods: tuple[RecordedMod, ...]
-    protected: dict
-    build: dict
-    env: list
+    protected: dict[str, Any]
+    build: dict[str, Any]
+    env: list[Any]
     built_at: str
     python: str
     tool_version: str
-    unpinned: list
-    packages: dict | None = None
+    unpinned: list[Any]
+    packages: dict[str, Any] | None = None
     source_date_epoch: int | None = None
-    kernels: dict | None = None  # the kernel scan (kernels.py): each CUDA extension's cubins and PTX
-    schema: int = SCHEMA
+    kernels: dict[str, Any] | None = None  # the kernel scan (kernels.py): each CUDA extension's cubins and PTX
+    schema: int = RECORD_VERSION
 
     @property
     def wheel(self) -> WheelNote | None:
         """The wheel the image installed, when the image recorded one."""
         note = self.vllm.get("installed_wheel")
-        return WheelNote.from_dict(note, f"{self.NAME}: vllm.installed_wheel") if note else None
+        return WheelNote.from_dict(note, self.NAME, "vllm.installed_wheel") if note else None
 
 
 @dataclass(frozen=True)
-class SmokeCheck(_Document):
+class SmokeCheck(Document):
     """One check of a smoke tier, one JSON line each on the tool's output."""
 
     NAME: ClassVar[str] = "smoke check"
-    ENUMS: ClassVar[dict[str, type[Enum]]] = {"state": CheckState}
+    READABLE: ClassVar[tuple[int, ...]] = OLD_OR
 
     check: str
     state: CheckState
     detail: str = ""
-    schema: int = SCHEMA
+    schema: int = SMOKE_VERSION
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from .contract import ModState
 from .diff import FilePatch, Hunk, lines_of, parse_diff, prefix_flag, zero_context
 from .paths import ModFailure, kind_of, parts, read_file, regular, unlinked
+from .run import TimeLimit, run
 
 GIT_TIMEOUT = 60.0  # seconds for each run of git apply
 _PATCH = "../mod.patch"  # the diff, beside the private tree git runs in
@@ -261,10 +262,9 @@ class _Private:
 
     def __call__(self, args: list[str]) -> subprocess.CompletedProcess[bytes]:
         try:
-            return subprocess.run([self.git, *args], cwd=self.tree, env=self.env, capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise ModFailure(f"git apply did not finish within {self.timeout:g} s; stopped") from None
+            return run([self.git, *args], limit=self.timeout, what="git apply", cwd=self.tree, env=self.env)
+        except TimeLimit as exc:
+            raise ModFailure(str(exc)) from None
 
     def __enter__(self) -> _Private:
         return self

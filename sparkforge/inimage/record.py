@@ -8,13 +8,14 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json, read_versioned
+from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json
 from .paths import last_line
+from .run import IMPORT_TIMEOUT, TimeLimit, run, text
+from .seam import ComponentKind, read_plan
 
 
 def installed(name: str) -> str | None:
@@ -26,11 +27,14 @@ def installed(name: str) -> str | None:
         return None
 
 
-def torch_cuda() -> str:
+def torch_cuda(limit: float = IMPORT_TIMEOUT) -> str:
     """torch.version.cuda of the installed torch ("None" for a CPU build); asked in a subprocess."""
-    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
-                          capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else f"import failed: {last_line(proc.stderr)}"
+    try:
+        proc = run([sys.executable, "-c", "import torch; print(torch.version.cuda)"], limit=limit,
+                   what="import torch")
+    except TimeLimit as exc:
+        return f"import failed: {exc}"
+    return text(proc.stdout).strip() if proc.returncode == 0 else f"import failed: {last_line(text(proc.stderr))}"
 
 
 def protect(names: list[str], out_dir: Path) -> dict[str, str]:
@@ -85,37 +89,36 @@ def mod_results(home: Path) -> list[ModResult]:
 
 def write_record(home: Path) -> BuildRecord:
     """Gather the build record: the plan, every mod's result, and what is really installed."""
-    plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
+    plan = read_plan(home / "plan.json")
     results = {r.name: r.result for r in mod_results(home)}
     commit_file = home / "record" / "vllm-commit"
     wheel_file = home / "record" / "vllm-wheel.json"
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     built = int(epoch) if epoch.isdigit() else int(time.time())
     found = {"vllm": installed("vllm")}
-    for comp in plan["components"]:
-        if comp["kind"] == "pip":
-            name = comp["package"].split("[")[0]
+    for comp in plan.components:
+        if comp.kind == ComponentKind.PIP and comp.package:
+            name = comp.package.split("[")[0]
             found[name] = installed(name)
-    for comp in plan["components"]:
-        if comp["kind"] == "git":
-            marker = Path(comp["dest"]) / ".sparkforge-commit"
-            found[comp["name"]] = marker.read_text().strip() if marker.exists() else None
+    for comp in plan.components:
+        if comp.kind == ComponentKind.GIT and comp.dest:
+            marker = Path(comp.dest) / ".sparkforge-commit"
+            found[comp.name] = marker.read_text().strip() if marker.exists() else None
     built_commit = commit_file.read_text().strip() if commit_file.exists() else _release_commit()
     kernels_file = home / "record" / "kernels.json"
     wheel = WheelNote.from_json(wheel_file.read_bytes(), str(wheel_file)).to_dict() if wheel_file.exists() else None
     record = BuildRecord(
-        variant=plan["variant"], chain=plan["chain"], tag=plan["tag"], plan_hash=plan["plan_hash"],
-        base=plan["base"], vllm=plan["vllm"] | {"built_commit": built_commit, "installed_wheel": wheel},
-        components=plan["components"], installed=found, packages=installed_packages(),
+        variant=plan.variant, chain=list(plan.chain), tag=plan.tag, plan_hash=plan.plan_hash,
+        base=plan.base.to_dict(), vllm=plan.vllm.to_dict() | {"built_commit": built_commit, "installed_wheel": wheel},
+        components=[c.to_dict() for c in plan.components], installed=found, packages=installed_packages(),
         # a patch named by URL (or pull request) and its sha256: where the change came from
-        mods=tuple(RecordedMod(m["name"], m["digest"], m["spec"]["phase"], results.get(m["name"]),
-                               m["spec"]["patch"] if isinstance(m["spec"].get("patch"), dict) else None)
-                   for m in plan["mods"]),
+        mods=tuple(RecordedMod(m.name, m.digest, m.phase, results.get(m.name), m.patch.to_dict() if m.patch else None)
+                   for m in plan.mods),
         protected=parse_json((home / "protect" / "protected.json").read_text()),
-        build=plan["build"], env=plan["env"],
+        build=plan.build.to_dict(), env=[list(pair) for pair in plan.env],
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
-        python=sys.version.split()[0], tool_version=plan["tool_version"], unpinned=plan["unpinned"],
+        python=sys.version.split()[0], tool_version=plan.tool_version, unpinned=[u.to_dict() for u in plan.unpinned],
         kernels=parse_json(kernels_file.read_text()) if kernels_file.exists() else None,
     )
     (home / "build-record.json").write_text(record.to_json(indent=2))

@@ -7,15 +7,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from .apply import component_root, verify_mod
-from .contract import BuildRecord, CheckState, ModState, parse_json, read_versioned
+from .contract import BuildRecord, CheckState, ContractError, ModState, Phase, parse_json
 from .kernels import check_home
 from .paths import ModFailure, last_line
 from .record import check_protected, installed, mod_results
+from .run import CUDA_TIMEOUT, TimeLimit, run, text
+from .seam import ComponentKind, read_mod, read_plan
 
 Checks = list[tuple[str, CheckState, str]]
 
@@ -33,24 +34,24 @@ def smoke_static(home: Path) -> Checks:
 
     try:
         record = BuildRecord.from_json((home / "build-record.json").read_bytes(), str(home / "build-record.json"))
-        plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
-    except (OSError, ValueError) as exc:  # ContractError is a ValueError
+        plan = read_plan(home / "plan.json")
+    except (OSError, ContractError) as exc:
         return [("build record present", CheckState.FAILED, str(exc))]
-    add("build record present", record.plan_hash == plan["plan_hash"], str(home / "build-record.json"))
-    want, have = plan["vllm"]["version"], installed("vllm")
+    add("build record present", record.plan_hash == plan.plan_hash, str(home / "build-record.json"))
+    want, have = plan.vllm.version, installed("vllm")
     add(f"vllm {want} installed", (have if "+" in want else _public(have)) == want, f"installed: {have}")
-    for comp in plan["components"]:
-        if comp["kind"] == "pip":
-            name = comp["package"].split("[")[0]
-            want, have = comp["version"]["value"], installed(name)
-            ok = have is not None and (want is None or _public(have) == want)
-            add(f"{name} {want or '(unpinned)'} installed", ok, f"installed: {have}")
+    for comp in plan.components:
+        if comp.kind == ComponentKind.PIP:
+            name = (comp.package or comp.name).split("[")[0]
+            pinned, have = comp.version.value, installed(name)
+            ok = have is not None and (pinned is None or _public(have) == pinned)
+            add(f"{name} {pinned or '(unpinned)'} installed", ok, f"installed: {have}")
         else:
-            marker = Path(comp["dest"]) / ".sparkforge-commit"
-            have = marker.read_text().strip() if marker.exists() else None
-            want = comp["commit"]["value"]
-            add(f"{comp['name']} at {want or comp['ref']}", have is not None and (want is None or have == want),
-                f"{comp['dest']}: {have}")
+            marker = Path(comp.dest or "/") / ".sparkforge-commit"
+            have = marker.read_text().strip() if comp.dest and marker.exists() else None
+            pinned = comp.commit.value
+            add(f"{comp.name} at {pinned or comp.ref}", have is not None and (pinned is None or have == pinned),
+                f"{comp.dest}: {have}")
     changed = check_protected(home / "protect")
     protected = parse_json((home / "protect" / "protected.json").read_text())
     if protected or changed:
@@ -58,25 +59,25 @@ def smoke_static(home: Path) -> Checks:
             "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())))
     else:  # nothing to protect, so nothing was checked
         checks.append(("base packages not replaced by pip", CheckState.SKIPPED,
-                       f"the base has none of the protected packages ({', '.join(plan['protect']) or 'none listed'})"))
+                       f"the base has none of the protected packages ({', '.join(plan.protect) or 'none listed'})"))
     results = {entry.name: entry.result for entry in mod_results(home)}
-    for mod in plan["mods"]:
-        name = mod["name"]
+    for mod in plan.mods:
+        name = mod.name
         add(f"mod {name} recorded", results.get(name) in (ModState.APPLIED, ModState.ALREADY),
             getattr(results.get(name), "value", "not recorded"))
-        spec = parse_json((home / "mods" / name / "mod.json").read_text())
         try:
-            root = component_root(spec["component"])
-        except ModFailure as exc:
+            spec = read_mod(home / "mods" / name / "mod.json")
+            root = component_root(spec.component)
+        except (ContractError, ModFailure) as exc:
             add(f"mod {name}: component root", False, str(exc))
             continue
         for label, state, detail in verify_mod(spec, root, in_image=True):
-            if spec["phase"] == "source" and not label.startswith("python:"):
+            if spec.phase == Phase.SOURCE and not label.startswith("python:"):
                 # A source-phase mod edits the source tree before the compile; its file checks ran
                 # there when it was applied (the record above), and the tree is not in the image.
                 state, detail = CheckState.SKIPPED, "checked in the source tree at build time"
             missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", detail)
-            if (state == CheckState.FAILED and missing and not plan["vllm"]["install_deps"]
+            if (state == CheckState.FAILED and missing and not plan.vllm.install_deps
                     and importlib.util.find_spec(missing.group(1).split(".")[0]) is None):
                 # As `needs` does for declared modules: vLLM was installed --no-deps, so its own
                 # dependencies are the base's to provide, and this base lacks one.
@@ -85,7 +86,7 @@ def smoke_static(home: Path) -> Checks:
             checks.append((f"mod {name}: {label}", state, detail))
     entry = shutil.which("vllm")
     add("vllm entry point on PATH", entry is not None, entry or "not found")
-    if any(m["name"] == "serve-torchrun" for m in plan["mods"]):
+    if any(m.name == "serve-torchrun" for m in plan.mods):
         server = Path("/opt/sparkforge/serve_torchrun.py")
         add("torchrun server script", server.is_file() and os.access(server, os.X_OK), str(server))
     # Every CUDA extension against the plan's GPUs (the record the build's kernel scan wrote).
@@ -93,24 +94,28 @@ def smoke_static(home: Path) -> Checks:
     return checks
 
 
-def smoke_gpu(home: Path) -> Checks:
+def smoke_gpu(home: Path, limit: float = CUDA_TIMEOUT) -> Checks:
     """The gpu smoke tier: CUDA works and the device's capability is covered by the arch list."""
-    plan = read_versioned((home / "plan.json").read_bytes(), str(home / "plan.json"))
+    try:
+        plan = read_plan(home / "plan.json")
+    except ContractError as exc:
+        return [("plan readable", CheckState.FAILED, str(exc))]
     code = ("import json, torch; ok = torch.cuda.is_available(); "
             "print(json.dumps({'ok': ok, 'cap': list(torch.cuda.get_device_capability(0)) if ok else None, "
             "'name': torch.cuda.get_device_name(0) if ok else None}))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    try:
+        proc = run([sys.executable, "-c", code], limit=limit, what="the CUDA check")
+    except TimeLimit as exc:
+        return [("torch.cuda.is_available()", CheckState.FAILED, str(exc))]
     if proc.returncode != 0:
-        return [("torch.cuda.is_available()", CheckState.FAILED, last_line(proc.stderr))]
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
+        return [("torch.cuda.is_available()", CheckState.FAILED, last_line(text(proc.stderr)))]
+    info = json.loads(text(proc.stdout).strip().splitlines()[-1])
     checks: Checks = [("torch.cuda.is_available()", CheckState.OK if info["ok"] else CheckState.FAILED,
                         str(info["name"]))]
     if info["ok"]:
         major, minor = info["cap"]
-        arches = plan["build"]["torch_cuda_arch_list"].split(";")
+        arches = plan.build.torch_cuda_arch_list.split(";")
         covered = any(a.rstrip("afPTX+").rstrip(".") == f"{major}.{minor}" for a in arches)
         checks.append((f"sm_{major}{minor} in TORCH_CUDA_ARCH_LIST", CheckState.OK if covered else CheckState.FAILED,
-                       plan["build"]["torch_cuda_arch_list"]))
+                       plan.build.torch_cuda_arch_list))
     return checks
-
-

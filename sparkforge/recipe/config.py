@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from .. import inimage
 from ..errors import ConfigError
 from ..files import read_regular
+from ..inimage.contract import ModKind, Phase
+from ..inimage.seam import ModDoc, ModFileDoc, PatchOrigin, VerifyDoc
 from .schema import NAME_RE, MAX_TAG, MAX_VARIANT, ModSpec, Name, RecipeFile, RemotePatch, Strict
 
 # ---------------------------------------------------------------- loading
@@ -195,10 +197,9 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     for field, rel in assets:
         if rel is not None and not (folder / rel).is_file():
             raise ConfigError(f"{rel!r} is not a file in {folder}", path=meta, field=field)
-    static = spec.model_dump(mode="json")
+    # A patch named by URL is checked when it is fetched (remote.materialize); here only the folder is.
+    static = mod_document(spec, None if isinstance(spec.patch, RemotePatch) else spec.patch)
     if isinstance(spec.patch, RemotePatch):
-        # The patch is checked when it is fetched (remote.materialize); here only the folder is.
-        static.pop("patch")
         if (folder / REMOTE_PATCH_FILE).exists():
             raise ConfigError(f"{REMOTE_PATCH_FILE} is the name the fetched patch takes in the build; rename "
                               f"this mod's own file", path=folder / REMOTE_PATCH_FILE, field="patch")
@@ -207,6 +208,17 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     except inimage.ModFailure as exc:
         raise ConfigError(str(exc), path=meta, field=spec.kind) from None
     return spec, folder
+
+
+def mod_document(spec: ModSpec, patch: str | None, source: PatchOrigin | None = None) -> ModDoc:
+    """The mod as the applier reads it (mod.json in the build context): patch is the file of the folder the
+    applier reads, source where a fetched patch came from."""
+    return ModDoc(name=spec.name, component=spec.component, phase=Phase(spec.phase), kind=ModKind(spec.kind),
+                  patch=patch, patcher=spec.patcher,
+                  files=tuple(ModFileDoc(src=f.src, dest=f.dest, mode=f.mode) for f in spec.files),
+                  verify=tuple(VerifyDoc(file=v.file, contains=v.contains, python=v.python, needs=tuple(v.needs))
+                               for v in spec.verify),
+                  patch_source=source)
 
 
 def _clip(text: str, most: int = 120) -> str:

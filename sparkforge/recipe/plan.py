@@ -22,7 +22,6 @@ from packaging.version import InvalidVersion, Version
 from .. import __version__
 from ..errors import ConfigError
 from ..imageref import ImageRef
-from ..inimage.contract import SCHEMA
 from .config import Recipe, load_mod, load_variant
 from .schema import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE, ModSpec, Unknown
 
@@ -240,7 +239,6 @@ class Plan:
             mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
         if data["vllm"]["wheel"]:
             data["vllm"]["wheel"].pop("local")
-        data["schema"] = SCHEMA  # plan.json crosses into the image (sparkforge.inimage.contract)
         data["tag"] = self.tag
         data["moving_tag"] = self.moving_tag
         data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]

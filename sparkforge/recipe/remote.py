@@ -22,14 +22,15 @@ from .. import inimage
 from ..errors import ConfigError, DownloadError
 from ..files import write_atomic
 from . import download
-from .config import REMOTE_PATCH_FILE, mod_yaml_text
+from ..inimage.seam import ModDoc, PatchOrigin
+from .config import REMOTE_PATCH_FILE, mod_document, mod_yaml_text
 from .schema import NAME_RE, PATCH_URL_RE, PR_RE, RemotePatch, pr_diff_url, specifier_error
 from .plan import Mod
 from .sources import cache_dir
 
 
-def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[dict, Path]:
-    """The spec (as mod.json holds it) and the folder the applier reads for a mod.
+def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[ModDoc, Path]:
+    """The mod as the applier reads it (mod.json) and the folder it reads it from.
 
     A mod with a local patch (or any other kind) is returned as it is. For a patch named by URL,
     the folder is a cached copy of the mod's files plus the fetched patch (as upstream.diff), and
@@ -38,11 +39,10 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[dict, Path]:
     Raises ConfigError when the file that came has another hash or is not a diff that stays
     inside its tree (nothing is left in the cache then), and DownloadError when it cannot be fetched.
     """
-    spec = mod.spec.model_dump(mode="json")
     remote = mod.spec.patch
     if not isinstance(remote, RemotePatch):
-        return spec, Path(mod.folder)
-    spec = spec | {"patch": REMOTE_PATCH_FILE, "patch_source": source_of(remote)}
+        return mod_document(mod.spec, remote), Path(mod.folder)
+    spec = mod_document(mod.spec, REMOTE_PATCH_FILE, source_of(remote))
     target = cache_dir() / "mods" / f"{mod.name}-{mod.digest.removeprefix('sha256:')[:12]}"
     if target.is_dir():
         return spec, target
@@ -68,9 +68,9 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[dict, Path]:
     return spec, target
 
 
-def source_of(remote: RemotePatch) -> dict[str, str]:
-    """Where a fetched patch came from, as mod.json in the image records it."""
-    return {"url": remote.source_url, "sha256": remote.sha256} | ({"pr": remote.pr} if remote.pr else {})
+def source_of(remote: RemotePatch) -> PatchOrigin:
+    """Where a fetched patch came from, as mod.json in the image records it: the URL it was fetched from."""
+    return PatchOrigin(url=remote.source_url, pr=remote.pr, sha256=remote.sha256)
 
 
 def _field(remote: RemotePatch) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from sparkforge.cli import views
 from sparkforge.inimage.contract import (
-    SCHEMA,
+    WHEEL_VERSION,
     BuildRecord,
     ContractError,
     ModResult,
@@ -23,6 +23,7 @@ from sparkforge.inimage.contract import (
     WheelNote,
     WheelOrigin,
 )
+from sparkforge.inimage.seam import read_plan
 from sparkforge.recipe.plan import Layout, plan_variant
 from sparkforge.build.render import context_files
 from tests.support.paths import ROOT
@@ -58,7 +59,7 @@ def test_every_document_written_in_the_image_reads_back_on_the_host_field_by_fie
     tool(home, "note-wheel", str(wheel), "--origin", "cache", "--key", "k" * 64, "--compiled-for", "ng17-abc at T",
          "--out", str(home / "record" / "vllm-wheel.json"))
     raw = json.loads((home / "record" / "vllm-wheel.json").read_text())
-    assert set(raw) == names(WheelNote) and raw["schema"] == SCHEMA
+    assert set(raw) == names(WheelNote) and raw["schema"] == WHEEL_VERSION
     note = WheelNote.from_dict(raw)
     assert note.origin is WheelOrigin.CACHE and note.filename == wheel.name and note.to_dict() == raw
 
@@ -80,10 +81,11 @@ def test_every_document_written_in_the_image_reads_back_on_the_host_field_by_fie
     assert set(raw) == names(BuildRecord)
     record = BuildRecord.from_json((home / "build-record.json").read_bytes())
     assert record.to_dict() == raw
-    plan = json.loads((home / "plan.json").read_text())
-    assert (record.variant, record.tag, record.plan_hash) == (plan["variant"], plan["tag"], plan["plan_hash"])
+    plan = read_plan(home / "plan.json")
+    assert (record.variant, record.tag, record.plan_hash) == (plan.variant, plan.tag, plan.plan_hash)
+    assert (record.base, record.build) == (plan.base.to_dict(), plan.build.to_dict())
     by_name = {m.name: m for m in record.mods}
-    assert set(by_name) == {m["name"] for m in plan["mods"]}
+    assert set(by_name) == {m.name for m in plan.mods}
     assert by_name["serve-torchrun"].result is ModState.APPLIED and by_name["uf17-eager-allreduce"].result is None
     assert all(set(m) <= names(RecordedMod) for m in raw["mods"])
     assert record.wheel == note
@@ -113,10 +115,13 @@ def test_a_record_of_an_older_sparkforge_still_reads() -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"schema": SCHEMA + 1}, f"schema {SCHEMA + 1} is not one this sparkforge reads"),
+    ({"schema": 2}, "schema 2 is not one this sparkforge reads (1); it was written by a newer sparkforge"),
     ({"tag": None, "drop": "tag"}, "field 'tag' is missing (written by an older sparkforge: rebuild the image)"),
     ({"mods": [{"name": "m", "digest": "d", "phase": "install", "result": "maybe"}]},
-     "mods[0]: result 'maybe' is not one of applied, already, failed"),
+     "mods[0].result 'maybe' is not one of applied, already, failed"),
+    ({"tag": 12}, "tag is a number, not a string"),
+    ({"mods": [{"name": "m", "digest": "d", "phase": "install", "result": None, "patch": "p"}]},
+     "mods[0].patch is a string, not an object"),
 ])
 def test_an_unknown_version_or_a_missing_field_is_one_line(change: dict, message: str) -> None:
     data = old_record() | {k: v for k, v in change.items() if k != "drop"}

@@ -15,6 +15,7 @@ from sparkforge.recipe import sources
 from sparkforge.recipe.config import load_mod
 from sparkforge.repro.outdated import outdated
 from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
+from sparkforge.recipe.remote import materialize
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network
@@ -90,7 +91,7 @@ def test_the_mods_left_out_are_not_needed_in_the_release(name: str, vllm_0300: P
     m = mod(name)
     assert not SpecifierSet(m.spec.targets.versions).contains("0.30.0")
     root = sources.scratch_copy(vllm_0300, tmp_path / "root")
-    result = inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
+    result = inimage.apply_mod(materialize(m)[0], Path(m.folder), root)
     assert result.state == inimage.ModState.FAILED
     assert NOT_NEEDED[name] in result.detail, result.detail
 

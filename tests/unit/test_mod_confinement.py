@@ -23,6 +23,7 @@ from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import check_variant
 from sparkforge.recipe.plan import Layout, plan_variant
 from tests.support.limits import ended
+from tests.support.moddoc import mod_doc
 from tests.support.paths import IMAGES, MODS, ROOT
 
 MOD = "hostile-mod"
@@ -182,7 +183,7 @@ def image_mod(tmp: Path, spec: dict, files: dict[str, str]) -> Path:
     """A mod folder as the build context holds it: mod.json and its assets (no config check on the way)."""
     folder = tmp / "ctx" / "mods" / MOD
     folder.mkdir(parents=True)
-    (folder / "mod.json").write_text(json.dumps(spec))
+    (folder / "mod.json").write_text(mod_doc(spec).to_json() if spec else "{}")
     for rel, body in files.items():
         (folder / rel).write_text(body)
     return folder
@@ -228,7 +229,7 @@ def test_links_in_the_tree_are_not_followed_out_of_it(tmp_path: Path, outside: P
     os.symlink(outside, root / "vllm" / "escape")  # a folder link out of the tree
     os.symlink(outside / "sentinel.txt", root / "vllm" / "sentinel.txt")  # a file link out of the tree
     for target in ("vllm/escape/sentinel.txt", "vllm/sentinel.txt"):
-        result = inimage.apply_mod(spec_for("patch", patch="p.diff"),
+        result = inimage.apply_mod(mod_doc(spec_for("patch", patch="p.diff")),
                                      image_mod(tmp_path / target.replace("/", "-"), {},
                                                {"p.diff": patch_to(target)}), root)
         assert result.state == "failed" and "is a link in the tree" in result.detail, result
@@ -243,9 +244,9 @@ def test_links_that_stay_in_the_tree_are_followed(tmp_path: Path) -> None:
     folder = image_mod(tmp_path, {}, {"tool": "#!/bin/sh\n"})
     spec = spec_for("files", component="image", files=[{"src": "tool", "dest": "/bin/tool", "mode": "0755"}],
                     verify=[{"file": "/bin/tool", "contains": "#!/bin/sh"}])
-    assert inimage.apply_mod(spec, folder, root).state == "applied"
+    assert inimage.apply_mod(mod_doc(spec), folder, root).state == "applied"
     assert (root / "usr" / "bin" / "tool").read_text() == "#!/bin/sh\n" and (root / "bin").is_symlink()
-    assert [c[1] for c in inimage.verify_mod(spec, root, in_image=False)] == ["ok"]
+    assert [c[1] for c in inimage.verify_mod(mod_doc(spec), root, in_image=False)] == ["ok"]
 
 
 # ------------------------------------------------------------------ patchers in a child process
@@ -278,7 +279,7 @@ def test_a_patcher_that_raises_exits_or_hangs_fails_with_its_reason(name: str, t
     folder = image_mod(tmp_path, {}, {"patcher.py": code})
     # Only the patcher that loops meets its limit; the others end on their own, well within the default one.
     limit = 2 if name == "loops" else inimage.PATCHER_TIMEOUT
-    result, seconds = ended(lambda: inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root,
+    result, seconds = ended(lambda: inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), folder, root,
                                                       patcher_timeout=limit))
     assert type(result) is inimage.Result, result
     assert seconds >= 2 or name != "loops"
@@ -315,8 +316,8 @@ def test_the_shipped_patcher_still_applies_through_the_child(tmp_path: Path) -> 
     folder = MODS / "fix-qwen35-tp4-marlin"
     from sparkforge.recipe.config import load_mod
     spec = load_mod(MODS, folder.name)[0].model_dump(mode="json")
-    assert inimage.apply_mod(spec, folder, root).state == "applied"
-    assert inimage.apply_mod(spec, folder, root).state == "already"
+    assert inimage.apply_mod(mod_doc(spec), folder, root).state == "applied"
+    assert inimage.apply_mod(mod_doc(spec), folder, root).state == "already"
 
 
 # ------------------------------------------------------------------ the patcher's child: bounded, not sandboxed
@@ -341,7 +342,7 @@ def test_the_patcher_runs_in_a_scratch_folder_with_only_path_and_locale(tmp_path
             "    return {'vllm/__init__.py': f\"cwd {os.getcwd()}\\nenv {sorted(os.environ)}\\n\"}\n")
     folder, root = _patcher_tree(tmp_path, code)
     before = _folder_state(folder)
-    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    result = inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), folder, root)
     assert result.state == "applied", result
     cwd, env = (root / "vllm" / "__init__.py").read_text().splitlines()
     assert env == "env ['LANG', 'LC_ALL', 'PATH']"
@@ -356,7 +357,7 @@ def test_a_process_the_patcher_starts_does_not_outlive_it(tmp_path: Path) -> Non
             "def transform(s):\n    p = subprocess.Popen(['sleep', '300'])\n"
             "    return {'vllm/__init__.py': f'pid {p.pid}\\n'}\n")
     folder, root = _patcher_tree(tmp_path, code)
-    assert inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root).state == "applied"
+    assert inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), folder, root).state == "applied"
     pid = int((root / "vllm" / "__init__.py").read_text().split()[1])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -375,7 +376,7 @@ def test_is_applied_must_return_a_real_bool(tmp_path: Path) -> None:
     code = ("TARGETS = ['vllm/__init__.py']\ndef is_applied(s):\n    return 'no'\n"
             "def transform(s):\n    return {'vllm/__init__.py': 'changed\\n'}\n")
     folder, root = _patcher_tree(tmp_path, code)
-    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    result = inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), folder, root)
     assert result.state == "failed"
     assert result.line().startswith(f"mod {MOD}: FAILED: patcher patcher.py: is_applied() returned str 'no'")
     assert (root / "vllm" / "__init__.py").read_text() == "untouched\n"
@@ -386,7 +387,7 @@ def test_a_patcher_named_through_a_relative_mods_folder_works(tmp_path: Path, mo
             "def transform(s):\n    return {'vllm/__init__.py': 'ok\\n'}\n")
     folder, root = _patcher_tree(tmp_path, code)
     monkeypatch.chdir(folder.parent)
-    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), Path(folder.name), root)
+    result = inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), Path(folder.name), root)
     assert result.state == "applied", result
     assert (root / "vllm" / "__init__.py").read_text() == "ok\n"
 
@@ -457,7 +458,7 @@ def test_nothing_a_patcher_starts_outlives_apply(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     folder, root = _patcher_tree(tmp_path, SPAWNER.format(pidfile=str(pidfile)))
     started = time.monotonic()
-    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root)
+    result = inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), folder, root)
     assert result.state == "applied", result
     assert_all_gone(spawned(pidfile))
     assert time.monotonic() - started < 30  # nothing waited on a pipe a sleeping process held
@@ -480,7 +481,7 @@ def test_nothing_a_hanging_patcher_starts_outlives_its_time_limit(tmp_path: Path
     code = SPAWNER.format(pidfile=str(pidfile)).replace("    return {'vllm/__init__.py'", "    import time\n"
                                                         "    time.sleep(300)\n    return {'vllm/__init__.py'")
     folder, root = _patcher_tree(tmp_path, code)
-    result = inimage.apply_mod(spec_for("patcher", patcher="patcher.py"), folder, root, patcher_timeout=5)
+    result = inimage.apply_mod(mod_doc(spec_for("patcher", patcher="patcher.py")), folder, root, patcher_timeout=5)
     assert result.state == "failed" and "did not finish within 5 s" in result.detail, result
     assert_all_gone(spawned(pidfile))
 
@@ -517,7 +518,7 @@ def test_two_files_entries_with_one_dest_through_a_link_fail_naming_both(tmp_pat
     folder = image_mod(tmp_path, {}, {"a": "a\n", "b": "b\n"})
     spec = spec_for("files", component="image", files=[{"src": "a", "dest": "/bin/tool"},
                                                         {"src": "b", "dest": "/usr/bin/tool"}])
-    result = inimage.apply_mod(spec, folder, root)
+    result = inimage.apply_mod(mod_doc(spec), folder, root)
     assert result.state == "failed" and "files[0].dest (/bin/tool) and files[1].dest (/usr/bin/tool)" in result.detail, \
         result
     assert list((root / "usr" / "bin").iterdir()) == []

@@ -20,6 +20,7 @@ from sparkforge.recipe import scaffold
 from sparkforge.recipe.config import load_mod, read_yaml
 from tests.support.cli import assert_one_line, run_cli
 from tests.support.paths import IMAGES, MODS
+from sparkforge.recipe.config import mod_document
 
 REQUIRED = {"name", "summary", "description", "component", "targets", "phase", "kind", "patch", "verify"}
 ENVS = "A = 1\nB = 2\nC = 3\n"
@@ -79,7 +80,7 @@ def test_save_writes_the_patch_from_git_diff_and_one_verify_check(made, tmp_path
         {"file": "vllm/envs.py", "contains": "B = 20"}]
     # The patch makes exactly the edited tree out of the pristine one, and is then already applied.
     copy = shutil.copytree(tmp_path / "pristine", tmp_path / "copy")
-    spec_json = spec.model_dump(mode="json")
+    spec_json = mod_document(spec, spec.patch if isinstance(spec.patch, str) else None)
     assert inimage.apply_mod(spec_json, mods / "my-fix", copy).state is inimage.ModState.APPLIED
     assert (copy / "vllm" / "envs.py").read_text() == "A = 1\nB = 20\nC = 3\n"
     assert (copy / "vllm" / "probe.py").read_text() == "PROBE = 'sparkforge'\n"

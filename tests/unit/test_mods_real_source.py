@@ -27,6 +27,7 @@ from sparkforge.recipe.config import load_mod
 from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
 from tests.support.cli import run_cli
 from tests.support.paths import MODS
+from sparkforge.recipe.remote import materialize
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).
 pytestmark = pytest.mark.network
@@ -55,7 +56,7 @@ def scratch(vllm_0170: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("name", VLLM_MODS)
 def test_mod_applies_then_is_already_applied(name: str, scratch: Path) -> None:
     m = mod(name)
-    spec = m.spec.model_dump(mode="json")
+    spec = materialize(m)[0]
     first = inimage.apply_mod(spec, Path(m.folder), scratch)
     assert first.state == inimage.ModState.APPLIED, first.detail
     checks = inimage.verify_mod(spec, scratch, in_image=False)
@@ -69,7 +70,7 @@ def test_mod_applies_then_is_already_applied(name: str, scratch: Path) -> None:
 @pytest.mark.parametrize("name", VLLM_MODS)
 def test_edited_target_fails_with_name_and_reason_and_stays_untouched(name: str, scratch: Path) -> None:
     m = mod(name)
-    spec = m.spec.model_dump(mode="json")
+    spec = materialize(m)[0]
     target_rel = spec["verify"][0]["file"]
     target = scratch / target_rel
     text = target.read_text()
@@ -218,7 +219,7 @@ def test_marlin_sm12x_edits_the_kernels_and_the_selector(vllm_0170: Path, tmp_pa
     m = mod("marlin-sm12x-fp8")
     assert m.spec.phase == "source"
     root = sources.scratch_copy(vllm_0170, tmp_path / "root")
-    result = inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root)
+    result = inimage.apply_mod(materialize(m)[0], Path(m.folder), root)
     assert result.state == inimage.ModState.APPLIED, result.detail
     for kernel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu"):
         text = (root / kernel).read_text()
@@ -234,7 +235,7 @@ def test_marlin_sm12x_edits_only_the_kernel_upstream_left_in_0221(tmp_path: Path
     tree = sources.release_tree("vllm", "0.22.1")
     root = sources.scratch_copy(tree, tmp_path / "root")
     m = mod("marlin-sm12x-fp8")
-    assert inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == inimage.ModState.APPLIED
+    assert inimage.apply_mod(materialize(m)[0], Path(m.folder), root).state == inimage.ModState.APPLIED
     changed = [rel for rel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu",
                                "vllm/model_executor/layers/quantization/utils/marlin_utils.py")
                if (root / rel).read_bytes() != (tree / rel).read_bytes()]
@@ -245,7 +246,7 @@ def test_mtp_exclusion_decides_as_the_seed_describes(vllm_0170: Path, tmp_path: 
     """Run the patched is_layer_excluded itself (its module needs torch, so the method is lifted out)."""
     m = mod("mtp-nvfp4-exclusion")
     root = sources.scratch_copy(vllm_0170, tmp_path / "root")
-    assert inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), root).state == inimage.ModState.APPLIED
+    assert inimage.apply_mod(materialize(m)[0], Path(m.folder), root).state == inimage.ModState.APPLIED
     text = (root / "vllm/model_executor/layers/quantization/modelopt.py").read_text()
     func = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "is_layer_excluded")
     namespace = {"fnmatch": fnmatch.fnmatch, "is_layer_skipped": lambda prefix, excluded, mapping: prefix in excluded}

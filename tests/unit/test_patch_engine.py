@@ -25,6 +25,7 @@ from sparkforge.recipe import sources
 from sparkforge.inimage import ModFailure
 from sparkforge.inimage.contract import ModState
 from sparkforge.inimage.patch import plan_patch as _plan_patch
+from tests.support.moddoc import mod_doc
 
 ALREADY, APPLIED = ModState.ALREADY, ModState.APPLIED
 REL = "vllm/target.py"
@@ -256,7 +257,7 @@ def test_a_patch_git_calls_corrupt_fails_and_writes_nothing(real_file: bytes, tm
     root = tmp_path / "root"
     (root / "vllm").mkdir(parents=True)
     (root / REL).write_bytes(real_file)
-    result = inimage.apply_mod({"name": "m", "kind": "patch", "patch": "p.diff", "verify": []}, tmp_path / "mod", root)
+    result = inimage.apply_mod(mod_doc({"name": "m", "kind": "patch", "patch": "p.diff"}), tmp_path / "mod", root)
     assert result.state == "failed" and REL in result.detail
     assert (root / REL).read_bytes() == real_file
 
@@ -390,7 +391,7 @@ def test_truncated_hunk_is_an_error_and_nothing_is_written(tmp_path: Path) -> No
     (tmp_path / "root" / REL).write_bytes(old)
     with pytest.raises(ModFailure, match="truncated"):
         plan_patch("m", cut, tmp_path / "root")
-    spec = {"name": "m", "kind": "patch", "patch": "p.diff", "verify": []}
+    spec = mod_doc({"name": "m", "kind": "patch", "patch": "p.diff"})
     (tmp_path / "mod").mkdir()
     (tmp_path / "mod" / "p.diff").write_bytes(cut)
     result = inimage.apply_mod(spec, tmp_path / "mod", tmp_path / "root")

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkforge import inimage
+from tests.support.moddoc import mod_doc
 
 SECRET = b"host secret that must never reach the tree\n"
 X = b"a\nb\nc\n"
@@ -92,7 +93,7 @@ def side_by_side(diff: bytes, tmp: Path) -> tuple[str, str]:
     (tmp / "mod").mkdir()
     (tmp / "mod" / "p.diff").write_bytes(diff)
     before = snapshot(mine)
-    result = inimage.apply_mod({"name": "m", "kind": "patch", "patch": "p.diff", "verify": []}, tmp / "mod", mine)
+    result = inimage.apply_mod(mod_doc({"name": "m", "kind": "patch", "patch": "p.diff"}), tmp / "mod", mine)
     after = snapshot(mine)
     assert (outside / "secret.txt").read_bytes() == SECRET and sorted(os.listdir(outside)) == ["secret.txt"]
     assert not any(SECRET in entry[1] for entry in after.values() if entry[0] == "file"), "the secret leaked in"
@@ -282,7 +283,7 @@ def test_a_fifo_or_folder_where_a_file_is_named_is_refused_at_once(tmp_path: Pat
         hunk = "@@ -0,0 +1 @@\n+new\n" if name.endswith("new.py") else CHANGE
         old = "/dev/null" if name.endswith("new.py") else f"a/{name}"
         (tmp_path / "mod" / "p.diff").write_text(f"--- {old}\n+++ b/{name}\n{hunk}")
-        result = inimage.apply_mod({"name": "m", "kind": "patch", "patch": "p.diff", "verify": []}, tmp_path / "mod",
+        result = inimage.apply_mod(mod_doc({"name": "m", "kind": "patch", "patch": "p.diff"}), tmp_path / "mod",
                                    root)
         assert result.state == "failed" and why in result.detail, result
     shutil.rmtree(tmp_path / "mod")

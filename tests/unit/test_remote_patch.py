@@ -190,9 +190,9 @@ def test_url_mod_applies_to_old_release_and_is_already_in_new(project: Project, 
     assert (out / "mods" / MOD / "upstream.diff").read_bytes() == diff
     spec = json.loads((out / "mods" / MOD / "mod.json").read_text())
     assert spec["patch"] == "upstream.diff"
-    assert spec["patch_source"] == {"url": url, "sha256": upstream.sha256(diff)}
+    assert spec["patch_source"] == {"url": url, "pr": None, "sha256": upstream.sha256(diff)}
     (planned,) = json.loads((out / "plan.json").read_text())["mods"]
-    assert planned["spec"]["patch"] == {"url": url, "sha256": upstream.sha256(diff)}
+    assert planned["patch"] == {"url": url, "pr": None, "sha256": upstream.sha256(diff)}
 
 
 def test_pr_shorthand_is_fetched_from_its_diff_url(project: Project, diff: bytes) -> None:

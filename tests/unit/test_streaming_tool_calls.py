@@ -26,6 +26,7 @@ from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import matrix
 from sparkforge.recipe.config import load_mod
 from sparkforge.recipe.plan import Layout, Mod, digest_tree
+from sparkforge.recipe.remote import materialize
 
 pytestmark = pytest.mark.network
 
@@ -60,7 +61,7 @@ def test_applies_to_every_declared_release_and_fails_where_upstream_rewrote_it(t
 
 def test_second_application_is_detected(tmp_path: Path) -> None:
     m = the_mod()
-    spec = m.spec.model_dump(mode="json")
+    spec = materialize(m)[0]
     root = sources.scratch_copy(sources.release_tree("vllm", "0.16.0"), tmp_path / "root")
     assert inimage.apply_mod(spec, Path(m.folder), root).state == inimage.ModState.APPLIED
     assert [c for c in inimage.verify_mod(spec, root, in_image=False) if c[1] == inimage.CheckState.FAILED] == []
@@ -161,7 +162,7 @@ def trees(tmp_path_factory) -> tuple[Path, Path]:
     pristine = sources.release_tree("vllm", "0.16.0")
     patched = sources.scratch_copy(pristine, tmp_path_factory.mktemp("stc") / "root")
     m = the_mod()
-    assert inimage.apply_mod(m.spec.model_dump(mode="json"), Path(m.folder), patched).state == inimage.ModState.APPLIED
+    assert inimage.apply_mod(materialize(m)[0], Path(m.folder), patched).state == inimage.ModState.APPLIED
     return pristine, patched
 
 
