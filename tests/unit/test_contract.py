@@ -24,9 +24,7 @@ from sparkforge.inimage.contract import (
     WheelOrigin,
 )
 from sparkforge.inimage.seam import read_plan
-from sparkforge.recipe.plan import Layout, plan_variant
-from sparkforge.build.render import context_files
-from tests.support.paths import ROOT
+from tests.support.seam import image_home
 
 
 def names(cls) -> set[str]:
@@ -36,14 +34,7 @@ def names(cls) -> set[str]:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """An image's /opt/sparkforge as render and the build leave it, the tool run from its own copy."""
-    files = context_files(plan_variant(Layout.default(ROOT), "ng17"), Layout.default(ROOT))
-    home = tmp_path / "opt-sparkforge"
-    for rel, body in files.items():
-        if rel.startswith("sparkforge/inimage/") or rel == "plan.json" or rel.startswith("mods/"):
-            target = home / rel.removeprefix("sparkforge/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(body)
-    return home
+    return image_home(tmp_path)
 
 
 def tool(home: Path, *args: str) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import check_variant
 from sparkforge.recipe.plan import Layout, plan_variant
 from tests.support.limits import ended
-from tests.support.moddoc import mod_doc
+from tests.support.seam import mod_doc
 from tests.support.paths import IMAGES, MODS, ROOT
 
 MOD = "hostile-mod"

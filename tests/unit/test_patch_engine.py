@@ -25,7 +25,7 @@ from sparkforge.recipe import sources
 from sparkforge.inimage import ModFailure
 from sparkforge.inimage.contract import ModState
 from sparkforge.inimage.patch import plan_patch as _plan_patch
-from tests.support.moddoc import mod_doc
+from tests.support.seam import mod_doc
 
 ALREADY, APPLIED = ModState.ALREADY, ModState.APPLIED
 REL = "vllm/target.py"

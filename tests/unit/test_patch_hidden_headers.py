@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkforge import inimage
-from tests.support.moddoc import mod_doc
+from tests.support.seam import mod_doc
 
 SECRET = b"host secret that must never reach the tree\n"
 X = b"a\nb\nc\n"

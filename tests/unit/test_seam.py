@@ -25,6 +25,7 @@ from sparkforge.recipe.plan import Layout
 from sparkforge.recipe.remote import materialize
 from tests.support.limits import ended
 from tests.support.paths import IMAGES, MODS, ROOT, TEST_MODS, VARIANTS
+from tests.support.seam import image_home
 
 VARIANT_FILES = sorted(IMAGES.glob("*.yaml")) + sorted(VARIANTS.glob("*.yaml"))
 
@@ -127,20 +128,8 @@ def test_a_mod_json_the_image_cannot_read_is_one_line_naming_the_file(case: str,
     assert message.startswith("serve-torchrun/mod.json: ") and words in message and "\n" not in message, message
 
 
-def tool_home(tmp_path: Path) -> Path:
-    """An image's /opt/sparkforge as render leaves it, with the image-side tool in it."""
-    layout = Layout.default(ROOT)
-    home = tmp_path / "opt-sparkforge"
-    for rel, body in context_files(load_plan(layout, "ng17").plan, layout).items():
-        if rel.startswith("sparkforge/inimage/") or rel == "plan.json" or rel.startswith("mods/"):
-            target = home / rel.removeprefix("sparkforge/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(body)
-    return home
-
-
 def test_the_image_tool_refuses_a_newer_mod_or_plan_in_one_line(tmp_path: Path) -> None:
-    home = tool_home(tmp_path)
+    home = image_home(tmp_path)
     mod = home / "mods" / "serve-torchrun" / "mod.json"
     mod.write_text(json.dumps(json.loads(mod.read_text()) | {"schema": MOD_VERSION + 1}))
     (home / "root").mkdir()
@@ -201,7 +190,7 @@ def torch_never_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_torch_and_cuda_questions_end_at_their_limits(torch_never_imports: None, tmp_path: Path) -> None:
     outcome, _ = ended(lambda: record.torch_cuda(limit=1))
     assert outcome == "import failed: import torch did not finish within 1 s; stopped"
-    home = tool_home(tmp_path)
+    home = image_home(tmp_path)
     outcome, _ = ended(lambda: smoke.smoke_gpu(home, limit=1))
     assert outcome == [("torch.cuda.is_available()", CheckState.FAILED,
                         "the CUDA check did not finish within 1 s; stopped")]
