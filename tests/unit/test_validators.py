@@ -38,6 +38,7 @@ TYPES = {
     "FileUrl": (schema.FileUrl, schema.FILE_URL_RE),
     "PullRequest": (schema.PullRequest, schema.PR_RE),
     "Sha256": (schema.Sha256, schema.SHA256_RE),
+    "Distribution": (schema.Distribution, schema.DIST_RE),
     "PythonVersion": (schema.PythonVersion, schema.PYTHON_VERSION_RE),
     "WheelPlatform": (schema.WheelPlatform, schema.WHEEL_PLATFORM_RE),
     "Module": (schema.Module, schema.MODULE_RE),
