@@ -20,20 +20,8 @@ from typing import Callable
 from ..errors import BuildError, ConfigError, Hint
 from ..files import locked
 from ..recipe.config import list_variants
-from ..recipe.lock import (
-    BuiltFrom,
-    Lock,
-    LockedWheels,
-    apply_lock,
-    check_lock,
-    compare,
-    existing_epoch,
-    lock_path,
-    make_lock,
-    pinned_plan,
-    read_lock,
-    write_lock,
-)
+from ..recipe.lock import apply_lock, check_lock, compare, make_lock, pinned_plan
+from ..recipe.lockfile import BuiltFrom, Lock, LockedWheels, existing_epoch, lock_path, read_lock, write_lock
 from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
 from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set

@@ -199,7 +199,7 @@ class Plan:
     # From a lock file: every wheel the runtime's pip install takes (vLLM, its dependencies and the pip
     # components), installed with hashes enforced. Empty when not locked.
     wheel_set: tuple[WheelPin, ...] = ()
-    # From a lock file (sparkforge/recipe/lock.py): every installed package's version, as pip
+    # From a lock file (sparkforge/recipe/lockfile.py): every installed package's version, as pip
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
     pins: tuple[tuple[str, str], ...] = ()
     source_date_epoch: int | None = None

@@ -1,7 +1,7 @@
 """Resolvers: ask registries and git remotes for the pins a recipe leaves open.
 
 Each answer is either a full digest or commit, or `Unreachable` with the reason it could not be
-asked from here; nothing is ever guessed. `lock` records the answers through sparkforge/recipe/lock.py.
+asked from here; nothing is ever guessed. `lock` records the answers through sparkforge/recipe/lockfile.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable
 from .. import gitfetch, registry
 from ..errors import mask_secrets
 from ..imageref import ImageRef
-from .lock import Pinned
+from .lockfile import Pinned
 from .plan import Plan
 from .sources import cache_dir
 
