@@ -22,7 +22,9 @@ from ..files import locked
 from ..recipe.config import list_variants
 from ..recipe.lock import apply_lock, check_lock, compare, make_lock, pinned_plan
 from ..recipe.lockfile import BuiltFrom, Lock, LockedWheels, existing_epoch, lock_path, read_lock, write_lock
-from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
+from ..recipe.layout import PROJECT_ROOT, Layout
+from ..recipe.plan import Plan, rehash
+from ..recipe.planner import plan_variant
 from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set
 from . import wheels

@@ -20,7 +20,8 @@ import jinja2
 
 from ..errors import ConfigError, SparkforgeError
 from ..inimage.contract import SCHEMA
-from ..recipe.plan import Layout, Plan
+from ..recipe.layout import Layout
+from ..recipe.plan import Plan
 from ..recipe.remote import materialize
 from ..recipe.sources import cache_dir
 from ..recipe.wheelset import requirements_txt

@@ -30,7 +30,8 @@ from ..errors import BuildError, ConfigError, DownloadError
 from ..files import NotRegularFile, is_regular, name_path, read_regular, write_atomic
 from ..inimage.contract import JsonError, parse_json
 from ..recipe import download
-from ..recipe.plan import Layout, Plan, WheelFile
+from ..recipe.layout import Layout
+from ..recipe.plan import Plan, WheelFile
 from ..recipe.sources import cache_dir
 from . import dockercli
 

@@ -21,7 +21,8 @@ from ..errors import DistributeError, Hint
 from ..files import read_regular, write_atomic
 from ..imageref import ImageRef
 from ..inimage.contract import JsonError, parse_json
-from ..recipe.plan import PROJECT_ROOT, Plan
+from ..recipe.layout import PROJECT_ROOT
+from ..recipe.plan import Plan
 from ..recipe.schema import DIGEST_RE, REPOSITORY_RE, TAG_RE
 from .cluster import Node
 from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker

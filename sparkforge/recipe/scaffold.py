@@ -27,7 +27,9 @@ from .. import inimage
 from ..errors import BuildError, ConfigError, Hint
 from ..inimage.paths import asset
 from .config import load_mod, mod_yaml_text, read_text, read_yaml
-from .plan import PROJECT_ROOT, Layout, Mod, Plan, check_mod_fits, digest_tree, rehash
+from .layout import PROJECT_ROOT, Layout, digest_tree
+from .plan import Mod, Plan, rehash
+from .planner import check_mod_fits
 from .remote import check_diff, verify_check
 from .schema import NAME_RE, specifier_error
 from .sources import scratch_copy

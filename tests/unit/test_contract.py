@@ -23,7 +23,8 @@ from sparkforge.inimage.contract import (
     WheelNote,
     WheelOrigin,
 )
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.build.render import context_files
 from tests.support.paths import ROOT
 

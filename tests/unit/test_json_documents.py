@@ -18,7 +18,7 @@ from sparkforge.inimage.contract import BuildRecord, ContractError, JsonError, p
 from sparkforge.build.inspect import kernels_problem
 from sparkforge.recipe.lock import make_lock
 from sparkforge.recipe.lockfile import lock_path, write_lock
-from sparkforge.recipe.plan import plan_variant
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.registry import Client, Endpoint, RegistryError
 from tests.support.cli import assert_one_line
 from tests.support.recipes import layout, unlocked_images

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from sparkforge.recipe import schema
 from sparkforge.recipe.config import field_path
 from sparkforge.recipe.schema import ModFile, ModVerify
-from sparkforge.recipe.plan import parse_image_ref
+from sparkforge.recipe.planner import parse_image_ref
 from sparkforge.errors import ConfigError
 
 # Every pattern-validated type of schema.py, with the pattern its valid values come from.
@@ -237,7 +237,7 @@ def test_an_arch_list_names_only_archs_nvcc_can_name(archs: list) -> None:
     adapter = TypeAdapter(schema.ArchList)
     if all(ok for _, ok in written):
         assert adapter.validate_python(value) == value
-        from sparkforge.recipe.plan import gpus_of  # every GPU it gives is one the gpus field takes
+        from sparkforge.recipe.planner import gpus_of  # every GPU it gives is one the gpus field takes
         for gpu in gpus_of(value):
             assert TypeAdapter(schema.Gpu).validate_python(gpu) == gpu
     else:

@@ -14,7 +14,9 @@ import pytest
 from sparkforge.recipe import download
 from sparkforge.build import wheels
 from sparkforge.errors import ConfigError
-from sparkforge.recipe.plan import Layout, Pin, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.plan import Pin
+from sparkforge.recipe.planner import plan_variant
 from tests.support.cli import run_cli
 from tests.support.paths import IMAGES, ROOT, TEST_MODS
 from tests.support.recipes import layout
