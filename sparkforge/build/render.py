@@ -25,7 +25,8 @@ from ..recipe.plan import Plan
 from ..recipe.remote import materialize
 from ..recipe.sources import cache_dir
 from ..recipe.wheelset import requirements_txt
-from .wheels import WheelInput, planned_wheel
+from .prebuilt import planned_wheel
+from .wheels import WheelInput
 
 DOCKERFILE = "Dockerfile"
 MANAGED_MARK = ".sparkforge-context"

@@ -21,7 +21,8 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..net import is_loopback
 from ..recipe.config import read_yaml, validation_error
-from ..recipe.schema import HOST, NAME_RE, PORT, Strict, host_problem
+from ..recipe.fields import HOST, NAME_RE, PORT, host_problem
+from ..recipe.schema import Strict
 from ..registry import Endpoint as RegistryEndpoint
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock; a user name as useradd takes one.

@@ -23,7 +23,7 @@ from ..imageref import ImageRef
 from ..inimage.contract import JsonError, parse_json
 from ..recipe.layout import PROJECT_ROOT
 from ..recipe.plan import Plan
-from ..recipe.schema import DIGEST_RE, REPOSITORY_RE, TAG_RE
+from ..recipe.fields import DIGEST_RE, REPOSITORY_RE, TAG_RE
 from .cluster import Node
 from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker
 

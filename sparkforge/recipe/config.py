@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from .. import inimage
 from ..errors import ConfigError
 from ..files import read_regular
-from .schema import NAME_RE, MAX_TAG, MAX_VARIANT, ModSpec, Name, RecipeFile, RemotePatch, Strict
+from .fields import MAX_TAG, MAX_VARIANT, NAME_RE, Name
+from .schema import ModSpec, RecipeFile, RemotePatch, Strict
 
 # ---------------------------------------------------------------- loading
 

@@ -24,7 +24,7 @@ from ..errors import ConfigError, Hint, SparkforgeError
 from ..files import write_atomic
 from ..inimage.contract import JsonError, parse_json
 from .config import read_text
-from .schema import (
+from .fields import (
     AbsPath,
     Commit,
     Digest,
@@ -38,12 +38,12 @@ from .schema import (
     PythonVersion,
     Repository,
     Sha256,
-    Strict,
     Text,
     WheelPlatform,
     matching,
 )
 from .plan import PythonTarget, WheelPin
+from .schema import Strict
 
 LOCK_SUFFIX = ".lock.json"
 LOCK_FORMAT = 1

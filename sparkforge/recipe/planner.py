@@ -16,7 +16,8 @@ from ..imageref import ImageRef
 from .config import Recipe, load_mod, load_variant
 from .layout import Layout, digest_tooling, digest_tree
 from .plan import BaseImage, BuildArgs, Component, Mod, Pin, Plan, PythonTarget, Vllm, WheelFile, rehash
-from .schema import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE, ModSpec
+from .fields import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE
+from .schema import ModSpec
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.

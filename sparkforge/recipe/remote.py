@@ -23,7 +23,8 @@ from ..errors import ConfigError, DownloadError
 from ..files import write_atomic
 from . import download
 from .config import REMOTE_PATCH_FILE, mod_yaml_text
-from .schema import NAME_RE, PATCH_URL_RE, PR_RE, RemotePatch, pr_diff_url, specifier_error
+from .fields import NAME_RE, PATCH_URL_RE, PR_RE, specifier_error
+from .schema import RemotePatch, pr_diff_url
 from .plan import Mod
 from .sources import cache_dir
 

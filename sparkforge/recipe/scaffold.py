@@ -31,7 +31,7 @@ from .layout import PROJECT_ROOT, Layout, digest_tree
 from .plan import Mod, Plan, rehash
 from .planner import check_mod_fits
 from .remote import check_diff, verify_check
-from .schema import NAME_RE, specifier_error
+from .fields import NAME_RE, specifier_error
 from .sources import scratch_copy
 
 WORK_ROOT = PROJECT_ROOT / "build" / "mod-src"

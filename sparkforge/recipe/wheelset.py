@@ -21,7 +21,7 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from .plan import Plan, PythonTarget, WheelPin
-from .schema import SHA256_RE
+from .fields import SHA256_RE
 from .sources import index_url
 
 if sys.version_info >= (3, 11):
