@@ -18,6 +18,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from .. import proc
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..net import is_loopback
 from ..recipe.config import read_yaml, validation_error
@@ -387,7 +388,7 @@ def run_registry(action: str, reg: Registry, timeout: float = 90) -> subprocess.
     if action not in ("start", "stop", "status"):
         raise ConfigError(f"unknown action {action!r}; choose start, stop or status", field="registry")
     try:
-        return subprocess.run(registry_command(action, reg), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DistributeError(f"scripts/registry.sh {action} gave no answer within {timeout:.0f}s",
-                              field="registry") from None
+        return proc.run(registry_command(action, reg), what=f"scripts/registry.sh {action}", capture_output=True,
+                        text=True, timeout=timeout)
+    except proc.CommandError as exc:
+        raise DistributeError(str(exc), field="registry") from None

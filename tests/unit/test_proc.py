@@ -3,7 +3,6 @@ group, a missing program is one line, Ctrl-C and SIGTERM leave nothing running."
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -116,3 +115,21 @@ def test_ctrl_c_and_sigterm_stop_the_child_and_its_group(tmp_path: Path, sig: in
             python.kill()
             python.wait()
     assert gone(pids)  # sleep 300 ends only when stopped
+
+
+def test_a_streaming_child_that_goes_silent_is_stopped_at_its_stall_limit() -> None:
+    """The build's bound (dockercli.lines_until_stall): lines pass on; silence past the limit stops the child."""
+    from sparkforge.build import dockercli
+
+    child = dockercli.track(subprocess.Popen(["sh", "-c", "echo one; echo two; exec sleep 300"],
+                                             stdout=subprocess.PIPE, text=True))
+    seen = []
+    start = time.monotonic()
+    with pytest.raises(dockercli.EngineError) as caught:
+        for line in dockercli.lines_until_stall(child, stall=1):
+            seen.append(line)
+    assert seen == ["one\n", "two\n"]
+    assert caught.value.detail == "wrote nothing for 1 s and was stopped"
+    assert caught.value.field == "sh -c echo one; echo two; exec sleep 300"
+    assert time.monotonic() - start >= 1 and child.poll() is not None
+    dockercli.finish(child)
