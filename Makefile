@@ -64,7 +64,8 @@ registry: $(STAMP) ## start the registry cluster.yaml describes (CLUSTER=FILE; w
 registry-stop: $(STAMP) ## stop that registry
 	$(PY) build.py registry stop $(if $(CLUSTER),--cluster $(CLUSTER))
 
-bench-rebuild: $(STAMP) ## time a cold build, a rebuild after one mod changed, the cached-build overhead, and the git-source build with an empty and a warm wheel cache (on an engine of its own)
+bench-rebuild: $(STAMP) ## the two image stores side by side (bench/stores.py), then time a cold build, a rebuild after one mod changed, the cached-build overhead, and the git-source build with an empty and a warm wheel cache (on an engine of its own)
+	$(PY) bench/stores.py
 	$(PY) bench/rebuild.py
 
 bench-first-build: $(STAMP) ## time the first build of pypi033's x86-64 counterpart (no compile) against the git-source variant (a compile), both cold; print the ratio and the bytes each downloads

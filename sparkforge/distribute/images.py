@@ -208,7 +208,8 @@ _BUILD_TAG = re.compile(r"[0-9a-f]{12}(\.[0-9a-f]{12})?")
 
 
 def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
-    """The builds of a variant on the head, newest first (by the time they were tagged)."""
+    """The builds of a variant on the head, newest first (by the time they were tagged): its tags that read as
+    a build's, on images whose build record names this variant."""
     repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
     proc = dockercli.run(["images", repo, "--format", "{{.Repository}}:{{.Tag}}"], what="docker images")
@@ -224,6 +225,8 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
         if data is None:  # removed since `docker images` listed it
             continue
         labels = (data.get("Config") or {}).get("Labels") or {}
+        if labels.get("io.sparkforge.variant") != plan.variant:  # a tag that reads like one, on another image
+            continue
         when = str((data.get("Metadata") or {}).get("LastTagTime") or "")[:19].replace("T", " ")
         found.append(Build(tag, data["Id"], when if when[:4] > "0001" else "-",
                            labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),

@@ -82,19 +82,25 @@ def parse_diff(data: bytes) -> list[FilePatch]:
     them: git lists those (patch.py)."""
     lines = lines_of(data)
     patches: list[FilePatch] = []
-    git_sections = False
+    git_sections = in_git = False
     i = 0
     while i < len(lines):
         if lines[i].startswith(b"@@"):
             raise ModFailure(f"hunk {lines[i].decode(errors='replace').strip()} comes before any file header")
         if not (lines[i].startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ ")):
-            git_sections = git_sections or lines[i].startswith(b"diff --git ")
+            if lines[i].startswith(b"diff "):  # `diff --git a/x b/x`, or `diff -ruN a/x b/x` of a traditional diff
+                in_git = lines[i].startswith(b"diff --git ")
+            git_sections = git_sections or in_git
             _refuse_dropped(lines[i])
             i += 1
             continue
         (old_name, old_prefixed), (new_name, new_prefixed) = _name(lines[i], "a/"), _name(lines[i + 1], "b/")
         if None not in (old_prefixed, new_prefixed) and old_prefixed != new_prefixed:
             raise ModFailure(f"{new_name}: one header name has the a/ or b/ prefix and the other not")
+        if in_git and "/dev/null" not in (old_name, new_name) and old_name != new_name:
+            # git reads two names in a git diff's section as a rename, even without its `rename from` lines
+            raise ModFailure(f"a rename ({old_name} -> {new_name}) is not supported; a patch mod changes the text of "
+                             "regular files only")
         for name in (old_name, new_name):
             if name != "/dev/null":
                 parts(name, "patch header")

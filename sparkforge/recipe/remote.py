@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import inimage
+from ..inimage.patch import check_patch
 from ..errors import ConfigError, DownloadError
 from ..files import write_atomic
 from . import download
@@ -98,8 +99,10 @@ def fetch_patch(name: str, remote: RemotePatch, meta: Path, ca_cert: Path | None
 
 
 def check_diff(data: bytes) -> list[inimage.FilePatch]:
-    """The file changes of a unified diff; ModFailure when it is none, or names a path outside its tree."""
+    """The file changes of a unified diff; ModFailure when it is none, names a path outside its tree, or does
+    more than change the text of files as git apply reads it (patch.check_patch: a deletion, a link, a mode)."""
     try:
+        check_patch(data)
         return inimage.parse_diff(data)  # which also refuses a header naming a path outside the tree
     except inimage.ModFailure as exc:
         if str(exc) == "the patch file holds no file changes":

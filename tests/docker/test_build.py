@@ -191,9 +191,9 @@ verify:
 
 
 def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> None:
-    """A build of a plan whose immutable tag already names another image (here: the tag set by hand on the
-    base, as a rebuild that gave other bytes would leave it) keeps its image beside the tag and moves neither
-    tag; --move-tag moves both and keeps the old image reachable, in `history` and for `deploy --to`."""
+    """A build of a plan whose immutable tag already names another image of the variant (as a rebuild that gave
+    other bytes leaves it) keeps its image beside the tag and moves neither tag; --move-tag moves both and keeps
+    the old image reachable, in `history` (which lists only this variant's builds) and for `deploy --to`."""
     images = tmp_path / "images"
     shutil.copytree(VARIANTS, images)
     (images / "testmove.yaml").write_text("extends: testvllm\n")
@@ -202,9 +202,13 @@ def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> N
     moving = "sparkforge-test/vllm:testmove"
     built = image_id(moving)
     tag = next(line.split()[1] for line in first.stdout.splitlines() if line.startswith("tagged ") and ":testmove-" in line)
-    other = image_id(BASE)
+    # Another image of this variant, as a rebuild that gave other bytes would leave: the build with a label more.
+    subprocess.run(["docker", "buildx", "build", "--load", "--provenance=false", "-t", tag, "-"], check=True,
+                   capture_output=True, timeout=600, input=f"FROM {tag}\nLABEL io.sparkforge.test=other\n".encode())
+    other = image_id(tag)
     assert built and other and built != other
-    subprocess.run(["docker", "tag", BASE, tag], check=True, capture_output=True, timeout=60)
+    foreign = f"{moving}-000000000000"  # reads like a build's tag, but its image is no build of this variant
+    subprocess.run(["docker", "tag", BASE, foreign], check=True, capture_output=True, timeout=60)
     try:
         again = sparkforge(*build_args("testmove", images=images))
         assert again.returncode == 0, again.stderr
@@ -231,7 +235,8 @@ def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> N
         assert "<- testmove" in rows[short(tag)] and "<- testmove" in rows[short(kept)], history.stdout
         assert "<- testmove" not in rows[short(old_kept)], history.stdout
     finally:
-        subprocess.run(["docker", "image", "rm", "--no-prune", moving, tag, f"{tag}.{built.removeprefix('sha256:')[:12]}",
+        subprocess.run(["docker", "image", "rm", "--no-prune", moving, tag, foreign,
+                        f"{tag}.{built.removeprefix('sha256:')[:12]}",
                         f"{tag}.{other.removeprefix('sha256:')[:12]}"], capture_output=True, timeout=120)
 
 

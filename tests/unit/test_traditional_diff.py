@@ -60,7 +60,7 @@ def test_a_diff_of_file_orig_against_file_patches_file(tmp_path: Path) -> None:
     assert diff.startswith(b"--- vllm/envs.py.orig\t")
     (root / "vllm/envs.py").write_text("A = 1\nB = 2\nC = 3\n")  # back to the pristine file
     (patch,) = inimage.parse_diff(diff)
-    assert (patch.path, patch.create, patch.prefixed) == ("vllm/envs.py", False, False)
+    assert (patch.path, patch.prefixed) == ("vllm/envs.py", False)
     expected = git_applies(diff, root, 0)
     assert expected["vllm/envs.py"] == b"A = 1\nB = 20\nC = 3\n"
     assert engine_applies(diff, root) == expected
@@ -81,8 +81,7 @@ def test_of_two_names_the_shorter_that_begins_the_other_is_patched(tmp_path: Pat
 def test_a_new_file_of_diff_N_is_created(tmp_path: Path) -> None:
     work = tree(tmp_path / "work", {"a/vllm/old.py": "x = 1\n", "b/vllm/old.py": "x = 2\n", "b/vllm/new.py": "y = 1\n"})
     diff = run_diff("-ruN", "a", "b", cwd=work)
-    patches = {p.path: p for p in inimage.parse_diff(diff)}
-    assert patches["vllm/new.py"].create and not patches["vllm/old.py"].create
+    assert sorted(p.path for p in inimage.parse_diff(diff)) == ["vllm/new.py", "vllm/old.py"]
     root = tree(tmp_path / "root", {"vllm/old.py": "x = 1\n"})
     expected = git_applies(diff, root, 1)
     assert expected == {"vllm/old.py": b"x = 2\n", "vllm/new.py": b"y = 1\n"}
@@ -92,11 +91,13 @@ def test_a_new_file_of_diff_N_is_created(tmp_path: Path) -> None:
 def test_a_file_that_diff_N_shows_gone_is_refused_as_git_would_delete_it(tmp_path: Path) -> None:
     work = tree(tmp_path / "work", {"a/vllm/gone.py": "x = 1\n", "b/vllm/keep.py": "y = 1\n", "a/vllm/keep.py": "y = 1\n"})
     diff = run_diff("-ruN", "a", "b", cwd=work)
-    with pytest.raises(inimage.ModFailure, match=r"deleting files is not supported \(vllm/gone.py\)"):
-        inimage.parse_diff(diff)
+    root = tree(tmp_path / "root", {"vllm/gone.py": "x = 1\n", "vllm/keep.py": "y = 1\n"})
+    with pytest.raises(inimage.ModFailure, match=r"^vllm/gone.py: git apply deletes this file"):
+        plan_patch(diff, root)
+    assert (root / "vllm/gone.py").read_text() == "x = 1\n"
 
 
 def test_a_git_diff_whose_names_differ_is_still_a_rename_and_refused() -> None:
     diff = (b"diff --git a/old.py b/new.py\n--- a/old.py\n+++ b/new.py\n@@ -1 +1 @@\n-a\n+b\n")
-    with pytest.raises(inimage.ModFailure, match="renaming files is not supported"):
+    with pytest.raises(inimage.ModFailure, match=r"^a rename \(old.py -> new.py\) is not supported"):
         inimage.parse_diff(diff)

@@ -38,6 +38,7 @@ TYPES = {
     "FileUrl": (fields.FileUrl, fields.FILE_URL_RE),
     "PullRequest": (fields.PullRequest, fields.PR_RE),
     "Sha256": (fields.Sha256, fields.SHA256_RE),
+    "Distribution": (fields.Distribution, fields.DIST_RE),
     "PythonVersion": (fields.PythonVersion, fields.PYTHON_VERSION_RE),
     "WheelPlatform": (fields.WheelPlatform, fields.WHEEL_PLATFORM_RE),
     "Module": (fields.Module, fields.MODULE_RE),
