@@ -54,17 +54,17 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("python.version", plan.python.version if plan.python else None),
                 ("python.platform", plan.python.platform if plan.python else None)]
     if lock is not None:
-        b, v = lock.base, lock.vllm
-        out += [("variant", lock.variant), ("base.repository", b.repository), ("base.tag", b.tag),
-                ("base.digest", b.digest), ("vllm.source", v.source), ("vllm.version", v.version),
-                ("vllm.ref", v.ref), ("vllm.commit", v.commit), ("vllm.sha256", v.sha256),
-                ("vllm.install_deps", v.install_deps),
+        lb, lv = lock.base, lock.vllm
+        out += [("variant", lock.variant), ("base.repository", lb.repository), ("base.tag", lb.tag),
+                ("base.digest", lb.digest), ("vllm.source", lv.source), ("vllm.version", lv.version),
+                ("vllm.ref", lv.ref), ("vllm.commit", lv.commit), ("vllm.sha256", lv.sha256),
+                ("vllm.install_deps", lv.install_deps),
                 ("components", [c.name for c in lock.components])]
-        for c in lock.components:
-            out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
-                    (f"components.{c.name}.version", c.version), (f"components.{c.name}.repo", c.repo),
-                    (f"components.{c.name}.ref", c.ref), (f"components.{c.name}.commit", c.commit),
-                    (f"components.{c.name}.dest", c.dest)]
+        for lc in lock.components:
+            out += [(f"components.{lc.name}.kind", lc.kind), (f"components.{lc.name}.package", lc.package),
+                    (f"components.{lc.name}.version", lc.version), (f"components.{lc.name}.repo", lc.repo),
+                    (f"components.{lc.name}.ref", lc.ref), (f"components.{lc.name}.commit", lc.commit),
+                    (f"components.{lc.name}.dest", lc.dest)]
         out += [("mods", [n for n, _ in lock.mods])]
         out += [(f"mods.{n}.digest", d) for n, d in lock.mods]
         out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
