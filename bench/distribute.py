@@ -35,7 +35,7 @@ from tests.infra.netns import NetnsCluster, free_subnet, missing  # noqa: E402
 from sparkforge.distribute import deploy, images, push, stream  # noqa: E402
 from sparkforge.distribute.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
 from sparkforge.build.pipeline import LockPolicy, load_plan  # noqa: E402
-from sparkforge.recipe.plan import Layout  # noqa: E402
+from sparkforge.recipe.layout import Layout  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
 CA = "/etc/ssl/certs/ca-certificates.crt"

@@ -32,7 +32,7 @@ from tests.support.gitsource import GitSource, ensure_torch_base  # noqa: E402
 from sparkforge.build.builder import BuildOptions, build_image  # noqa: E402
 from sparkforge.build.pipeline import LockPolicy, load_plan  # noqa: E402
 from sparkforge.build.render import render_context  # noqa: E402
-from sparkforge.recipe.plan import Layout  # noqa: E402
+from sparkforge.recipe.layout import Layout  # noqa: E402
 from sparkforge.recipe.wheelset import download_bytes  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"

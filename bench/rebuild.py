@@ -26,7 +26,7 @@ from tests.support.gitsource import TORCH_BASE, GitSource, ensure_torch_base  # 
 
 from sparkforge.build.builder import BuildOptions, build_image, buildx_command  # noqa: E402
 from sparkforge.build.pipeline import WheelNote, build_variant, load_plan  # noqa: E402
-from sparkforge.recipe.plan import Layout  # noqa: E402
+from sparkforge.recipe.layout import Layout  # noqa: E402
 from sparkforge.build.render import render_context  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"

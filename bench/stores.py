@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests p
 
 from sparkforge.build.builder import BuildOptions  # noqa: E402
 from sparkforge.build.pipeline import build_variant, load_plan  # noqa: E402
-from sparkforge.recipe.plan import Layout  # noqa: E402
+from sparkforge.recipe.layout import Layout  # noqa: E402
 from tests.infra.nodes import CLASSIC, CONTAINERD, Node, start_nodes, stop_nodes  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"

@@ -1,7 +1,7 @@
 """sparkforge: reproducible vLLM images for DGX Spark (GB10) clusters.
 
 The packages are the stages of the pipeline, and imports go only down it:
-cli -> repro -> distribute -> build -> recipe -> the shared modules here (errors, files, net, gitfetch, imageref, registry)
+cli -> repro -> distribute -> build -> recipe -> the shared modules here (errors, files, net, gitfetch, imageref, registry, proc)
 and the image side (inimage). tests/unit/test_layout.py holds the package to that order.
 """
 

@@ -10,6 +10,11 @@ cache mount) and on the host for `lock`. A ref is resolved to the one commit it 
   and tag (a blob-less clone of all refs), and refused when it names no commit or several.
 
 Mirrors are keyed by the repository URL, so a recipe moved to a fork never reuses upstream's.
+
+Every command has a time limit and runs in a process group of its own, which is stopped whole (git's
+remote helper with it) on the limit and on Ctrl-C. The host runs its other commands through
+sparkforge/proc.py; this file carries its own few lines of that rule, since it is copied into images
+alone and runs there as a script.
 """
 
 from __future__ import annotations
@@ -18,14 +23,23 @@ import argparse
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 FULL = re.compile(r"[0-9a-f]{40}")
 SHORT = re.compile(r"[0-9a-f]{7,39}")
 COMMIT_MARK = ".sparkforge-commit"
+# Time limits, in seconds. A step that talks to the remote (fetch, and archive, which fetches the blobs
+# of a blob-less mirror) gets an hour: a first fetch of a large repository's history over a slow link
+# inside a build is slow but finite, and past an hour a remote that stopped sending is given up instead
+# of holding the build forever. A step on local files only (init, config, rev-parse, cat-file, tar)
+# gets ten minutes, far more than a healthy disk needs.
+NETWORK_TIMEOUT = 3600.0
+LOCAL_TIMEOUT = 600.0
 
 
 class FetchError(Exception):
@@ -38,19 +52,44 @@ def mirror_path(cache: Path, repo: str) -> Path:
     return cache / f"{tail}-{hashlib.sha256(repo.encode()).hexdigest()[:16]}.git"
 
 
-def _git(mirror: Path, *args: str, timeout: float = 3600) -> str:
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
+def _run(argv: list[str], what: str, timeout: float, **kw: Any) -> subprocess.CompletedProcess[Any]:
+    """argv to its end within timeout, in a process group of its own that is stopped whole on the
+    limit and on Ctrl-C (or any other exception); a command that cannot run is one FetchError."""
     try:
-        proc = subprocess.run(["git", "-C", str(mirror), *args], capture_output=True, text=True, env=env,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise FetchError(f"git {args[0]} took longer than {timeout:.0f}s") from None
-    except FileNotFoundError:
-        raise FetchError("git is not installed") from None
+        child = subprocess.Popen(argv, start_new_session=True, **kw)
+    except OSError as exc:
+        why = f"{argv[0]} is not installed" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
+        raise FetchError(f"{what}: {why}") from None
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except BaseException as exc:
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGTERM first: git removes its lock files
+            try:
+                os.killpg(child.pid, sig)
+            except OSError:
+                pass
+            if sig == signal.SIGTERM:
+                try:
+                    child.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+        child.wait()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise FetchError(f"{what}: gave no answer within {timeout:.0f} s and was stopped") from None
+        raise
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
+def _git(mirror: Path, *args: str, timeout: float | None = None) -> str:
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
+    if timeout is None:
+        timeout = NETWORK_TIMEOUT if args[0] == "fetch" else LOCAL_TIMEOUT
+    proc = _run(["git", "-C", str(mirror), *args], f"git {args[0]}", timeout, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, env=env)
     if proc.returncode != 0:
         lines = [x for x in proc.stderr.strip().splitlines() if x.strip()] or [f"exit code {proc.returncode}"]
         raise FetchError(f"git {args[0]}: {lines[-1].removeprefix('fatal: ').removeprefix('error: ')}")
-    return proc.stdout
+    return str(proc.stdout)
 
 
 def open_mirror(cache: Path, repo: str) -> Path:
@@ -109,13 +148,14 @@ def export(mirror: Path, commit: str, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile() as tarball:
         env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
-        proc = subprocess.run(["git", "-C", str(mirror), "archive", "--format=tar", commit], stdout=tarball,
-                              stderr=subprocess.PIPE, text=False, env=env)
+        proc = _run(["git", "-C", str(mirror), "archive", "--format=tar", commit], "git archive", NETWORK_TIMEOUT,
+                    stdout=tarball, stderr=subprocess.PIPE, env=env)
         if proc.returncode != 0:
             tail = (proc.stderr.decode(errors="replace").strip().splitlines() or ["failed"])[-1]
             raise FetchError(f"git archive {commit[:12]}: {tail.removeprefix('fatal: ')}")
         tarball.seek(0)
-        untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=tarball, capture_output=True, text=True)
+        untar = _run(["tar", "-x", "-C", str(dest)], "tar", LOCAL_TIMEOUT, stdin=tarball, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
         if untar.returncode != 0:
             raise FetchError(f"tar: {untar.stderr.strip()}")
     (dest / COMMIT_MARK).write_text(commit + "\n")

@@ -28,6 +28,11 @@ from ..recipe.plan import Plan
 from . import dockercli
 from .render import Context
 
+# Seconds a build may write no line before it is stopped. BuildKit's plain progress passes on every line
+# a step prints (ninja prints one per finished compile unit) and a line per step that starts or ends, so a
+# healthy build is rarely silent for minutes; two hours is a generous bound, there to end a wedged
+# BuildKit or a download that stopped sending, not to time a compile.
+BUILD_STALL = 7200.0
 _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 _CACHED = re.compile(r"^#(\d+) CACHED$")
 _DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
@@ -232,11 +237,12 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
     try:
         with open(log_path, "w", encoding="utf-8") as log:
             log.write("$ " + " ".join(cmd) + "\n")
-            # No time limit: a cold compile takes as long as it takes; Ctrl-C or SIGTERM stops it.
+            # No overall limit: a cold compile takes as long as it takes. A build that writes no line for
+            # BUILD_STALL seconds is stopped; Ctrl-C or SIGTERM stops it too.
             proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
             try:
-                for line in proc.stdout or ():
+                for line in dockercli.lines_until_stall(proc, BUILD_STALL):
                     log.write(line)
                     reader.feed(line.rstrip("\n"))
             except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the build stops too

@@ -1,5 +1,8 @@
 """The Docker CLI as sparkforge runs it: a time limit on every call, one-line errors, no orphans.
 
+A call that runs to its end goes through proc.run (its own process group, stopped on the limit and on
+Ctrl-C).
+
 Every call names what it was doing, so a wedged or missing engine becomes one line such as
 "docker image inspect: no answer within 10 s (is the Docker engine wedged or unreachable?)" instead
 of a hang or a traceback. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
@@ -14,9 +17,12 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+from .. import proc
 from ..errors import SparkforgeError
 from ..files import read_regular
 from ..inimage.contract import parse_json
@@ -24,7 +30,7 @@ from ..inimage.contract import parse_json
 QUICK = 10.0    # seconds: calls that only ask the engine something (info, inspect, tag)
 LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
 
-_children: set[subprocess.Popen] = set()
+_children: set[subprocess.Popen[Any]] = set()
 _lock = threading.Lock()
 
 
@@ -51,28 +57,32 @@ def last_line(text: str | bytes | None, fallback: str) -> str:
 
 
 def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
-        check: bool = True, text: bool = True, **kw) -> subprocess.CompletedProcess:
-    """Run `docker ARGS` and return it; raise EngineError on a timeout, a missing CLI or (with check) a failure."""
+        check: bool = True, text: bool = True, **kw: Any) -> subprocess.CompletedProcess[Any]:
+    """Run `docker ARGS` through proc.run and return it; raise EngineError on a timeout, a missing CLI or
+    (with check) a failure."""
     what = what or "docker " + " ".join(args[:2])
     if shutil.which("docker") is None:
         raise EngineError("the docker CLI is not installed", field=what)
     kw.setdefault("capture_output", "stdin" not in kw and "stdout" not in kw)
     try:
-        proc = subprocess.run(["docker", *args], env=_env(host, kw.pop("env", None)), timeout=timeout, text=text, **kw)
-    except subprocess.TimeoutExpired:
+        done = proc.run(["docker", *args], what=what, env=_env(host, kw.pop("env", None)), timeout=timeout,
+                        text=text, **kw)
+    except proc.TimedOut:
         raise EngineError(f"no answer within {timeout:.0f} s (is the Docker engine wedged or "
                           "unreachable?)", field=what) from None
-    if check and proc.returncode != 0:
-        raise EngineError(last_line(proc.stderr, f"exit code {proc.returncode}"), field=what)
-    return proc
+    except proc.CommandError as exc:
+        raise EngineError(exc.why, field=what) from None
+    if check and done.returncode != 0:
+        raise EngineError(last_line(done.stderr, f"exit code {done.returncode}"), field=what)
+    return done
 
 
 def inspect_images(*refs: str, host: str | None = None, env: dict[str, str] | None = None) -> dict[str, dict | None]:
     """What `docker image inspect` says of each reference on the engine (None where there is no such
     image), in one call: the one way the head asks about its images."""
-    proc = run(["image", "inspect", *refs], what="docker image inspect", host=host, env=env, check=False)
+    done = run(["image", "inspect", *refs], what="docker image inspect", host=host, env=env, check=False)
     try:
-        return read_inspect(refs, proc.returncode, proc.stdout, proc.stderr)
+        return read_inspect(refs, done.returncode, done.stdout, done.stderr)
     except ValueError as exc:
         raise EngineError(str(exc), field="docker image inspect") from None
 
@@ -158,41 +168,75 @@ def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | Non
     return None
 
 
-def start(args: Sequence[str], *, host: str | None = None, **kw) -> subprocess.Popen:
+def start(args: Sequence[str], *, host: str | None = None, **kw: Any) -> subprocess.Popen[Any]:
     """Start `docker ARGS` in the background; it is stopped with the CLI if the CLI is interrupted."""
     if shutil.which("docker") is None:
         raise EngineError("the docker CLI is not installed", field="docker " + " ".join(args[:2]))
     return track(subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw))
 
 
-def track(proc: subprocess.Popen) -> subprocess.Popen:
+def _named(child: subprocess.Popen[Any]) -> str:
+    """A child's program and first two arguments, as errors name it."""
+    args = child.args
+    return " ".join(map(str, args[:3])) if isinstance(args, (list, tuple)) else str(args)
+
+
+def lines_until_stall(child: subprocess.Popen[str], stall: float) -> Iterator[str]:
+    """The lines a child from start() writes to its stdout; when it writes none for `stall` seconds, it is
+    stopped (the lines end) and EngineError names it. A watchdog thread does the stopping, so a child
+    that neither writes nor ends cannot hold the caller."""
+    last = [time.monotonic()]
+    done = threading.Event()
+    stalled = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(min(stall, 5.0)):
+            if time.monotonic() - last[0] > stall:
+                stalled.set()
+                stop(child)
+                return
+
+    watchdog = threading.Thread(target=watch, name="stall-watchdog", daemon=True)
+    watchdog.start()
+    try:
+        for line in child.stdout or ():
+            last[0] = time.monotonic()
+            yield line
+    finally:
+        done.set()
+        watchdog.join()
+    if stalled.is_set():
+        raise EngineError(f"wrote nothing for {stall:.0f} s and was stopped", field=_named(child))
+
+
+def track(child: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
     """Have a child started elsewhere stopped with the CLI, like those from start(); returns it."""
     with _lock:
-        _children.add(proc)
-    return proc
+        _children.add(child)
+    return child
 
 
-def finish(proc: subprocess.Popen, timeout: float | None = None) -> int:
+def finish(child: subprocess.Popen[Any], timeout: float | None = None) -> int:
     """Wait for a child from start() and forget it; on a timeout, stop it and raise EngineError."""
     try:
-        return proc.wait(timeout=timeout)
+        return child.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stop(proc)
-        raise EngineError(f"took longer than {timeout:.0f} s and was stopped", field=" ".join(map(str, proc.args[:3])))
+        stop(child)
+        raise EngineError(f"took longer than {timeout:.0f} s and was stopped", field=_named(child))
     finally:
         with _lock:
-            _children.discard(proc)
+            _children.discard(child)
 
 
-def stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+def stop(child: subprocess.Popen[Any], grace: float = 5.0) -> None:
     """Stop a child: SIGTERM, then SIGKILL after `grace` seconds."""
-    if proc.poll() is None:
-        proc.terminate()
+    if child.poll() is None:
+        child.terminate()
         try:
-            proc.wait(timeout=grace)
+            child.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            child.kill()
+            child.wait()
 
 
 def stop_all() -> None:
@@ -200,8 +244,8 @@ def stop_all() -> None:
     with _lock:
         children = list(_children)
         _children.clear()
-    for proc in children:
-        stop(proc)
+    for child in children:
+        stop(child)
 
 
 def exit_on_sigterm() -> None:

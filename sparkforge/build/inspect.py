@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import BuildError, ConfigError
 from ..inimage.contract import BuildRecord, ContractError
 from ..inimage.fatbin import TARGET_RE
-from ..recipe.schema import GPU_RE
+from ..recipe.fields import GPU_RE
 from . import dockercli
 
 RECORD_PATH = "/opt/sparkforge/build-record.json"

@@ -20,24 +20,14 @@ from typing import Callable
 from ..errors import BuildError, ConfigError, Hint
 from ..files import locked
 from ..recipe.config import list_variants
-from ..recipe.lock import (
-    BuiltFrom,
-    Lock,
-    LockedWheels,
-    apply_lock,
-    check_lock,
-    compare,
-    existing_epoch,
-    lock_path,
-    make_lock,
-    pinned_plan,
-    read_lock,
-    write_lock,
-)
-from ..recipe.plan import PROJECT_ROOT, Layout, Plan, plan_variant, rehash
+from ..recipe.lock import apply_lock, check_lock, compare, make_lock, pinned_plan
+from ..recipe.lockfile import BuiltFrom, Lock, LockedWheels, existing_epoch, lock_path, read_lock, write_lock
+from ..recipe.layout import PROJECT_ROOT, Layout
+from ..recipe.plan import Plan, rehash
+from ..recipe.planner import plan_variant
 from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set
-from . import wheels
+from . import prebuilt, wheels
 from .builder import (
     BuildOptions,
     BuildResult,
@@ -175,7 +165,7 @@ def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
     ctx = Context(context_dir(plan), ())
     note = ""
     if plan.vllm.source == "wheel":
-        opts = with_wheel(opts, wheels.planned_wheel(plan))
+        opts = with_wheel(opts, prebuilt.planned_wheel(plan))
     elif plan.vllm.source == "git" and wheel_cache:
         note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
                 "command of --no-wheel-cache, which compiles inside the image build")
@@ -223,7 +213,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
     the cache, so that its Dockerfile, and so its cached layers, are the same on a hit and a miss.
     None: the image build compiles (no cache, or a key cannot be made) or installs a release."""
     if plan.vllm.source == "wheel":
-        wheel = wheels.recipe_wheel(plan, layout, ca_cert=opts.ca_cert)
+        wheel = prebuilt.recipe_wheel(plan, layout, ca_cert=opts.ca_cert)
         say(f"vLLM wheel: {wheel.wheel}, sha256 {wheel.sha256[:12]} (checked)")
         return wheel, WheelNote("recipe", wheel.sha256)
     if plan.vllm.source != "git":

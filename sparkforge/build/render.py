@@ -33,12 +33,14 @@ from ..inimage.seam import (
     VllmSource,
     WheelDoc,
 )
-from ..recipe.plan import Layout, Pin, Plan
+from ..recipe.layout import Layout
+from ..recipe.plan import Pin, Plan
 from ..recipe.schema import RemotePatch
 from ..recipe.remote import materialize
 from ..recipe.sources import cache_dir
 from ..recipe.wheelset import requirements_txt
-from .wheels import WheelInput, planned_wheel
+from .prebuilt import planned_wheel
+from .wheels import WheelInput
 
 DOCKERFILE = "Dockerfile"
 MANAGED_MARK = ".sparkforge-context"

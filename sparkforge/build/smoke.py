@@ -21,6 +21,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import name_path
 from ..inimage.contract import ContractError, SmokeCheck
+from ..proc import CommandError, run
 from . import dockercli
 
 TIERS = ("static", "gpu", "serve")
@@ -50,9 +51,9 @@ def gpu_missing_reason() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return "no NVIDIA GPU on this host (nvidia-smi not found)"
     try:
-        proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=dockercli.QUICK)
-    except subprocess.TimeoutExpired:
-        return "nvidia-smi did not answer within 10 s"
+        proc = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=dockercli.QUICK)
+    except CommandError as exc:
+        return str(exc)
     if proc.returncode != 0 or "GPU" not in proc.stdout:
         return "no NVIDIA GPU on this host (nvidia-smi lists none)"
     info = dockercli.run(["info", "--format", "{{json .Runtimes}}"], what="docker info")

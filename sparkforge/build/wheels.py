@@ -1,43 +1,34 @@
-"""The vLLM wheel a build installs without compiling: a prebuilt wheel the recipe names, or the wheel
-an earlier compile with the very same inputs left in the wheel cache.
+"""The wheel cache, and the wheel a build installs without compiling.
 
-A compile's wheel is decided by the vLLM commit, the source-phase mods, the compile's environment
-(`build.env`), the arch list, the base (digest, or its content on the build engine when the recipe pins none), the
-commits of the git components the compile sees, and the template's compile step. Those inputs, as
-canonical JSON, are hashed into the cache key; an entry is used only when its key is this build's key,
-and its wheel only when the wheel's sha256 still matches what the entry recorded. The cache is a plain
-folder (entry = <key>/entry.json + the wheel + the compile's records), so machines can share it.
+A build installs a prebuilt wheel the recipe names (`prebuilt`), or the wheel an earlier compile
+with the very same inputs left in the wheel cache. An entry is used only when its key (`wheelkey`)
+is this build's key, and its wheel only when the wheel's sha256 still matches what the entry
+recorded. The cache is a plain folder (entry = <key>/entry.json + the wheel + the compile's records),
+so machines can share it.
 """
-
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
-from ..errors import BuildError, ConfigError, DownloadError
-from ..files import NotRegularFile, is_regular, name_path, read_regular, write_atomic
+from ..errors import BuildError, ConfigError
+from ..files import NotRegularFile, name_path, read_regular, write_atomic
 from ..inimage.contract import JsonError, parse_json
 from ..recipe import download
-from ..recipe.plan import Layout, Plan, WheelFile
+from ..recipe.plan import Plan
 from ..recipe.sources import cache_dir
-from . import dockercli
+from .wheelkey import CACHE_FORMAT, base_identity, cache_key, differences, engine_arch, key_inputs
 
 CONTEXT = "vllm-wheel"  # the named build context the Dockerfile reads a wheel from
 ENTRY_WHEEL_RE = re.compile(r"\Awheels/vllm-[A-Za-z0-9._+-]+\.whl\Z")  # where an entry keeps its wheel
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
-CACHE_FORMAT = 1
 ENTRY = "entry.json"
 MARKER = ".sparkforge-wheel-cache"  # in the root of every folder sparkforge made or used as a wheel cache
 USED = ".last-used"  # a folder of the cache root: one file per key, touched on each use (never inside an entry,
@@ -78,173 +69,6 @@ class Entry:
 
 def default_root() -> Path:
     return Path(os.environ.get("SPARKFORGE_WHEEL_CACHE") or cache_dir() / "wheels")
-
-
-# ------------------------------------------------------------------ source: wheel
-
-
-def planned_wheel(plan: Plan) -> WheelInput:
-    """Where the recipe's wheel lies once fetched, without fetching it (render, dry runs)."""
-    w = plan.vllm.wheel
-    assert w is not None
-    path = download.cached(w.sha256, w.filename)
-    return WheelInput("recipe", path.parent, path.name, w.sha256)
-
-
-def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> WheelInput:
-    """The recipe's prebuilt wheel, fetched (or copied) into the cache and checked (checked_wheel)."""
-    w = plan.vllm.wheel
-    assert w is not None
-    path = checked_wheel(plan, layout.images_dir / f"{plan.variant}.yaml", ca_cert=ca_cert)
-    return WheelInput("recipe", path.parent, path.name, w.sha256)
-
-
-def checked_wheel(plan: Plan, recipe: Path, *, ca_cert: Path | None = None) -> Path:
-    """The recipe's wheel in the cache, checked as every command that uses it checks it: its sha256, a
-    whole zip archive, and the version its METADATA gives against the recipe's (the file name's was
-    checked with the plan). A wrong wheel is bad input (ConfigError, naming recipe and field); only a
-    source that cannot be reached is a DownloadError."""
-    w = plan.vllm.wheel
-    assert w is not None
-    if w.local and not (is_regular(w.local) and os.access(w.local, os.R_OK)):
-        raise ConfigError(f"{w.path} is not a readable regular file in {recipe.parent}", path=recipe,
-                          field="vllm.path")
-    try:
-        path = fetch_wheel(w, ca_cert)
-    except download.HashMismatch as exc:
-        raise ConfigError(f"the wheel has sha256 {exc.got}, not {exc.wanted}: pin the wheel you mean",
-                          path=recipe, field="vllm.sha256") from None
-    except download.DownloadFailed as exc:
-        raise DownloadError(f"cannot fetch the wheel: {exc}", path=recipe, field="vllm.url") from None
-    except ConfigError as exc:  # the path turned into a FIFO or a folder after the check above
-        raise ConfigError(exc.detail, path=recipe, field="vllm.path") from None
-    except OSError as exc:
-        raise BuildError(f"cannot keep the wheel in the download cache {download.downloads_dir()}: "
-                         f"{exc.strerror or exc}", path=recipe, field="vllm") from None
-    broken = _zip_damage(path)
-    if broken:
-        raise ConfigError(f"{w.filename} is not a whole wheel: {broken}", path=recipe,
-                          field="vllm.url" if w.url else "vllm.path")
-    found = metadata_version(path)
-    if found != Version(plan.vllm.version):
-        raise ConfigError(f"{w.filename} holds vllm {found} (its METADATA), but the recipe says version "
-                          f"{plan.vllm.version}", path=recipe, field="vllm.version")
-    return path
-
-
-def _zip_damage(path: Path) -> str | None:
-    """Why a wheel is not a readable zip archive (every member's CRC is checked), or None."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            bad = zf.testzip()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError) as exc:
-        return f"not a zip archive ({exc})"
-    return f"{bad} fails its CRC check" if bad else None
-
-
-def fetch_wheel(w: WheelFile, ca_cert: Path | None = None) -> Path:
-    """The recipe's wheel in the cache, by hash: downloaded, or copied from its path (which the plan
-    stage confined to the recipe folder). Raises download.HashMismatch, download.DownloadFailed, OSError."""
-    if w.url:
-        return download.fetch(w.url, w.sha256, w.filename, ca_cert=ca_cert)
-    return download.take_local(Path(w.local or ""), w.sha256, w.filename)
-
-
-def metadata_version(wheel: Path) -> Version | None:
-    """The Version field of a wheel's METADATA, or None when it has none that parses."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            name = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
-            if name is None:
-                return None
-            headers = HeaderParser().parsestr(zf.read(name).decode("utf-8", errors="replace"))
-        return Version(headers.get("Version", ""))
-    except (zipfile.BadZipFile, InvalidVersion, OSError):
-        return None
-
-
-# ------------------------------------------------------------------ the wheel cache: keys
-
-
-def base_identity(plan: Plan, host: str | None = None) -> str | None:
-    """The base's digest, or (unpinned) what its content is on the build engine; None when neither is known.
-
-    Not the image ID: that is the config digest on the classic image store and a manifest digest on the
-    containerd store, so one base would give two keys. What both stores report alike is the ordered
-    layer diff IDs and the image's settings that a compile sees (environment, user, working folder,
-    entry point, platform); their digest names the base's content on any engine."""
-    if plan.base.digest.value:
-        return plan.base.digest.value
-    data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
-    return None if data is None else "content " + _content_digest(data)
-
-
-def _content_digest(data: dict[str, Any]) -> str:
-    config = data.get("Config") or {}
-    seen = {
-        "layers": list((data.get("RootFS") or {}).get("Layers") or []),
-        "platform": [data.get("Os") or "", data.get("Architecture") or "", data.get("Variant") or ""],
-        **{key: config.get(key) or None for key in ("Env", "User", "WorkingDir", "Entrypoint", "Cmd", "Shell")},
-    }
-    return "sha256:" + hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
-
-
-def engine_arch(host: str | None = None) -> str:
-    """The build engine's CPU architecture: a base digest may name a multi-arch index, whose wheels differ by it."""
-    return dockercli.run(["version", "--format", "{{.Server.Os}}/{{.Server.Arch}}"], host=host,
-                         what="docker version").stdout.strip()
-
-
-def key_inputs(plan: Plan, base: str | None, arch: str) -> tuple[dict[str, Any] | None, str]:
-    """What decides the compiled wheel's content, or None and why the cache cannot be used.
-
-    Everything the compile stages read: the source and its source-phase mods, the compile's
-    environment and arch list, the base and the OS packages and protected builds added to it, the
-    git components copied in, the template and the tools that run in those stages (tooling_digest),
-    the engine's architecture, and SOURCE_DATE_EPOCH (it sets the times inside the wheel)."""
-    v = plan.vllm
-    if v.source != "git":
-        return None, "the variant compiles no vLLM"
-    if v.commit.value is None:
-        return None, "vllm.commit is not pinned (lock the variant)"
-    gits = [c for c in plan.components if c.kind == "git"]
-    loose = next((c for c in gits if c.commit.value is None), None)
-    if loose:
-        return None, f"components.{loose.name}.commit is not pinned (lock the variant)"
-    if base is None:
-        return None, f"the base {plan.base.ref} has no digest and is not on this engine"
-    return {
-        "format": CACHE_FORMAT,
-        "vllm": {"repo": v.repo, "commit": v.commit.value, "version": v.version},
-        "source_mods": [{"name": m.name, "digest": m.digest} for m in plan.mods_in("source")],
-        "build_env": dict(plan.build.env),
-        "torch_cuda_arch_list": plan.build.torch_cuda_arch_list,
-        "base": base,
-        "os_packages": list(plan.os_packages),
-        "protect": list(plan.protect),
-        "git_components": {c.name: c.commit.value for c in gits},
-        "tooling": plan.tooling_digest,
-        "platform": arch,
-        "source_date_epoch": plan.source_date_epoch,
-    }, ""
-
-
-def cache_key(inputs: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    """The inputs in which another entry differs from this build, as `field (there: X, here: Y)`."""
-    out = []
-    for name in sorted(set(mine) | set(theirs)):
-        if mine.get(name) != theirs.get(name):
-            out.append(f"{name} (cached: {_short(theirs.get(name))}, this build: {_short(mine.get(name))})")
-    return out
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ------------------------------------------------------------------ the wheel cache: entries

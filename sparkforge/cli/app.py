@@ -30,7 +30,8 @@ from .. import __version__
 from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
 from ..errors import ConfigError, Hint, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
-from ..recipe.plan import PROJECT_ROOT, Layout, Plan
+from ..recipe.layout import PROJECT_ROOT, Layout
+from ..recipe.plan import Plan
 from .usage import App, Invoked, usage_error_line
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import typer
 
 from ..build import pipeline
 from ..build.pipeline import LockPolicy
-from ..recipe.lock import MAX_EPOCH, MIN_EPOCH
+from ..recipe.lockfile import MAX_EPOCH, MIN_EPOCH
 from ..repro import verbs
 from . import views
 from .app import (

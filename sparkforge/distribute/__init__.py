@@ -5,5 +5,5 @@ It owns the cluster file and the registry process (cluster), reaching the nodes 
 deploys and status (deploy), pushing to a registry (push) and `docker save | docker load` deploys
 (stream).
 
-It may import build, recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, inimage).
+It may import build, recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
 """

@@ -18,10 +18,12 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from .. import proc
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..net import is_loopback
 from ..recipe.config import read_yaml, validation_error
-from ..recipe.schema import HOST, NAME_RE, PORT, Strict, host_problem
+from ..recipe.fields import HOST, NAME_RE, PORT, host_problem
+from ..recipe.schema import Strict
 from ..registry import Endpoint as RegistryEndpoint
 
 # ssh://[user@]host[:port], tcp://host:port, unix:///absolute/path.sock; a user name as useradd takes one.
@@ -386,7 +388,7 @@ def run_registry(action: str, reg: Registry, timeout: float = 90) -> subprocess.
     if action not in ("start", "stop", "status"):
         raise ConfigError(f"unknown action {action!r}; choose start, stop or status", field="registry")
     try:
-        return subprocess.run(registry_command(action, reg), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DistributeError(f"scripts/registry.sh {action} gave no answer within {timeout:.0f}s",
-                              field="registry") from None
+        return proc.run(registry_command(action, reg), what=f"scripts/registry.sh {action}", capture_output=True,
+                        text=True, timeout=timeout)
+    except proc.CommandError as exc:
+        raise DistributeError(str(exc), field="registry") from None

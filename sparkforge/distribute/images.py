@@ -21,8 +21,9 @@ from ..errors import DistributeError, Hint
 from ..files import read_regular, write_atomic
 from ..imageref import ImageRef
 from ..inimage.contract import JsonError, parse_json
-from ..recipe.plan import PROJECT_ROOT, Plan
-from ..recipe.schema import DIGEST_RE, REPOSITORY_RE, TAG_RE
+from ..recipe.layout import PROJECT_ROOT
+from ..recipe.plan import Plan
+from ..recipe.fields import DIGEST_RE, REPOSITORY_RE, TAG_RE
 from .cluster import Node
 from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker
 

@@ -23,6 +23,7 @@ from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
+from ..proc import CommandError, TimedOut, run
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
 from .cluster import SSH_RE, Node, Registry
@@ -102,16 +103,16 @@ def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> 
 def _run_on(node: Node, argv: list[str], verb: str, timeout: float,
             input: bytes | None = None) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(),
-                              stdin=None if input is not None else subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+        done = run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(),
+                   **({} if input is not None else {"stdin": subprocess.DEVNULL}))
+    except TimedOut:
         raise NodeFailure(f"`docker {verb}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
-    except OSError as exc:
-        raise NodeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
-    reason = transport_error(node, proc.returncode, proc.stderr.decode(errors="replace"))
+    except CommandError as exc:
+        raise NodeFailure(exc.why) from None
+    reason = transport_error(node, done.returncode, done.stderr.decode(errors="replace"))
     if reason:
         raise NodeFailure(reason)
-    return proc
+    return done
 
 
 def transport_error(node: Node, code: int, stderr: str) -> str | None:

@@ -16,7 +16,8 @@ from ..errors import ConfigError
 from ..files import read_regular
 from ..inimage.contract import ModKind, Phase
 from ..inimage.seam import ModDoc, ModFileDoc, PatchOrigin, VerifyDoc
-from .schema import NAME_RE, MAX_TAG, MAX_VARIANT, ModSpec, Name, RecipeFile, RemotePatch, Strict
+from .fields import MAX_TAG, MAX_VARIANT, NAME_RE, Name
+from .schema import ModSpec, RecipeFile, RemotePatch, Strict
 
 # ---------------------------------------------------------------- loading
 

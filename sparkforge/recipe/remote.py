@@ -25,7 +25,8 @@ from ..files import write_atomic
 from . import download
 from ..inimage.seam import ModDoc, PatchOrigin
 from .config import REMOTE_PATCH_FILE, mod_document, mod_yaml_text
-from .schema import NAME_RE, PATCH_URL_RE, PR_RE, RemotePatch, pr_diff_url, specifier_error
+from .fields import NAME_RE, PATCH_URL_RE, PR_RE, specifier_error
+from .schema import RemotePatch, pr_diff_url
 from .plan import Mod
 from .sources import cache_dir
 

@@ -1,13 +1,12 @@
 """Resolvers: ask registries and git remotes for the pins a recipe leaves open.
 
 Each answer is either a full digest or commit, or `Unreachable` with the reason it could not be
-asked from here; nothing is ever guessed. `lock` records the answers through sparkforge/recipe/lock.py.
+asked from here; nothing is ever guessed. `lock` records the answers through sparkforge/recipe/lockfile.py.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import Callable
 from .. import gitfetch, registry
 from ..errors import mask_secrets
 from ..imageref import ImageRef
-from .lock import Pinned
+from ..proc import CommandError, run
+from .lockfile import Pinned
 from .plan import Plan
 from .sources import cache_dir
 
@@ -66,10 +66,10 @@ def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
         except gitfetch.FetchError as exc:
             raise Unreachable(f"cannot resolve the short commit {ref} in {repo}: {exc}") from None
     try:
-        proc = subprocess.run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], capture_output=True, text=True,
-                              timeout=timeout, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise Unreachable(f"git ls-remote {repo}: {exc}") from None
+        proc = run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], what=f"git ls-remote {repo}", capture_output=True,
+                   text=True, timeout=timeout, env=env)
+    except CommandError as exc:
+        raise Unreachable(str(exc)) from None
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         raise Unreachable(f"cannot ask {repo} for {ref}: {tail.removeprefix('fatal: ')}")

@@ -26,10 +26,13 @@ from pathlib import Path
 from .. import inimage
 from ..errors import BuildError, ConfigError, Hint
 from ..inimage.paths import asset
+from ..proc import CommandError, TimedOut, run
 from .config import load_mod, mod_yaml_text, read_text, read_yaml
-from .plan import PROJECT_ROOT, Layout, Mod, Plan, check_mod_fits, digest_tree, rehash
+from .layout import PROJECT_ROOT, Layout, digest_tree
+from .plan import Mod, Plan, rehash
+from .planner import check_mod_fits
 from .remote import check_diff, verify_check
-from .schema import NAME_RE, specifier_error
+from .fields import NAME_RE, specifier_error
 from .sources import scratch_copy
 
 WORK_ROOT = PROJECT_ROOT / "build" / "mod-src"
@@ -229,11 +232,12 @@ def _git(tree: Path, *args: str, env: dict[str, str] | None = None) -> bytes:
     command = ["git", "-c", "init.defaultBranch=pristine", "-c", "core.autocrlf=false", "-c", "core.safecrlf=false",
                "-C", str(tree), *args]
     try:
-        proc = subprocess.run(command, capture_output=True, env=environ, timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise BuildError("git is not installed here; a local mod's work tree needs it", field="git") from None
-    except subprocess.TimeoutExpired:
+        proc = run(command, what=f"git {args[0]}", capture_output=True, env=environ, timeout=GIT_TIMEOUT,
+                   stdin=subprocess.DEVNULL)
+    except TimedOut:
         raise BuildError(f"git {args[0]} gave no answer within {GIT_TIMEOUT:.0f}s", path=tree, field="git") from None
+    except CommandError:
+        raise BuildError("git is not installed here; a local mod's work tree needs it", field="git") from None
     if proc.returncode != 0:
         why = proc.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit code {proc.returncode}"]
         raise BuildError(f"git {args[0]} failed: {why[-1]}", path=tree, field="git")

@@ -1,211 +1,49 @@
-"""The shape of a recipe (images/*.yaml) and of a mod (mods/*/mod.yaml): field types and models.
+"""The models of a recipe (images/*.yaml) and of a mod (mods/*/mod.yaml), built from `fields`.
 
-Every value that can later reach a shell line is checked here against a strict pattern, so a recipe
-cannot inject shell. config reads the files into these models.
+config reads the files into these models; a model checks what one field alone cannot (a field that
+needs another, one path written twice).
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-# Patterns for every value that is rendered into the Dockerfile. Each is anchored with \A and \Z
-# (never ^ and $: `$` also matches before a final newline) and is used with fullmatch, so a
-# value such as "12.1a\n" is refused instead of reaching a Dockerfile line.
-
-# A TCP port: 1 to 65535, without leading zeros (one port, one spelling).
-PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
-# A host name (RFC 1123: labels of letters, digits and inner hyphens, 1 to 63 long), which also spells an
-# IPv4 address; host_problem says the rest (the whole name's length, an address's one spelling).
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-HOST = rf"{_LABEL}(?:\.{_LABEL})*"
-MAX_HOST = 253  # RFC 1035: a name of 255 octets on the wire, 253 characters as text
-
-NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]*\Z")
-COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
-DIGEST_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
-REF_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
-URL_RE = re.compile(rf"\Ahttps://(?P<host>{HOST})(:{PORT})?(/[A-Za-z0-9._~-]+)+/?\Z")
-# A file to download: https, and a path that may hold a percent-encoded character or a '+'
-# (wheel names of local versions). It never reaches a shell line; the host fetches it.
-FILE_URL_RE = re.compile(rf"\Ahttps://(?P<host>{HOST})(:{PORT})?(/[A-Za-z0-9._~%+-]+)+\Z")
-# A registry (a host with a port, or a name with a dot) may come first, as Docker reads a reference.
-REPOSITORY_RE = re.compile(rf"\A[a-z0-9]+([._-][a-z0-9]+)*(:{PORT})?(/[a-z0-9]+([._-][a-z0-9]+)*)*\Z")
-TAG_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
-PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
-ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
-ENV_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.,:;/=+@%-]*\Z")
-# A compute capability, as `nvidia-smi --query-gpu=compute_cap` prints it: 12.1 for a GB10. CUDA
-# numbers a GPU's architecture major.minor with a single-digit minor (sm_121 is 12.1; sm_1210 is none).
-GPU_RE = re.compile(r"\A[1-9][0-9]?\.[0-9]\Z")
-# A CUDA extension by its file name up to the first dot: _vllm_fa3_C for _vllm_fa3_C.abi3.so.
-EXTENSION_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_-]{0,99}\Z")
-# TORCH_CUDA_ARCH_LIST: capabilities as above, each arch-specific (a) or family (f), and +PTX.
-_ARCH = r"[1-9][0-9]?\.[0-9][af]?(\+PTX)?"
-ARCH_LIST_RE = re.compile(rf"\A{_ARCH}(;{_ARCH})*\Z")
-ABS_PATH_RE = re.compile(r"\A(/[A-Za-z0-9._-]+)+\Z")
-REL_PATH_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*\Z")
-DIST_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")  # PEP 508 name, no extras
-OS_PKG_RE = re.compile(r"\A[a-z0-9][a-z0-9.+-]*(=[A-Za-z0-9.+:~-]+)?\Z")
-PEP440_CHARS_RE = re.compile(r"\A[A-Za-z0-9.+!_-]+\Z")
-MODE_RE = re.compile(r"\A0[0-7]{3}\Z")
-# A patch named by URL: https only, an optional query (GitHub's `?full_index=1`), no fragment.
-PATCH_URL_RE = re.compile(rf"\Ahttps://(?P<host>{HOST})(:{PORT})?(/[A-Za-z0-9._~%+-]+)+/?(\?[A-Za-z0-9._~%=&+-]+)?\Z")
-# A GitHub pull request: OWNER/REPO#NUMBER.
-PR_RE = re.compile(r"\A(?P<owner>[A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/(?P<repo>[A-Za-z0-9_.-]{1,100})#(?P<number>[1-9][0-9]{0,9})\Z")
-SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
-# The Python of an image, as MAJOR.MINOR, and the platform its wheels are for: uv's --python-platform of a
-# glibc target, e.g. aarch64-manylinux_2_34 (a GB10's Linux on a base with glibc 2.34 or newer).
-PYTHON_VERSION_RE = re.compile(r"\A3\.[0-9]{1,2}\Z")
-WHEEL_PLATFORM_RE = re.compile(r"\A(aarch64|x86_64)-manylinux_2_[0-9]{2}\Z")
-# A Python module a verify check imports: dotted identifiers.
-MODULE_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
-
-
-def host_problem(host: str) -> str | None:
-    """Why a host name that matches HOST cannot be one, or None. A name of digits and dots is an IPv4
-    address only in its one spelling: the C library would read `010.0.0.1` as 8.0.0.1, `1.2.3` as 1.2.0.3."""
-    if len(host) > MAX_HOST:
-        return f"its host name is {len(host)} characters long; DNS allows {MAX_HOST}"
-    if all(part.isdigit() for part in host.split(".")):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return f"{host!r} is not an IPv4 address (four numbers 0-255 without leading zeros)"
-    return None
-
-
-# Docker refuses a tag over 128 characters and a repository over 255. The immutable tag is
-# "<variant>-<12 hex>", and a build kept beside it "<variant>-<12 hex>.<12 hex>" (build/builder.kept_tag),
-# so a variant name may use 128 - 26 of them.
-MAX_TAG = 128
-MAX_REPOSITORY = 255
-MAX_VARIANT = MAX_TAG - 26
-
-
-def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) -> Any:
-    """A str type whose values must match pattern in full; the error says what was expected. A pattern's
-    group `host` must also be a host name that can be one (host_problem)."""
-
-    def check(value: str) -> str:
-        m = pattern.fullmatch(value)
-        if not m:
-            raise ValueError(f"{value!r} is not a valid {what}")
-        if max_len is not None and len(value) > max_len:
-            raise ValueError(f"{value[:40]!r}... is {len(value)} characters long; Docker allows at most {max_len} "
-                             f"for this {what}")
-        problem = host_problem(m["host"]) if "host" in m.groupdict() else None
-        if problem:
-            raise ValueError(f"{value[:80]!r} is not a valid {what}: {problem}")
-        return value
-
-    return Annotated[str, AfterValidator(check)]
-
-
-def _segments_ok(value: str) -> bool:
-    """No `.` or `..` segment: a path stays where it is named, and reads the same everywhere."""
-    return all(seg not in (".", "..") for seg in value.split("/"))
-
-
-def _path(pattern: re.Pattern[str], what: str):
-    """A path type: matched in full, with no empty, `.` or `..` segment."""
-
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value) or not _segments_ok(value):
-            raise ValueError(f"{value!r} is not a valid {what} (letters, digits, '._-' and '/' between "
-                             f"segments; no empty, '.' or '..' segment)")
-        return value
-
-    return Annotated[str, AfterValidator(check)]
-
-
-def check_path(value: str) -> str:
-    """An absolute path, or one relative to a component's root; either never leaves via `..`."""
-    if not ((ABS_PATH_RE.fullmatch(value) or REL_PATH_RE.fullmatch(value)) and _segments_ok(value)):
-        raise ValueError(f"{value!r} is not a valid path (absolute, or relative to the component; no empty, "
-                         f"'.' or '..' segment)")
-    return value
-
-
-def _pep440(value: str) -> str:
-    try:
-        Version(value)
-    except InvalidVersion:
-        raise ValueError(f"{value!r} is not a valid PEP 440 version") from None
-    if not PEP440_CHARS_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a valid PEP 440 version")
-    return value
-
-
-def specifier_error(value: str) -> str | None:
-    """Why value is not a PEP 440 specifier set, or None when it is one."""
-    # packaging strips surrounding whitespace; a newline or tab in a range is still a typo.
-    try:
-        if value.isprintable():
-            SpecifierSet(value)
-            return None
-    except InvalidSpecifier:
-        pass
-    return f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'"
-
-
-def _specifier(value: str) -> str:
-    problem = specifier_error(value)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-def _nonblank(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty")
-    return value
-
-
-Name = matching(NAME_RE, "name (lowercase letters, digits and '-')")
-Commit = matching(COMMIT_RE, "full commit: write 40 lowercase hex digits (put a short SHA in ref)")
-Digest = matching(DIGEST_RE, "digest: write sha256:<64 hex>")
-GitRef = matching(REF_RE, "git ref")
-GitUrl = matching(URL_RE, "https git URL")
-FileUrl = matching(FILE_URL_RE, "https URL of a file")
-Repository = matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)
-ImageTag = matching(TAG_RE, "image tag")
-Package = matching(PKG_RE, "pip package name")
-Distribution = matching(DIST_RE, "installed distribution name such as torch (no extras)")
-EnvName = matching(ENV_NAME_RE, "environment variable name")
-EnvValue = matching(ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")
-ArchList = matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")
-Gpu = matching(GPU_RE, "compute capability such as '12.1'")
-Extension = matching(EXTENSION_RE, "extension name such as _vllm_fa3_C (its file name up to the first dot)")
-AbsPath = _path(ABS_PATH_RE, "absolute path")
-RelPath = _path(REL_PATH_RE, "relative path")
-ModPath = Annotated[str, AfterValidator(check_path)]
-OsPackage = matching(OS_PKG_RE, "Debian package name")
-PipVersion = Annotated[str, AfterValidator(_pep440)]
-Specifier = Annotated[str, AfterValidator(_specifier)]
-Text = Annotated[str, AfterValidator(_nonblank)]
-Count = Annotated[int, Field(ge=1, le=256)]
-PatchUrl = matching(PATCH_URL_RE, "https URL of a patch")
-Sha256 = matching(SHA256_RE, "sha256: write the 64 lowercase hex digits (sha256sum FILE)")
-Module = matching(MODULE_RE, "Python module name such as torch or vllm.platforms")
-PythonVersion = matching(PYTHON_VERSION_RE, "Python version such as '3.12'")
-WheelPlatform = matching(WHEEL_PLATFORM_RE, "wheel platform such as 'aarch64-manylinux_2_34' (ARCH-manylinux_2_GLIBC)")
-
-
-def _pull_request(value: str) -> str:
-    m = PR_RE.fullmatch(value)
-    if not m or m["repo"] in (".", ".."):
-        raise ValueError(f"{value!r} is not a pull request: write OWNER/REPO#NUMBER, e.g. vllm-project/vllm#12345")
-    return value
-
-
-PullRequest = Annotated[str, AfterValidator(_pull_request)]
+from .fields import (
+    MODE_RE,
+    PR_RE,
+    AbsPath,
+    ArchList,
+    Commit,
+    Count,
+    Digest,
+    Distribution,
+    EnvName,
+    EnvValue,
+    Extension,
+    FileUrl,
+    GitRef,
+    GitUrl,
+    Gpu,
+    ImageTag,
+    ModPath,
+    Module,
+    Name,
+    OsPackage,
+    Package,
+    PatchUrl,
+    PipVersion,
+    PullRequest,
+    PythonVersion,
+    RelPath,
+    Repository,
+    Sha256,
+    Specifier,
+    Text,
+    WheelPlatform,
+)
 
 
 class Strict(BaseModel):

@@ -20,8 +20,9 @@ from typing import Any, Iterable
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from .. import proc
 from .plan import Plan, PythonTarget, WheelPin
-from .schema import SHA256_RE
+from .fields import SHA256_RE
 from .sources import index_url
 
 if sys.version_info >= (3, 11):
@@ -122,13 +123,11 @@ def uv_command() -> list[str]:
 
 
 def _run(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """A run of uv that gives up after timeout; it is stopped with us on Ctrl-C (subprocess.run kills it)."""
+    """A run of uv that gives up after timeout; it is stopped with us on Ctrl-C."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-    except subprocess.TimeoutExpired:
-        raise Unresolvable(f"{' '.join(cmd[1:3])} gave no answer within {timeout:.0f} s") from None
-    except OSError as exc:
-        raise Unresolvable(f"cannot run uv: {exc.strerror or exc}") from None
+        return proc.run(cmd, what=f"uv {' '.join(cmd[1:3])}", capture_output=True, text=True, timeout=timeout, **kw)
+    except proc.CommandError as exc:
+        raise Unresolvable(str(exc)) from None
 
 
 def resolve_wheel_set(plan: Plan, *, ca_cert: Path | None = None, timeout: float = RESOLVE_TIMEOUT) -> WheelSet:
@@ -151,10 +150,10 @@ def resolve_wheel_set(plan: Plan, *, ca_cert: Path | None = None, timeout: float
                "--no-header", "--quiet", "--index-url", index_url(), "--no-build"]
         if not plan.vllm.install_deps:
             cmd.append("--no-deps")
-        proc = _run(cmd, timeout, env=env, cwd=tmp)
-        if proc.returncode != 0:
-            lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-            raise Unresolvable(f"uv pip compile failed: {' '.join(lines[-3:]) or f'exit code {proc.returncode}'}")
+        done = _run(cmd, timeout, env=env, cwd=tmp)
+        if done.returncode != 0:
+            lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+            raise Unresolvable(f"uv pip compile failed: {' '.join(lines[-3:]) or f'exit code {done.returncode}'}")
         packages = read_pylock(out.read_text(encoding="utf-8"), target)
     return WheelSet(target, " ".join(version[:2]) or "uv", packages)
 

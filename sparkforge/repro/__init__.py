@@ -4,5 +4,5 @@ is newer.
 It owns check-mods (checkmods), verify-repro (repro), diff (diff), outdated (outdated) and the library
 entries of those verbs (verbs).
 
-It may import distribute, build, recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, inimage).
+It may import distribute, build, recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
 """

@@ -19,7 +19,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .. import inimage
-from ..build import basetree, wheels
+from ..build import basetree, prebuilt
 from ..errors import DownloadError
 from ..recipe import sources
 from ..recipe.plan import Mod, Plan
@@ -76,7 +76,7 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
         def from_wheel() -> Path:
             # Checked as the build checks it: a wrong wheel is bad input (exit 2); only an unreachable one unverified.
             try:
-                path = wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+                path = prebuilt.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
             except DownloadError as exc:
                 raise sources.SourceUnavailable(f"the recipe's wheel: {exc.detail}") from None
             return sources.extract_tree(path, "vllm", f"{wheel.sha256[:16]}-{wheel.filename}")
@@ -163,7 +163,7 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     if plan.vllm.wheel is not None and "vllm" not in groups:
         # The recipe's wheel is checked as the build checks it even when no mod reads its files.
         try:
-            wheels.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
+            prebuilt.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
         except DownloadError:
             pass  # not reachable from here; no mod of this variant is checked against it
     for component, mods in groups.items():

@@ -19,8 +19,9 @@ from ..errors import ConfigError
 from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord
 from ..recipe.config import list_variants
-from ..recipe.lock import LOCK_SUFFIX, Lock, Pinned, read_lock
-from ..recipe.plan import Layout, Plan, PythonTarget, WheelPin
+from ..recipe.lockfile import LOCK_SUFFIX, Lock, Pinned, read_lock
+from ..recipe.layout import Layout
+from ..recipe.plan import Plan, PythonTarget, WheelPin
 
 SECTIONS = ("image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods", "tooling",
             "packages")

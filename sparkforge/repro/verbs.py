@@ -20,7 +20,8 @@ from ..build.render import render_context
 from ..errors import ConfigError, DownloadError
 from ..recipe import scaffold
 from ..recipe.config import list_variants
-from ..recipe.plan import PROJECT_ROOT, Layout, Mod, Plan
+from ..recipe.layout import PROJECT_ROOT, Layout
+from ..recipe.plan import Mod, Plan
 from ..recipe.sources import SourceUnavailable, release_versions
 from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, source_of
 

@@ -27,7 +27,7 @@ from sparkforge.distribute.images import head_image, read_state
 from sparkforge.distribute.cluster import resolve_cluster
 from sparkforge.distribute.nodes import PULL_STALL_TIMEOUT
 from sparkforge.build.pipeline import LockPolicy, load_plan
-from sparkforge.recipe.plan import Layout
+from sparkforge.recipe.layout import Layout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.network, pytest.mark.root]
 

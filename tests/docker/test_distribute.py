@@ -23,7 +23,8 @@ from tests.support.docker import BASE, VARIANTS, config_digest
 from tests.support.paths import ROOT, TEST_MODS
 from sparkforge.distribute import deploy, images, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from tests.infra.procs import processes, read_bytes
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]

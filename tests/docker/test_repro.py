@@ -17,7 +17,7 @@ from tests.support.needs import require
 from tests.support.paths import TEST_MODS
 
 from sparkforge.build.pipeline import LockPolicy, load_plan
-from sparkforge.recipe.plan import Layout
+from sparkforge.recipe.layout import Layout
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 

@@ -9,7 +9,8 @@ import difflib
 import re
 import sys
 
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.build.render import render_dockerfile
 from tests.support.paths import IMAGES, ROOT
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from sparkforge.recipe.plan import Layout
+from sparkforge.recipe.layout import Layout
 from tests.support.paths import IMAGES, ROOT
 
 _PYPI = """\

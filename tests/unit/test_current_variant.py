@@ -14,7 +14,9 @@ from sparkforge import inimage
 from sparkforge.recipe import sources
 from sparkforge.recipe.config import load_mod
 from sparkforge.repro.outdated import outdated
-from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
+from sparkforge.recipe.layout import Layout, digest_tree
+from sparkforge.recipe.plan import Mod
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.recipe.remote import materialize
 
 # Real vLLM sources: release sdists from the package index (cached after the first run).

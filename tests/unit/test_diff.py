@@ -10,8 +10,11 @@ from typing import Any, Iterator
 import pytest
 
 from sparkforge.repro.diff import SECTIONS, diff, diff_snapshots, from_plan
-from sparkforge.recipe.lock import lock_path, make_lock, write_lock
-from sparkforge.recipe.plan import Component, Layout, Plan, PythonTarget, Vllm, WheelFile, WheelPin, plan_variant, rehash
+from sparkforge.recipe.lock import make_lock
+from sparkforge.recipe.lockfile import lock_path, write_lock
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.plan import Component, Plan, PythonTarget, Vllm, WheelFile, WheelPin, rehash
+from sparkforge.recipe.planner import plan_variant
 from tests.support.paths import ROOT, VARIANTS
 from tests.support.recipes import layout, unlocked_images
 

@@ -105,7 +105,8 @@ def test_check_mods_passes_when_every_name_is_read(images: Path, cli) -> None:
 
 def test_where_the_source_is_unverified_so_is_the_env_check(tmp_path: Path) -> None:
     from sparkforge.repro.checkmods import check_env
-    from sparkforge.recipe.plan import Layout, plan_variant
+    from sparkforge.recipe.layout import Layout
+    from sparkforge.recipe.planner import plan_variant
 
     plan = plan_variant(Layout.default(ROOT), "ng16")  # its full commit is unknown
     (row,) = check_env(plan, tmp_path)

@@ -6,7 +6,8 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from sparkforge.recipe.plan import Layout, digest_tooling, plan_variant
+from sparkforge.recipe.layout import Layout, digest_tooling
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.build.render import context_files
 from tests.support.paths import ROOT
 

@@ -16,8 +16,9 @@ from sparkforge.distribute.images import read_state
 from sparkforge.errors import DistributeError
 from sparkforge.inimage.contract import BuildRecord, ContractError, JsonError, parse_json
 from sparkforge.build.inspect import kernels_problem
-from sparkforge.recipe.lock import lock_path, make_lock, write_lock
-from sparkforge.recipe.plan import plan_variant
+from sparkforge.recipe.lock import make_lock
+from sparkforge.recipe.lockfile import lock_path, write_lock
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.registry import Client, Endpoint, RegistryError
 from tests.support.cli import assert_one_line
 from tests.support.recipes import layout, unlocked_images

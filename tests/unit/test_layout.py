@@ -1,6 +1,6 @@
 """The package layout: imports go only down the pipeline, and no module imports itself back.
 
-cli -> repro -> distribute -> build -> recipe -> the shared modules (errors, files, net, gitfetch, imageref, registry, inimage).
+cli -> repro -> distribute -> build -> recipe -> the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
 Every import counts, those inside functions too: a lazy import is still a dependency.
 """
 

@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 
 from sparkforge.errors import ConfigError
 from sparkforge.repro.diff import diff, diff_snapshots, from_plan
-from sparkforge.recipe.lock import (MAX_EPOCH, MIN_EPOCH, Pinned, apply_lock, compare, lock_path, make_lock, read_lock,
-                                    write_lock)
+from sparkforge.recipe.lock import apply_lock, compare, make_lock
+from sparkforge.recipe.lockfile import MAX_EPOCH, MIN_EPOCH, Pinned, lock_path, read_lock, write_lock
 from sparkforge.repro.outdated import check_components, newer_releases
 from sparkforge.recipe.sources import SourceUnavailable
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.build.render import context_files
 from sparkforge.recipe.resolve import Unreachable, registry_digest, split_repository
 from sparkforge.registry import MANIFEST_TYPES

@@ -21,7 +21,8 @@ import pytest
 from sparkforge import inimage
 from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import check_variant
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from tests.support.limits import ended
 from tests.support.seam import mod_doc
 from tests.support.paths import IMAGES, MODS, ROOT

@@ -24,7 +24,9 @@ from sparkforge import inimage
 from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import apply_in_scratch, applies_ranges, matrix
 from sparkforge.recipe.config import load_mod
-from sparkforge.recipe.plan import Layout, Mod, digest_tree, plan_variant
+from sparkforge.recipe.layout import Layout, digest_tree
+from sparkforge.recipe.plan import Mod
+from sparkforge.recipe.planner import plan_variant
 from tests.support.cli import run_cli
 from tests.support.paths import MODS
 from sparkforge.recipe.remote import materialize

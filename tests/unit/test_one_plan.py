@@ -10,7 +10,8 @@ import pytest
 
 from sparkforge.errors import ConfigError
 from sparkforge.build.pipeline import LockPolicy, load_plan
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from tests.support.paths import IMAGES, ROOT
 
 LOCKED = sorted(p.name.removesuffix(".lock.json") for p in IMAGES.glob("*.lock.json"))

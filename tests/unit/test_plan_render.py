@@ -13,7 +13,8 @@ import pytest
 
 from sparkforge.recipe.config import load_variant
 from sparkforge.build.pipeline import load_plan
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.build.render import context_files, render_dockerfile
 from tests.support import golden
 from tests.support.paths import BASE, IMAGES

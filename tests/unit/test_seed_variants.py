@@ -8,7 +8,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sparkforge.recipe.config import load_mod
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from tests.support.paths import ROOT
 
 # Seed 001's features that have a mod, in its order (1 Marlin SM12x, 5 streaming fix, 6 MTP + NVFP4,

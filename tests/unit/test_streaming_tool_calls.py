@@ -25,7 +25,8 @@ from sparkforge import inimage
 from sparkforge.recipe import sources
 from sparkforge.repro.checkmods import matrix
 from sparkforge.recipe.config import load_mod
-from sparkforge.recipe.plan import Layout, Mod, digest_tree
+from sparkforge.recipe.layout import Layout, digest_tree
+from sparkforge.recipe.plan import Mod
 from sparkforge.recipe.remote import materialize
 
 pytestmark = pytest.mark.network

@@ -9,41 +9,41 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from sparkforge.recipe import schema
+from sparkforge.recipe import fields, schema
 from sparkforge.recipe.config import field_path
 from sparkforge.recipe.schema import ModFile, ModVerify
-from sparkforge.recipe.plan import parse_image_ref
+from sparkforge.recipe.planner import parse_image_ref
 from sparkforge.errors import ConfigError
 
-# Every pattern-validated type of schema.py, with the pattern its valid values come from.
+# Every pattern-validated type of fields.py, with the pattern its valid values come from.
 TYPES = {
-    "Name": (schema.Name, schema.NAME_RE),
-    "Commit": (schema.Commit, schema.COMMIT_RE),
-    "Digest": (schema.Digest, schema.DIGEST_RE),
-    "GitRef": (schema.GitRef, schema.REF_RE),
-    "GitUrl": (schema.GitUrl, schema.URL_RE),
-    "Repository": (schema.Repository, schema.REPOSITORY_RE),
-    "ImageTag": (schema.ImageTag, schema.TAG_RE),
-    "Package": (schema.Package, schema.PKG_RE),
-    "EnvName": (schema.EnvName, schema.ENV_NAME_RE),
-    "EnvValue": (schema.EnvValue, schema.ENV_VALUE_RE),
-    "ArchList": (schema.ArchList, schema.ARCH_LIST_RE),
-    "Gpu": (schema.Gpu, schema.GPU_RE),
-    "Extension": (schema.Extension, schema.EXTENSION_RE),
-    "AbsPath": (schema.AbsPath, schema.ABS_PATH_RE),
-    "RelPath": (schema.RelPath, schema.REL_PATH_RE),
-    "ModPath": (schema.ModPath, schema.REL_PATH_RE),
-    "OsPackage": (schema.OsPackage, schema.OS_PKG_RE),
-    "PatchUrl": (schema.PatchUrl, schema.PATCH_URL_RE),
-    "FileUrl": (schema.FileUrl, schema.FILE_URL_RE),
-    "PullRequest": (schema.PullRequest, schema.PR_RE),
-    "Sha256": (schema.Sha256, schema.SHA256_RE),
-    "Distribution": (schema.Distribution, schema.DIST_RE),
-    "PythonVersion": (schema.PythonVersion, schema.PYTHON_VERSION_RE),
-    "WheelPlatform": (schema.WheelPlatform, schema.WHEEL_PLATFORM_RE),
-    "Module": (schema.Module, schema.MODULE_RE),
+    "Name": (fields.Name, fields.NAME_RE),
+    "Commit": (fields.Commit, fields.COMMIT_RE),
+    "Digest": (fields.Digest, fields.DIGEST_RE),
+    "GitRef": (fields.GitRef, fields.REF_RE),
+    "GitUrl": (fields.GitUrl, fields.URL_RE),
+    "Repository": (fields.Repository, fields.REPOSITORY_RE),
+    "ImageTag": (fields.ImageTag, fields.TAG_RE),
+    "Package": (fields.Package, fields.PKG_RE),
+    "EnvName": (fields.EnvName, fields.ENV_NAME_RE),
+    "EnvValue": (fields.EnvValue, fields.ENV_VALUE_RE),
+    "ArchList": (fields.ArchList, fields.ARCH_LIST_RE),
+    "Gpu": (fields.Gpu, fields.GPU_RE),
+    "Extension": (fields.Extension, fields.EXTENSION_RE),
+    "AbsPath": (fields.AbsPath, fields.ABS_PATH_RE),
+    "RelPath": (fields.RelPath, fields.REL_PATH_RE),
+    "ModPath": (fields.ModPath, fields.REL_PATH_RE),
+    "OsPackage": (fields.OsPackage, fields.OS_PKG_RE),
+    "PatchUrl": (fields.PatchUrl, fields.PATCH_URL_RE),
+    "FileUrl": (fields.FileUrl, fields.FILE_URL_RE),
+    "PullRequest": (fields.PullRequest, fields.PR_RE),
+    "Sha256": (fields.Sha256, fields.SHA256_RE),
+    "Distribution": (fields.Distribution, fields.DIST_RE),
+    "PythonVersion": (fields.PythonVersion, fields.PYTHON_VERSION_RE),
+    "WheelPlatform": (fields.WheelPlatform, fields.WHEEL_PLATFORM_RE),
+    "Module": (fields.Module, fields.MODULE_RE),
     # Not every string of PEP 440's characters is a version: generate versions pip would accept.
-    "PipVersion": (schema.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
+    "PipVersion": (fields.PipVersion, re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9]{1,2})?"
                                                  r"(\.post[0-9])?(\.dev[0-9]{1,3})?(\+[a-z0-9]{1,5})?")),
 }
 
@@ -53,7 +53,7 @@ BREAKS = ("\n", "\r\n", "\r", "\x00", "\t", " ")
 # What the validators refuse on top of their patterns, as documented: a path segment that is '.' or '..'
 # (README, "Bad input"), an image repository longer than Docker allows, and a URL's host that no
 # resolver reads as written (over 253 characters; digits and dots that are no IPv4 address).
-MAX_LENGTH = {"Repository": schema.MAX_REPOSITORY}
+MAX_LENGTH = {"Repository": fields.MAX_REPOSITORY}
 
 
 def host_ok(host: str) -> bool:
@@ -96,32 +96,32 @@ def test_a_valid_value_with_a_break_after_it_is_refused(name: str) -> None:
 
 
 def test_every_pattern_is_covered() -> None:
-    """A pattern added to schema.py joins the table above, or this fails."""
-    patterns = {name for name in dir(schema) if name.endswith("_RE")}
-    covered = {name for name in dir(schema) if name.endswith("_RE")
-               and any(getattr(schema, name) is p for _, p in TYPES.values())}
+    """A pattern added to fields.py joins the table above, or this fails."""
+    patterns = {name for name in dir(fields) if name.endswith("_RE")}
+    covered = {name for name in dir(fields) if name.endswith("_RE")
+               and any(getattr(fields, name) is p for _, p in TYPES.values())}
     # Used inside other validators, each tested on its own below.
     assert patterns - covered == {"PEP440_CHARS_RE", "MODE_RE"}
 
 
 def test_every_pattern_is_anchored_at_both_ends() -> None:
     """\\A and \\Z, never ^ and $: `$` also matches before a final newline, for any caller that uses match."""
-    for name in dir(schema):
+    for name in dir(fields):
         if name.endswith("_RE"):
-            source = getattr(schema, name).pattern
+            source = getattr(fields, name).pattern
             assert source.startswith("\\A") and source.endswith("\\Z"), name
 
 
 @pytest.mark.parametrize("value", ["1.0\n", "0.17.0 ", "1.0\t"])
 def test_a_version_with_a_break_is_refused(value: str) -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(schema.PipVersion).validate_python(value)
+        TypeAdapter(fields.PipVersion).validate_python(value)
 
 
 @pytest.mark.parametrize("value", [">=0.16\n", ">=0.16,\n<0.18", "\t>=0.16"])
 def test_a_version_range_with_a_break_is_refused(value: str) -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(schema.Specifier).validate_python(value)
+        TypeAdapter(fields.Specifier).validate_python(value)
 
 
 @pytest.mark.parametrize("mode", ["0644\n", "644", "0648", "00644"])
@@ -134,17 +134,17 @@ def test_a_bad_file_mode_is_refused(mode: str) -> None:
                                    "a/b/../c", "a\\b", "a b", "a/\n"])
 def test_a_relative_path_stays_below_its_root(value: str) -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(schema.RelPath).validate_python(value)
+        TypeAdapter(fields.RelPath).validate_python(value)
 
 
 @pytest.mark.parametrize("value", ["sub/x.py", "a", "vllm/model_executor/models/qwen3_next.py", "a/.hidden", "a/b..c"])
 def test_a_plain_relative_path_is_accepted(value: str) -> None:
-    assert TypeAdapter(schema.RelPath).validate_python(value) == value
+    assert TypeAdapter(fields.RelPath).validate_python(value) == value
 
 
 @pytest.mark.parametrize("value", ["/opt/../etc/passwd", "//opt", "/opt/", "/", "/opt/./x", "opt/x/../../.."])
 def test_absolute_and_mod_paths_have_no_dot_segments(value: str) -> None:
-    for kind in (schema.AbsPath, schema.ModPath):
+    for kind in (fields.AbsPath, fields.ModPath):
         with pytest.raises(ValidationError):
             TypeAdapter(kind).validate_python(value)
 
@@ -157,12 +157,12 @@ def test_a_verify_file_or_a_files_dest_cannot_climb(value: str) -> None:
         ModFile(src="a.py", dest=value)
 
 
-@given(st.from_regex(schema.REF_RE, fullmatch=True))
+@given(st.from_regex(fields.REF_RE, fullmatch=True))
 @settings(max_examples=50, deadline=None)
 def test_other_modules_using_the_patterns_match_in_full(ref: str) -> None:
     """plan.py checks --base with the same patterns through .match: the anchors hold there too."""
     tag = ref.replace("/", "-")[:100] or "x"
-    if not schema.TAG_RE.fullmatch(tag):
+    if not fields.TAG_RE.fullmatch(tag):
         return
     with pytest.raises(ConfigError):
         parse_image_ref(f"example.org/base:{tag}\n")
@@ -213,10 +213,10 @@ def test_a_port_is_one_of_1_to_65535_in_its_one_spelling(name: str, port: str) -
 def test_a_url_host_is_a_host_name_or_an_ipv4_address_in_one_spelling(host: str, ok: bool) -> None:
     value = f"https://{host}/a.git"
     if ok:
-        assert TypeAdapter(schema.GitUrl).validate_python(value) == value
+        assert TypeAdapter(fields.GitUrl).validate_python(value) == value
     else:
         with pytest.raises(ValidationError):
-            TypeAdapter(schema.GitUrl).validate_python(value)
+            TypeAdapter(fields.GitUrl).validate_python(value)
 
 
 # A compute capability as CUDA numbers one, by its parts: major 1-99, minor one digit.
@@ -235,12 +235,12 @@ def arch_text(major: int, minor: int, suffix: str, ptx: bool, zero: bool) -> tup
 def test_an_arch_list_names_only_archs_nvcc_can_name(archs: list) -> None:
     written = [arch_text(*a) for a in archs]
     value = ";".join(text for text, _ in written)
-    adapter = TypeAdapter(schema.ArchList)
+    adapter = TypeAdapter(fields.ArchList)
     if all(ok for _, ok in written):
         assert adapter.validate_python(value) == value
-        from sparkforge.recipe.plan import gpus_of  # every GPU it gives is one the gpus field takes
+        from sparkforge.recipe.planner import gpus_of  # every GPU it gives is one the gpus field takes
         for gpu in gpus_of(value):
-            assert TypeAdapter(schema.Gpu).validate_python(gpu) == gpu
+            assert TypeAdapter(fields.Gpu).validate_python(gpu) == gpu
     else:
         with pytest.raises(ValidationError):
             adapter.validate_python(value)
@@ -252,10 +252,10 @@ def test_a_gpu_is_a_compute_capability(arch: tuple) -> None:
     major, minor, _, _, zero = arch
     text, ok = arch_text(major, minor, "", False, zero)
     if ok:
-        assert TypeAdapter(schema.Gpu).validate_python(text) == text
+        assert TypeAdapter(fields.Gpu).validate_python(text) == text
     else:
         with pytest.raises(ValidationError):
-            TypeAdapter(schema.Gpu).validate_python(text)
+            TypeAdapter(fields.Gpu).validate_python(text)
 
 
 # ---------------------------------------------------------------- values that cannot be right

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from rich.table import Table
 from rich.text import Text
 
-from sparkforge.recipe.lock import lock_path, make_lock, write_lock
-from sparkforge.recipe.plan import plan_variant
+from sparkforge.recipe.lock import make_lock
+from sparkforge.recipe.lockfile import lock_path, write_lock
+from sparkforge.recipe.planner import plan_variant
 from tests.support.paths import IMAGES
 from tests.support.recipes import layout, unlocked_images
 

@@ -14,8 +14,10 @@ from sparkforge.build.pipeline import LockPolicy, load_plan
 from sparkforge.build.render import context_files
 from sparkforge.inimage import record
 from sparkforge.recipe import sources
-from sparkforge.recipe.lock import lock_path, read_lock
-from sparkforge.recipe.plan import Layout, PythonTarget, plan_variant
+from sparkforge.recipe.lockfile import lock_path, read_lock
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.plan import PythonTarget
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.recipe.wheelset import Unresolvable, preference, read_pylock, requirements_txt, resolve_wheel_set
 from tests.support.paths import IMAGES, ROOT, VARIANTS
 from tests.support.recipes import layout

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from sparkforge.recipe import download
-from sparkforge.build import wheels
+from sparkforge.build import prebuilt, wheelkey, wheels
 from sparkforge.errors import ConfigError
-from sparkforge.recipe.plan import Layout, Pin, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.plan import Pin
+from sparkforge.recipe.planner import plan_variant
 from tests.support.cli import run_cli
 from tests.support.paths import IMAGES, ROOT, TEST_MODS
 from tests.support.recipes import layout
@@ -115,7 +117,7 @@ def test_a_local_wheel_is_taken_by_hash_and_its_metadata_checked(tmp_path: Path,
     (images / "w.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n  sha256: {sha}\n"
                                    "  version: \"0.17.0\"\n")
     plan = plan_variant(layout(images), "w")
-    got = wheels.recipe_wheel(plan, layout(images))
+    got = prebuilt.recipe_wheel(plan, layout(images))
     assert (got.origin, got.sha256) == ("recipe", sha) and (got.folder / got.wheel).read_bytes() == good.read_bytes()
     assert got.folder == download.cached(sha, NAME).parent
     # METADATA that says another version than the file name and the recipe
@@ -123,12 +125,12 @@ def test_a_local_wheel_is_taken_by_hash_and_its_metadata_checked(tmp_path: Path,
     (images / "x.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{other.name}\n"
                                    f"  sha256: {download.sha256_of(other)}\n  version: \"0.17.1\"\n")
     with pytest.raises(ConfigError, match=r"holds vllm 0\.17\.0 \(its METADATA\), but the recipe says version 0\.17\.1"):
-        wheels.recipe_wheel(plan_variant(layout(images), "x"), layout(images))
+        prebuilt.recipe_wheel(plan_variant(layout(images), "x"), layout(images))
     # a wrong hash: refused, and nothing is left in the cache under it
     (images / "y.yaml").write_text(BASE + f"vllm:\n  source: wheel\n  path: wheels/{NAME}\n  sha256: \"{'0' * 64}\"\n"
                                    "  version: \"0.17.0\"\n")
     with pytest.raises(ConfigError, match=f"the wheel has sha256 {sha}, not {'0' * 64}"):
-        wheels.recipe_wheel(plan_variant(layout(images), "y"), layout(images))
+        prebuilt.recipe_wheel(plan_variant(layout(images), "y"), layout(images))
     assert not download.cached("0" * 64, NAME).parent.exists()
 
 
@@ -156,28 +158,28 @@ def _git_plan():
 def test_the_key_covers_what_decides_the_wheel_and_says_why_it_cannot_be_made() -> None:
     layout = Layout.default(ROOT)
     plan = _git_plan()
-    inputs, why = wheels.key_inputs(plan, "sha256:" + "1" * 64, "linux/arm64")
+    inputs, why = wheelkey.key_inputs(plan, "sha256:" + "1" * 64, "linux/arm64")
     assert why == "" and inputs is not None
     assert set(inputs) == {"format", "vllm", "source_mods", "build_env", "torch_cuda_arch_list", "base",
                            "os_packages", "protect", "git_components", "tooling", "platform", "source_date_epoch"}
-    key = wheels.cache_key(inputs)
+    key = wheelkey.cache_key(inputs)
     for change in ({"torch_cuda_arch_list": "12.0a"}, {"base": "sha256:" + "2" * 64}, {"build_env": {"A": "1"}},
                    {"source_mods": [{"name": "m", "digest": "sha256:0"}]}, {"git_components": {"cutlass": "d" * 40}},
                    {"os_packages": ["zz-pkg"]}, {"protect": ["zz-pkg"]}, {"tooling": "sha256:1"},
                    {"platform": "linux/amd64"}, {"source_date_epoch": 1}):
         other = inputs | change
-        assert wheels.cache_key(other) != key
-        assert [d.split(" ")[0] for d in wheels.differences(other, inputs)] == list(change)
+        assert wheelkey.cache_key(other) != key
+        assert [d.split(" ")[0] for d in wheelkey.differences(other, inputs)] == list(change)
     # Each of them is read from the plan: a plan that differs in it gives another key.
     for field, value in (("os_packages", plan.os_packages + ("zz",)), ("protect", plan.protect + ("zz",)),
                          ("tooling_digest", "sha256:0"),
                          ("source_date_epoch", 1)):
-        other_inputs, _ = wheels.key_inputs(replace(plan, **{field: value}), "sha256:" + "1" * 64, "linux/arm64")
-        assert wheels.cache_key(other_inputs) != key, field
-    assert wheels.key_inputs(plan, None, "linux/arm64")[1].endswith("has no digest and is not on this engine")
+        other_inputs, _ = wheelkey.key_inputs(replace(plan, **{field: value}), "sha256:" + "1" * 64, "linux/arm64")
+        assert wheelkey.cache_key(other_inputs) != key, field
+    assert wheelkey.key_inputs(plan, None, "linux/arm64")[1].endswith("has no digest and is not on this engine")
     loose = replace(plan, components=plan_variant(layout, "ng17").components)
-    assert "commit is not pinned (lock the variant)" in wheels.key_inputs(loose, "x", "a")[1]
-    assert wheels.key_inputs(plan_variant(layout, "ng16"), "x", "a")[1] == "vllm.commit is not pinned (lock the variant)"
+    assert "commit is not pinned (lock the variant)" in wheelkey.key_inputs(loose, "x", "a")[1]
+    assert wheelkey.key_inputs(plan_variant(layout, "ng16"), "x", "a")[1] == "vllm.commit is not pinned (lock the variant)"
 
 
 def test_lookup_offers_a_stored_wheel_only_while_its_hash_holds(tmp_path: Path, monkeypatch) -> None:
@@ -228,7 +230,7 @@ def test_store_lookup_and_prune(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     inputs = {"format": 1, "vllm": {"commit": "c" * 40}, "torch_cuda_arch_list": "12.1a"}
     entry = wheels.store(root, inputs, _export(tmp_path), "ng17-0123456789ab at 2026-11-23T00:00:00Z")
-    assert entry.key == wheels.cache_key(inputs) and entry.sha256 == download.sha256_of(entry.path)
+    assert entry.key == wheelkey.cache_key(inputs) and entry.sha256 == download.sha256_of(entry.path)
     assert [e.key for e in wheels.entries(root)] == [entry.key]
     assert (root / entry.key / "record" / "vllm-commit").is_file()
     # Storing the same key again keeps the first entry.

@@ -15,7 +15,8 @@ from sparkforge.build.render import context_files
 from sparkforge.cli import views
 from sparkforge.inimage.contract import CheckState
 from sparkforge.inimage.smoke import smoke_static
-from sparkforge.recipe.plan import Layout, plan_variant
+from sparkforge.recipe.layout import Layout
+from sparkforge.recipe.planner import plan_variant
 from sparkforge.repro.checkmods import Row, RowState
 from sparkforge.repro.outdated import Outdated, Report
 from sparkforge.repro.verbs import ModsReport

@@ -1,0 +1,99 @@
+"""The wheel cache's key: what decides a compiled vLLM wheel's content, hashed.
+
+A compile's wheel is decided by the vLLM commit, the source-phase mods, the compile's environment
+(`build.env`), the arch list, the base (digest, or its content on the build engine when the recipe pins none), the
+commits of the git components the compile sees, and the template's compile step. Those inputs, as
+canonical JSON, are hashed into the cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..recipe.plan import Plan
+from . import dockercli
+
+CACHE_FORMAT = 1
+
+
+def base_identity(plan: Plan, host: str | None = None) -> str | None:
+    """The base's digest, or (unpinned) what its content is on the build engine; None when neither is known.
+
+    Not the image ID: that is the config digest on the classic image store and a manifest digest on the
+    containerd store, so one base would give two keys. What both stores report alike is the ordered
+    layer diff IDs and the image's settings that a compile sees (environment, user, working folder,
+    entry point, platform); their digest names the base's content on any engine."""
+    if plan.base.digest.value:
+        return plan.base.digest.value
+    data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
+    return None if data is None else "content " + _content_digest(data)
+
+
+def _content_digest(data: dict[str, Any]) -> str:
+    config = data.get("Config") or {}
+    seen = {
+        "layers": list((data.get("RootFS") or {}).get("Layers") or []),
+        "platform": [data.get("Os") or "", data.get("Architecture") or "", data.get("Variant") or ""],
+        **{key: config.get(key) or None for key in ("Env", "User", "WorkingDir", "Entrypoint", "Cmd", "Shell")},
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
+
+
+def engine_arch(host: str | None = None) -> str:
+    """The build engine's CPU architecture: a base digest may name a multi-arch index, whose wheels differ by it."""
+    return dockercli.run(["version", "--format", "{{.Server.Os}}/{{.Server.Arch}}"], host=host,
+                         what="docker version").stdout.strip()
+
+
+def key_inputs(plan: Plan, base: str | None, arch: str) -> tuple[dict[str, Any] | None, str]:
+    """What decides the compiled wheel's content, or None and why the cache cannot be used.
+
+    Everything the compile stages read: the source and its source-phase mods, the compile's
+    environment and arch list, the base and the OS packages and protected builds added to it, the
+    git components copied in, the template and the tools that run in those stages (tooling_digest),
+    the engine's architecture, and SOURCE_DATE_EPOCH (it sets the times inside the wheel)."""
+    v = plan.vllm
+    if v.source != "git":
+        return None, "the variant compiles no vLLM"
+    if v.commit.value is None:
+        return None, "vllm.commit is not pinned (lock the variant)"
+    gits = [c for c in plan.components if c.kind == "git"]
+    loose = next((c for c in gits if c.commit.value is None), None)
+    if loose:
+        return None, f"components.{loose.name}.commit is not pinned (lock the variant)"
+    if base is None:
+        return None, f"the base {plan.base.ref} has no digest and is not on this engine"
+    return {
+        "format": CACHE_FORMAT,
+        "vllm": {"repo": v.repo, "commit": v.commit.value, "version": v.version},
+        "source_mods": [{"name": m.name, "digest": m.digest} for m in plan.mods_in("source")],
+        "build_env": dict(plan.build.env),
+        "torch_cuda_arch_list": plan.build.torch_cuda_arch_list,
+        "base": base,
+        "os_packages": list(plan.os_packages),
+        "protect": list(plan.protect),
+        "git_components": {c.name: c.commit.value for c in gits},
+        "tooling": plan.tooling_digest,
+        "platform": arch,
+        "source_date_epoch": plan.source_date_epoch,
+    }, ""
+
+
+def cache_key(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """The inputs in which another entry differs from this build, as `field (there: X, here: Y)`."""
+    out = []
+    for name in sorted(set(mine) | set(theirs)):
+        if mine.get(name) != theirs.get(name):
+            out.append(f"{name} (cached: {_short(theirs.get(name))}, this build: {_short(mine.get(name))})")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."

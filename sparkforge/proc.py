@@ -1,0 +1,90 @@
+"""The one way the host runs a command to its end: no shell, a time limit, no child left behind.
+
+The command starts in a process group of its own, so that what it starts in turn (git's remote
+helper, ssh's proxy, docker's plugins) is stopped with it: on the time limit, on Ctrl-C and on
+SIGTERM (which the CLI turns into SystemExit), the whole group gets SIGTERM and, after a short grace,
+SIGKILL, and is reaped before the exception goes on. A command that cannot run, or runs past its
+limit, is one CommandError whose message names the command. Stdlib only.
+
+Long streaming children (a build, `docker save | docker load`) are not run here: they are tracked
+by build/dockercli.py and stopped with the CLI, and each has its own bound where it is started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+GRACE = 2.0  # seconds between SIGTERM and SIGKILL: git removes its lock files on SIGTERM
+
+
+class CommandError(Exception):
+    """A command could not run to its end: it is missing, could not start, or ran past its time limit."""
+
+    def __init__(self, command: str, why: str):
+        super().__init__(f"{command}: {why}")
+        self.command = command
+        self.why = why
+
+
+class TimedOut(CommandError):
+    """The command ran past its time limit and was stopped with everything it started."""
+
+    def __init__(self, command: str, timeout: float):
+        super().__init__(command, f"gave no answer within {timeout:.0f} s and was stopped")
+        self.timeout = timeout
+
+
+def name(argv: Sequence[str], words: int = 2) -> str:
+    """How an error names a command: its program and first words (`git fetch`), never its whole line."""
+    return " ".join(os.path.basename(str(argv[0])) if i == 0 else str(a) for i, a in enumerate(argv[:words]))
+
+
+def stop_group(proc: subprocess.Popen[Any], grace: float = GRACE) -> None:
+    """SIGTERM to the child's process group, SIGKILL to what is left of it after `grace` seconds (the
+    leader may be gone while what it started is not); the child is reaped and its pipes closed."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):  # no member left (PermissionError: a zombie, on some kernels)
+            pass
+        if sig == signal.SIGTERM:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
+        capture_output: bool = False, **kw: Any) -> subprocess.CompletedProcess[Any]:
+    """Run argv (never through a shell) to its end within `timeout` seconds and return it, whatever its
+    exit code. `what` names it in errors (default: its program and first argument). Other keywords go
+    to Popen (stdin, stdout, stderr, text, env, cwd). Raises CommandError, or TimedOut."""
+    what = what or name(argv)
+    if capture_output:
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+    if input is not None:
+        kw["stdin"] = subprocess.PIPE
+    try:
+        proc = subprocess.Popen(list(argv), start_new_session=True, **kw)
+    except FileNotFoundError:
+        raise CommandError(what, f"{argv[0]} is not installed") from None
+    except OSError as exc:
+        raise CommandError(what, f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        raise TimedOut(what, timeout) from None
+    except BaseException:  # Ctrl-C, SIGTERM's SystemExit: nothing of it is left running
+        stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -1,0 +1,254 @@
+"""Plan stage: resolve a recipe chain and its mods into one Plan, checking it is complete and consistent."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any, Callable
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from ..errors import ConfigError
+from ..imageref import ImageRef
+from .config import Recipe, load_mod, load_variant
+from .layout import Layout, digest_tooling, digest_tree
+from .plan import BaseImage, BuildArgs, Component, Mod, Pin, Plan, PythonTarget, Vllm, WheelFile, rehash
+from .fields import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE
+from .schema import ModSpec
+
+DEFAULT_IMAGE = "sparkforge/vllm"
+# The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
+WHEEL_FILE_RE = re.compile(r"\A[A-Za-z0-9._+-]+\.whl\Z")
+
+
+def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
+    """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base (no tag: latest)."""
+    parsed = ImageRef.parse(ref)
+    repo, tag, digest = parsed.repository, "latest" if parsed.tag is None else parsed.tag, parsed.digest
+    if (not REPOSITORY_RE.fullmatch(repo) or len(repo) > MAX_REPOSITORY or not TAG_RE.fullmatch(tag)
+            or (digest is not None and not DIGEST_RE.fullmatch(digest))):
+        raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source)
+    pin = Pin(digest) if digest else Pin(None, f"base given as {ref} with {source}, without a digest")
+    return BaseImage(repo, tag, pin)
+
+
+def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
+    """Turn a merged recipe into a Plan, checking that it is complete and consistent."""
+    data = recipe.data
+    leaf = layout.images_dir / f"{recipe.variant}.yaml"
+
+    def need(value: Any, fld: str) -> Any:
+        if value is None:
+            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf, field=fld)
+        return value
+
+    b = need(data.base, "base")
+    base_image = BaseImage(need(b.repository, "base.repository"), need(b.tag, "base.tag"),
+                           Pin.of(need(b.digest, "base.digest"), ""))
+    if base is not None:
+        base_image = parse_image_ref(base)
+
+    vllm = _vllm(need(data.vllm, "vllm"), leaf, need)
+    components = _components(data.components or {}, leaf, need)
+
+    bs = need(data.build, "build")
+    build_env = {k: v for k, v in (getattr(bs, "env", None) or {}).items() if v is not None}
+    build = BuildArgs(need(bs.torch_cuda_arch_list, "build.torch_cuda_arch_list"),
+                      bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
+
+    mods, env = _mods(data, layout, leaf, vllm, components)
+    python = _python(data.python, vllm, leaf)
+
+    for name, reason in (data.kernels_not_needed or {}).items():
+        if reason is None:
+            raise ConfigError("a null reason only removes a parent's entry; give the reason why no listed GPU "
+                              "needs it", path=layout.images_dir / f"{recipe.chain[-1]}.yaml",
+                              field=f"kernels_not_needed.{name}")
+    plan = Plan(
+        variant=recipe.variant,
+        chain=recipe.chain,
+        recipe_files=recipe.files,
+        description=(data.description or "").strip(),
+        image=data.image or DEFAULT_IMAGE,
+        base=base_image,
+        os_packages=tuple(data.os_packages or ()),
+        vllm=vllm,
+        components=tuple(components),
+        protect=tuple(data.protect or ()),
+        build=build,
+        env=tuple(sorted(env.items())),
+        mods=tuple(mods),
+        tooling_digest=digest_tooling(layout),
+        gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
+        kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
+        kernels_scan=tuple(data.kernels_scan or ()),
+        python=python,
+    )
+    return rehash(plan)
+
+
+def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
+    """The recipe's `python:`: both fields, and only where pip resolves what the image installs (source pypi)."""
+    if spec is None:
+        return None
+    if vllm.source != "pypi":
+        raise ConfigError(f"a wheel set is resolved for a pypi source only (this variant's vllm.source is "
+                          f"{vllm.source})", path=leaf, field="python")
+    for fld in ("version", "platform"):
+        if getattr(spec, fld) is None:
+            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
+                              field=f"python.{fld}")
+    return PythonTarget(spec.version, spec.platform)
+
+
+def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
+    """The recipe's vllm: section as a Vllm, each source with only the fields it takes."""
+    source = need(v.source, "vllm.source")
+    version = need(v.version, "vllm.version")
+    if source == "git":
+        vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
+                    Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
+    if source in ("git", "pypi"):
+        for fld in ("url", "path", "sha256"):
+            if getattr(v, fld) is not None:
+                raise ConfigError(f"a {source} source does not take {fld} (that is for source: wheel)", path=leaf,
+                                  field=f"vllm.{fld}")
+    if source == "pypi":
+        for fld in ("repo", "ref", "commit"):
+            if getattr(v, fld) is not None:
+                raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
+                                  field=f"vllm.{fld}")
+        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps)
+    elif source == "wheel":
+        vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
+                    _wheel_file(v, version, leaf))
+    elif source == "base":
+        for fld in ("repo", "ref", "commit", "url", "path", "sha256", "install_deps"):
+            if getattr(v, fld) is not None:
+                raise ConfigError("a base source takes only version: the vLLM release the base image carries (in a "
+                                  f"child of another variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
+        vllm = Vllm("base", version, None, None, Pin(None), False)
+    return vllm
+
+
+def _components(entries: dict[str, Any], leaf: Path, need: Callable[[Any, str], Any]) -> list[Component]:
+    """The recipe's components, by name: each is pip (with version) or git (with ref, commit, dest)."""
+    components = []
+    for name, c in sorted(entries.items()):
+        if c is None:
+            continue
+        fld = f"components.{name}"
+        if c.pip and not c.git:
+            if c.ref or c.commit or c.dest or c.pip_install is not None:
+                raise ConfigError("a pip component takes only pip and version", path=leaf, field=fld)
+            components.append(Component(name, "pip", c.pip, Pin.of(need(c.version, f"{fld}.version"), ""),
+                                        None, None, Pin(None), None))
+        elif c.git and not c.pip:
+            if c.version:
+                raise ConfigError("a git component is pinned by ref and commit, not version", path=leaf,
+                                  field=f"{fld}.version")
+            components.append(Component(name, "git", None, Pin(None), c.git, need(c.ref, f"{fld}.ref"),
+                                        Pin.of(need(c.commit, f"{fld}.commit"), ""),
+                                        need(c.dest, f"{fld}.dest"), bool(c.pip_install)))
+        else:
+            raise ConfigError("a component is either pip (with version) or git (with ref, commit, dest)",
+                              path=leaf, field=fld)
+    return components
+
+
+def _mods(data: Any, layout: Layout, leaf: Path, vllm: Vllm,
+          components: list[Component]) -> tuple[list[Mod], dict[str, str]]:
+    """The recipe's mods, loaded and checked against the plan, and the env they and the recipe set; no env
+    name or drop-in file may belong to two mods."""
+    known_components = {"vllm", "image"} | {c.name for c in components}
+    mods = []
+    env: dict[str, str] = {}
+    owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
+    for name in data.mods or []:
+        spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
+        check_mod_fits(spec, folder, vllm, known_components, leaf)
+        mods.append(Mod(name, digest_tree(folder), str(folder), spec))
+        for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
+            if value is None:
+                continue
+            if (what, value) in owners:
+                other = owners[(what, value)]
+                who = f"mod {name} writes {value} twice" if other == name else (
+                    f"mods {other} and {name} both {'set the env name' if what == 'env' else 'write'} {value}")
+                raise ConfigError(f"{who}; only one may, or the last would win silently", path=leaf, field="mods")
+            owners[(what, value)] = name
+        if spec.env:
+            env[spec.env.name] = spec.env.default
+    for key, value in (data.env or {}).items():
+        if value is not None:
+            env[key] = value
+    return mods, env
+
+
+def gpus_of(arch_list: str) -> tuple[str, ...]:
+    """The compute capabilities a TORCH_CUDA_ARCH_LIST names: '12.0a;12.1a' -> ('12.0', '12.1')."""
+    caps = (re.sub(r"[af]?(\+PTX)?\Z", "", arch) for arch in arch_list.split(";"))
+    return tuple(dict.fromkeys(caps))
+
+
+def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
+    """The wheel of a `source: wheel` recipe; its file name must be a vLLM wheel of the recipe's version."""
+    for fld in ("repo", "ref", "commit"):
+        if getattr(v, fld) is not None:
+            raise ConfigError("a wheel source takes url or path, sha256, version and install_deps (in a child of a "
+                              f"git variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
+    if (v.url is None) == (v.path is None):
+        raise ConfigError("give the wheel as url (https) or as path (relative to the recipe's folder), one of them",
+                          path=leaf, field="vllm.url")
+    if v.sha256 is None:
+        raise ConfigError("required field is missing: the wheel's sha256 (`sha256sum FILE` prints it)", path=leaf,
+                          field="vllm.sha256")
+    fld = "vllm.url" if v.url else "vllm.path"
+    filename = urllib.parse.unquote(v.url.rsplit("/", 1)[1]) if v.url else v.path.rsplit("/", 1)[-1]
+    try:
+        if not WHEEL_FILE_RE.fullmatch(filename):
+            raise InvalidWheelFilename(filename)
+        name, wheel_version, _, _ = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        raise ConfigError(f"{filename!r} is not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl, of letters, "
+                          "digits and '._+-')", path=leaf,
+                          field=fld) from None
+    if name != "vllm":
+        raise ConfigError(f"{filename} is a wheel of {name}, not of vllm", path=leaf, field=fld)
+    if wheel_version != Version(version):
+        raise ConfigError(f"{filename} is vllm {wheel_version}, but the recipe says version {version}", path=leaf,
+                          field="vllm.version")
+    local = None
+    if v.path:
+        local = leaf.parent / v.path
+        if local.exists() and leaf.parent.resolve() not in local.resolve().parents:
+            raise ConfigError(f"{v.path} leads outside {leaf.parent} (through a link); keep the wheel inside it",
+                              path=leaf, field="vllm.path")
+    return WheelFile(filename, v.sha256, v.url, v.path, str(local) if local else None)
+
+
+def check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
+    """Refuse a mod the variant cannot take: another component, a source phase without a source, other releases."""
+    where = f"mods: {spec.name}"
+    if spec.component not in components:
+        raise ConfigError(f"targets component {spec.component!r}, which this variant does not have",
+                          path=leaf, field=where)
+    if spec.phase == "source" and vllm.source == "wheel":
+        raise ConfigError("is a source-phase mod, but this variant installs a prebuilt wheel, which has no source "
+                          "tree to patch (use an install-phase mod, or build from git)", path=leaf, field=where)
+    if spec.phase == "source" and (spec.component != "vllm" or vllm.source != "git"):
+        raise ConfigError("is a source-phase mod, but this variant builds no vLLM source tree "
+                          "(vllm.source is not git)", path=leaf, field=where)
+    if spec.component in ("vllm", "image") and spec.targets.versions:
+        wanted = SpecifierSet(spec.targets.versions)
+        if not wanted.contains(Version(vllm.version), prereleases=True):
+            raise ConfigError(f"targets vllm {spec.targets.versions}, but this variant pins vllm {vllm.version}",
+                              path=leaf, field=where)
+
+
+def plan_variant(layout: Layout, variant: str, *, base: str | None = None) -> Plan:
+    """Config and plan stages in one call: load the recipe chain and resolve it."""
+    return resolve(load_variant(layout.images_dir, variant), layout, base=base)
