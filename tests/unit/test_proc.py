@@ -95,6 +95,7 @@ CHILD = textwrap.dedent("""
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, on_term)  # as the CLI does (dockercli.exit_on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a test worker may start us with SIGINT ignored
     proc.run(["sh", "-c", sys.argv[3], "sh", sys.argv[2]], timeout=300)
 """)
 
