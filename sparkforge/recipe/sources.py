@@ -306,8 +306,13 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
     return root
 
 
-def scratch_copy(tree: Path, dest: Path) -> Path:
-    """A full copy of a cached tree to edit. (Hard links would be faster, but one in-place write
-    would then corrupt the cache.)"""
-    shutil.copytree(tree, dest, symlinks=True, ignore=shutil.ignore_patterns(".complete"))
+def scratch_copy(tree: Path, dest: Path, only: str | None = None) -> Path:
+    """A full copy of a cached tree to edit, or of its one top-level folder `only` (at the same place under
+    dest). (Hard links would be faster, but one in-place write would then corrupt the cache.)"""
+    if only is None:
+        shutil.copytree(tree, dest, symlinks=True, ignore=shutil.ignore_patterns(".complete"))
+    else:
+        dest.mkdir(parents=True)
+        if (tree / only).is_dir() and not (tree / only).is_symlink():
+            shutil.copytree(tree / only, dest / only, symlinks=True)
     return dest

@@ -114,7 +114,7 @@ def base_source(plan: Plan) -> SourceRef:
                      lambda: found.root)
 
 
-def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
+def apply_in_scratch(mods: list[Mod], tree: Path | None, scratch: Path, *,
                      patcher_timeout: float = inimage.PATCHER_TIMEOUT,
                      ca_cert: Path | None = None) -> list[tuple[Mod, RowState, str]]:
     """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
@@ -125,7 +125,10 @@ def apply_in_scratch(mods: Iterable[Mod], tree: Path | None, scratch: Path, *,
     leaves its mod unverified, as an unreachable source does.
     """
     if tree is not None:
-        sources.scratch_copy(tree, scratch)
+        # Install-phase mods of vLLM see what the image's site-packages holds of it, the vllm/ package alone: only
+        # that is copied (under half of a release's source tree). Source-phase mods see the whole checkout.
+        vllm_install = all(m.spec.component == "vllm" and m.spec.phase == "install" for m in mods)
+        sources.scratch_copy(tree, scratch, only="vllm" if vllm_install else None)
     else:
         scratch.mkdir(parents=True)
     results = []
