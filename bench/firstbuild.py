@@ -92,8 +92,8 @@ def main() -> None:
               f"({pip_bytes / 1e6:.1f} MB of build requirements by pip's log, at most {served / 1e6:.1f} MB of vLLM's "
               "git objects)")
         print(f"ratio first build, no compile / compile: {wheel_s / git_s:6.3f}  (the compile here is "
-              "VLLM_TARGET_DEVICE=empty, a small part of a CUDA compile; RESEARCH.md reports 20 min to 3 h for a "
-              "CUDA one on a Spark)")
+              "VLLM_TARGET_DEVICE=empty, a small part of a CUDA compile; its users report 20 min to 3 h for a CUDA "
+              "one on a Spark)")
         print(json.dumps({"no_compile_s": round(wheel_s, 1), "compile_s": round(git_s, 1),
                           "no_compile_bytes": wheel_bytes, "compile_bytes": pip_bytes + served,
                           "ratio": round(wheel_s / git_s, 3)}))
