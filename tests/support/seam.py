@@ -9,7 +9,7 @@ from typing import Any
 from sparkforge.build.pipeline import load_plan
 from sparkforge.build.render import context_files
 from sparkforge.inimage.seam import MOD_VERSION, ModDoc
-from sparkforge.recipe.plan import Layout
+from sparkforge.recipe.layout import Layout
 from tests.support.paths import ROOT
 
 

@@ -21,7 +21,7 @@ from sparkforge.inimage.apply import verify_mod
 from sparkforge.inimage.contract import CheckState, ContractError
 from sparkforge.inimage.run import TimeLimit, run
 from sparkforge.inimage.seam import MOD_VERSION, PLAN_VERSION, ModDoc, PlanDoc, read_mod, read_plan
-from sparkforge.recipe.plan import Layout
+from sparkforge.recipe.layout import Layout
 from sparkforge.recipe.remote import materialize
 from tests.support.limits import ended
 from tests.support.paths import IMAGES, MODS, ROOT, TEST_MODS, VARIANTS
