@@ -251,7 +251,10 @@ def test_ctrl_c_during_start_up_is_one_line(project: Path, tmp_path: Path, after
         proc = subprocess.Popen([sys.executable, str(ROOT / "build.py"), "--images", str(project / "images"), "--mods",
                                  str(project / "mods"), "mod", "new", "fix", "--from-url", url,
                                  "--versions", "==0.17.0"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                # SIGINT as a shell leaves it for a command: a test worker may run with it ignored,
+                                # and a Python started so never turns it into KeyboardInterrupt
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
             while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
