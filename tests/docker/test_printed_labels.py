@@ -23,7 +23,8 @@ def test_a_line_break_in_a_label_stays_in_its_row_in_history(tmp_path: Path, cli
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {BASE}\n")
     tag = f"{repo}:lab-0123456789ab"
-    subprocess.run(["docker", "build", "-q", "-t", tag, "--label", f"io.sparkforge.mods=uf17\n{FORGED}",
+    subprocess.run(["docker", "build", "-q", "-t", tag, "--label", "io.sparkforge.variant=lab",  # a build of `lab`
+                    "--label", f"io.sparkforge.mods=uf17\n{FORGED}",
                     "--label", "org.opencontainers.image.version=0.17.0\x1b[2J", str(tmp_path / "ctx")],
                    check=True, capture_output=True, timeout=300)
     try:
