@@ -274,10 +274,14 @@ def current_image(ref: str) -> str | None:
     return image_ids(ref)[ref]
 
 
+def _hex12(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
 def kept_tag(tag: str, image_id: str) -> str:
     """The tag that keeps an image of the plan reachable when the immutable tag names another: `TAG.<12 hex
     of the image ID>` (a variant name holds no `.`, so no other variant's tag reads like it)."""
-    return f"{tag}.{image_id.removeprefix('sha256:')[:12]}"
+    return f"{tag}.{_hex12(image_id)}"
 
 
 @dataclass(frozen=True)
@@ -300,16 +304,16 @@ def promote(result: BuildResult, now: dict[str, str | None], *, move: bool = Fal
     before = now.get(plan.tag)
     replaced = None
     if before and before != result.image_id:
-        old, new = before.removeprefix("sha256:")[:12], result.image_id.removeprefix("sha256:")[:12]
+        old, new, old_kept = _hex12(before), _hex12(result.image_id), kept_tag(plan.tag, before)
         if not move:
             kept = kept_tag(plan.tag, result.image_id)
             dockercli.run(["tag", result.image_id, kept])
             _drop_candidate(result, now)
             return Promotion((kept,), f"{plan.tag} already names image {old}, an earlier build of this plan; this "
                              f"build made {new}, kept as {kept}; neither tag moved (build --move-tag moves them, "
-                             f"keeping {old} as {kept_tag(plan.tag, before)})")
-        dockercli.run(["tag", before, kept_tag(plan.tag, before)])
-        replaced = f"{plan.tag} moved from image {old} to {new}; {old} stays as {kept_tag(plan.tag, before)}"
+                             f"keeping {old} as {old_kept})")
+        dockercli.run(["tag", before, old_kept])
+        replaced = f"{plan.tag} moved from image {old} to {new}; {old} stays as {old_kept}"
     refs = (plan.tag, plan.moving_tag)
     for ref in refs:
         if now.get(ref) != result.image_id:

@@ -217,8 +217,7 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
     deploys = read_state(state_dir, repo)["deploys"]
     last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
     found = []
-    refs = [*tags, plan.moving_tag] if tags else []
-    seen = dockercli.inspect_images(*refs) if refs else {}
+    seen = dockercli.inspect_images(*tags, plan.moving_tag) if tags else {}
     moving = (seen.get(plan.moving_tag) or {}).get("Id")
     for tag in tags:  # one call for them all
         data = seen.get(tag)

@@ -193,7 +193,7 @@ verify:
 def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> None:
     """A build of a plan whose immutable tag already names another image of the variant (as a rebuild that gave
     other bytes leaves it) keeps its image beside the tag and moves neither tag; --move-tag moves both and keeps
-    the old image reachable, in `history` (which lists only this variant's builds) and for `deploy --to`."""
+    the old image reachable as a tag of its own, which `history` lists (only this variant's builds)."""
     images = tmp_path / "images"
     shutil.copytree(VARIANTS, images)
     (images / "testmove.yaml").write_text("extends: testvllm\n")
@@ -207,25 +207,23 @@ def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> N
                    capture_output=True, timeout=600, input=f"FROM {tag}\nLABEL io.sparkforge.test=other\n".encode())
     other = image_id(tag)
     assert built and other and built != other
+    b12, o12 = built.removeprefix("sha256:")[:12], other.removeprefix("sha256:")[:12]
+    kept, old_kept = f"{tag}.{b12}", f"{tag}.{o12}"
     foreign = f"{moving}-000000000000"  # reads like a build's tag, but its image is no build of this variant
     subprocess.run(["docker", "tag", BASE, foreign], check=True, capture_output=True, timeout=60)
     try:
         again = sparkforge(*build_args("testmove", images=images))
         assert again.returncode == 0, again.stderr
-        kept = f"{tag}.{built.removeprefix('sha256:')[:12]}"
         said = [line for line in again.stdout.splitlines() if "already names image" in line]
-        assert said == [f"{tag} already names image {other.removeprefix('sha256:')[:12]}, an earlier build of this "
-                        f"plan; this build made {built.removeprefix('sha256:')[:12]}, kept as {kept}; neither tag "
-                        f"moved (build --move-tag moves them, keeping {other.removeprefix('sha256:')[:12]} as "
-                        f"{tag}.{other.removeprefix('sha256:')[:12]})"], again.stdout
+        assert said == [f"{tag} already names image {o12}, an earlier build of this plan; this build made {b12}, "
+                        f"kept as {kept}; neither tag moved (build --move-tag moves them, keeping {o12} as "
+                        f"{old_kept})"], again.stdout
         assert (image_id(tag), image_id(moving), image_id(kept)) == (other, built, built)
 
         moved = sparkforge(*build_args("testmove", "--move-tag", images=images))
         assert moved.returncode == 0, moved.stderr
-        old_kept = f"{tag}.{other.removeprefix('sha256:')[:12]}"
         assert (image_id(tag), image_id(moving), image_id(old_kept)) == (built, built, other)
-        assert f"{tag} moved from image {other.removeprefix('sha256:')[:12]} to {built.removeprefix('sha256:')[:12]}; "\
-               f"{other.removeprefix('sha256:')[:12]} stays as {old_kept}" in moved.stdout
+        assert f"{tag} moved from image {o12} to {b12}; {o12} stays as {old_kept}" in moved.stdout
 
         history = sparkforge("--images", str(images), "history", "testmove", "--base", BASE)
         assert history.returncode == 0, history.stderr
@@ -235,9 +233,8 @@ def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> N
         assert "<- testmove" in rows[short(tag)] and "<- testmove" in rows[short(kept)], history.stdout
         assert "<- testmove" not in rows[short(old_kept)], history.stdout
     finally:
-        subprocess.run(["docker", "image", "rm", "--no-prune", moving, tag, foreign,
-                        f"{tag}.{built.removeprefix('sha256:')[:12]}",
-                        f"{tag}.{other.removeprefix('sha256:')[:12]}"], capture_output=True, timeout=120)
+        subprocess.run(["docker", "image", "rm", "--no-prune", moving, tag, foreign, kept, old_kept],
+                       capture_output=True, timeout=120)
 
 
 @pytest.mark.parametrize("args,words", [
