@@ -32,6 +32,7 @@ _wheel_cache: list[str] = []  # the wheel cache this process made for the run
 
 
 def pytest_configure(config):
+    _config.append(config)
     for name in needs.MARKED:
         config.addinivalue_line("markers", f"{name}: needs {needs.NEEDS[name].what}")
     config.addinivalue_line("markers", "needs(*names): needs these entries of tests/support/needs.py besides the "
@@ -75,15 +76,18 @@ _REQUIRED = pytest.StashKey[needs.Required]()
 ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 
 
-# Tests that use the engine run in four xdist groups, each on one worker and in order, so that what a
-# group's modules share (images, daemons, namespaces) is made once per worker: the tests that move
-# images between hosts, the git-source builds, the wheel-cache builds, and the rest of the builds (by
-# the durations of a CI run, the git-source builds were the longest chain, so the wheel tests left it;
-# their builder prune runs on an engine of their own). Two groups may build one plan: the second build
-# waits for the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by
-# one worker while the others wait. Every worker also takes the tests outside the groups (`make test`).
+# Tests that use the engine run in xdist groups, each on one worker and in order, so that what a group's
+# modules share (images, daemons, namespaces) is made once per worker: the tests that move images between
+# hosts, the git-source builds, the wheel-cache builds (their builder prune runs on an engine of their
+# own), the release-wheel variants, the lock and reproducibility builds, and the rest of the builds. A
+# run's time is its longest group's: by the durations of a CI run, each large image (a real vLLM wheel, a
+# CPU torch) takes 8 to 20 minutes to install, export and unpack on 2 busy cores, so no group makes more
+# than two, and the groups' downloads overlap. Two groups may build one plan: the second build waits for
+# the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by one worker
+# while the others wait. Every worker also takes the tests outside the groups (`make test`).
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
-GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-wheels"}
+GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-wheels",
+          "tests/docker/test_variants.py": "engine-variants", "tests/docker/test_repro.py": "engine-repro"}
 
 
 def _engine_group(item) -> str:
@@ -209,7 +213,20 @@ _tier_time: dict[str, list[float]] = {}
 _refused: dict[str, dict[str, int]] = {}  # tier -> why its tests failed instead of skipping -> how many
 
 
+_config: list[pytest.Config] = []  # the run's config, for lines written as reports arrive
+SLOW = 60.0  # seconds: a step of a test at least this long is named the moment it ends
+
+
 def pytest_runtest_logreport(report):
+    """Besides the totals per tier: a failure, and a step of a test that took SLOW seconds or more, are each
+    written on a line of their own as they happen (in the controller of an xdist run too), so that the log
+    of a run stopped from outside (a CI time limit) still says what failed and where the time went."""
+    if _config and not hasattr(_config[0], "workerinput") and (report.failed or report.duration >= SLOW):
+        reporter = _config[0].pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            what = "FAILED" if report.failed else "slow"
+            reporter.write_line(f"{what}: {report.nodeid} ({report.when}, {report.duration:.0f} s)",
+                                red=report.failed)
     properties = dict(report.user_properties)
     entry = _tier_time.setdefault(properties.get("tier", "unit"), [0, 0.0])
     entry[0] += report.when == "call"

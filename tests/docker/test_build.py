@@ -305,22 +305,3 @@ def test_sigterm_stops_the_build_it_started_and_moves_no_tag(test_image) -> None
     assert not [c for c in children if Path(f"/proc/{c}").exists()], "docker buildx outlived the CLI"
     assert cli.returncode == 128 + signal.SIGTERM
     assert image_id(test_image.moving_tag) == before
-
-
-def test_the_ng030_release_wheel_with_its_install_mods_passes_the_static_tier(base_image) -> None:
-    ng030 = sparkforge("show", "ng030", "--json")
-    assert ng030.returncode == 0, ng030.stderr
-    install_mods = [m["name"] for m in json.loads(ng030.stdout)["mods"] if m["spec"]["phase"] == "install"]
-    recipe = (VARIANTS / "testvllm030.yaml").read_text()
-    assert all(f"  - {name}\n" in recipe for name in install_mods), "the test variant carries ng030's install mods"
-    proc = sparkforge(*build_args("testvllm030"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    test = sparkforge("--images", str(VARIANTS), "test", "testvllm030", "--base", BASE, "--tier", "static")
-    assert test.returncode == 0, test.stdout + test.stderr
-    assert "failed" not in test.stdout
-    for name in install_mods:
-        assert f"mod {name}" in test.stdout
-    record = sparkforge("inspect", json.loads(sparkforge("--images", str(VARIANTS), "show", "testvllm030", "--base",
-                                                         BASE, "--json").stdout)["tag"], "--json")
-    assert record.returncode == 0, record.stderr
-    assert '"0.30.0"' in record.stdout

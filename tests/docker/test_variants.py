@@ -177,3 +177,22 @@ def test_a_base_that_carries_another_release_is_refused(vllm_base: str, tmp_path
     assert "build failed at step [base" in last, last
     log = Path(re.search(r"\(build log: (\S+\.log)\)", last)[1]).read_text()
     assert "the base carries vllm 0.2.7, but the recipe says vllm.version 0.2.6" in log, log[-2000:]
+
+
+def test_the_ng030_release_wheel_with_its_install_mods_passes_the_static_tier(base_image) -> None:
+    ng030 = sparkforge("show", "ng030", "--json")
+    assert ng030.returncode == 0, ng030.stderr
+    install_mods = [m["name"] for m in json.loads(ng030.stdout)["mods"] if m["spec"]["phase"] == "install"]
+    recipe = (VARIANTS / "testvllm030.yaml").read_text()
+    assert all(f"  - {name}\n" in recipe for name in install_mods), "the test variant carries ng030's install mods"
+    proc = sparkforge(*build_args("testvllm030"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    test = sparkforge("--images", str(VARIANTS), "test", "testvllm030", "--base", BASE, "--tier", "static")
+    assert test.returncode == 0, test.stdout + test.stderr
+    assert "failed" not in test.stdout
+    for name in install_mods:
+        assert f"mod {name}" in test.stdout
+    record = sparkforge("inspect", json.loads(sparkforge("--images", str(VARIANTS), "show", "testvllm030", "--base",
+                                                         BASE, "--json").stdout)["tag"], "--json")
+    assert record.returncode == 0, record.stderr
+    assert '"0.30.0"' in record.stdout

@@ -47,7 +47,7 @@ def ensure_torch_base(base_image: str, workdir: Path) -> str:
         f"FROM {base_image}\n"
         "RUN --mount=type=bind,source=.,target=/ctx --mount=type=secret,id=ca \\\n"
         "    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \\\n"
-        f"    python3 -m pip install --break-system-packages --no-cache-dir /ctx/torch-*.whl numpy=={NUMPY}\n")
+        f"    python3 -m pip install --break-system-packages --no-cache-dir --no-compile /ctx/torch-*.whl numpy=={NUMPY}\n")
     proc = _run("docker", "buildx", "build", "--load", "--network", "host", "--secret",
                 f"id=ca,src={SYSTEM_CA}", "-t", TORCH_BASE, str(workdir), timeout=1800)
     if proc.returncode != 0:
