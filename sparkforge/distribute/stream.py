@@ -283,7 +283,9 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     watchdog.start()
     writers = _start_loads(nodes)
     save_err: list[bytes] = []
-    save_drain = threading.Thread(target=lambda: save_err.append(save.stderr.read()), daemon=True)  # type: ignore
+    save_stderr = save.stderr
+    assert save_stderr is not None  # a pipe, as asked
+    save_drain = threading.Thread(target=lambda: save_err.append(save_stderr.read()), daemon=True)
     save_drain.start()
     index = _pump(save, writers, image, progress, stall)
     code = save.wait()

@@ -142,6 +142,7 @@ def read_digests(tarball: Path) -> ImageDigests:
     """The manifest, config and layer digests of a single-image OCI/Docker tarball from buildx."""
     try:
         with tarfile.open(tarball) as tf:
+            # An index.json that is no regular file gives None, whose AttributeError is caught below.
             index = parse_json(tf.extractfile("index.json").read())  # type: ignore[union-attr]
             desc = index["manifests"][0]
             manifest = parse_json(_blob(tf, desc["digest"]))
