@@ -30,6 +30,7 @@ from ..inimage.contract import parse_json
 
 QUICK = 10.0    # seconds: calls that only ask the engine something (info, inspect, tag)
 LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
+EXIT_GRACE = 60.0  # seconds a streaming child may take to exit once its output has ended
 
 _children: set[subprocess.Popen[Any]] = set()
 _lock = threading.Lock()

@@ -278,7 +278,10 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
                     last = time.monotonic()
                     if log.feed(data):
                         seen(log.done, log.detail)
-    code = dockercli.finish(proc)
+    try:
+        code = dockercli.finish(proc, timeout=dockercli.EXIT_GRACE)
+    except dockercli.EngineError:  # its output ended, yet it ran on: it was stopped
+        code, why = -1, why or f"did not end within {dockercli.EXIT_GRACE:.0f}s of its output"
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
