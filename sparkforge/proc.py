@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL: git removes its lock files on SIGTERM
 
@@ -62,11 +62,22 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = GRACE) -> None:
             pipe.close()
 
 
+# The output is bytes, or str with text=True.
+@overload
 def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
-        capture_output: bool = False, **kw: Any) -> subprocess.CompletedProcess[Any]:
+        capture_output: bool = False, text: Literal[False] = False,
+        **kw: Any) -> subprocess.CompletedProcess[bytes]: ...
+@overload
+def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
+        capture_output: bool = False, text: Literal[True], **kw: Any) -> subprocess.CompletedProcess[str]: ...
+@overload
+def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
+        capture_output: bool = False, text: bool, **kw: Any) -> subprocess.CompletedProcess[Any]: ...
+def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
+        capture_output: bool = False, text: bool = False, **kw: Any) -> subprocess.CompletedProcess[Any]:
     """Run argv (never through a shell) to its end within `timeout` seconds and return it, whatever its
     exit code. `what` names it in errors (default: its program and first argument). Other keywords go
-    to Popen (stdin, stdout, stderr, text, env, cwd). Raises CommandError, or TimedOut."""
+    to Popen (stdin, stdout, stderr, env, cwd). Raises CommandError, or TimedOut."""
     what = what or name(argv)
     if capture_output:
         kw.setdefault("stdout", subprocess.PIPE)
@@ -74,7 +85,7 @@ def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: 
     if input is not None:
         kw["stdin"] = subprocess.PIPE
     try:
-        proc = subprocess.Popen(list(argv), start_new_session=True, **kw)
+        proc = subprocess.Popen(list(argv), start_new_session=True, text=text, **kw)
     except FileNotFoundError:
         raise CommandError(what, f"{argv[0]} is not installed") from None
     except OSError as exc:

@@ -17,7 +17,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from . import net
 from .errors import mask_secrets, mask_url, visible
@@ -87,7 +87,7 @@ class Client:
             raise RegistryError(self.endpoint.host, what, f"answered an unexpected digest {digest[:80]!r}")
         return digest
 
-    def manifest(self, repo: str, ref: str) -> dict:
+    def manifest(self, repo: str, ref: str) -> dict[str, Any]:
         """repo:ref's manifest or index, as JSON."""
         what = f"manifest {repo}:{ref}"
         reply = self._ok(what, self._send(what, "GET", f"/v2/{repo}/manifests/{ref}",

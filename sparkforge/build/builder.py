@@ -249,7 +249,7 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
                 dockercli.stop(proc)
                 dockercli.finish(proc)
                 raise
-            code = dockercli.finish(proc)
+            code = dockercli.finish(proc, timeout=dockercli.EXIT_GRACE)  # its output ended: it is exiting
     except OSError as exc:  # the log on a full disk names no file of its own
         name_path(exc, log_path)
         raise

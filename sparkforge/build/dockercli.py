@@ -20,7 +20,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Literal, NoReturn, overload
 
 from .. import proc
 from ..errors import SparkforgeError
@@ -29,6 +30,7 @@ from ..inimage.contract import parse_json
 
 QUICK = 10.0    # seconds: calls that only ask the engine something (info, inspect, tag)
 LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
+EXIT_GRACE = 60.0  # seconds a streaming child may take to exit once its output has ended
 
 _children: set[subprocess.Popen[Any]] = set()
 _lock = threading.Lock()
@@ -56,6 +58,13 @@ def last_line(text: str | bytes | None, fallback: str) -> str:
     return lines[-1] if lines else fallback
 
 
+# The output is str, or bytes with text=False.
+@overload
+def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
+        check: bool = True, text: Literal[True] = True, **kw: Any) -> subprocess.CompletedProcess[str]: ...
+@overload
+def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
+        check: bool = True, text: Literal[False], **kw: Any) -> subprocess.CompletedProcess[bytes]: ...
 def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
         check: bool = True, text: bool = True, **kw: Any) -> subprocess.CompletedProcess[Any]:
     """Run `docker ARGS` through proc.run and return it; raise EngineError on a timeout, a missing CLI or
@@ -77,7 +86,8 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK,
     return done
 
 
-def inspect_images(*refs: str, host: str | None = None, env: dict[str, str] | None = None) -> dict[str, dict | None]:
+def inspect_images(*refs: str, host: str | None = None,
+                   env: dict[str, str] | None = None) -> dict[str, dict[str, Any] | None]:
     """What `docker image inspect` says of each reference on the engine (None where there is no such
     image), in one call: the one way the head asks about its images."""
     done = run(["image", "inspect", *refs], what="docker image inspect", host=host, env=env, check=False)
@@ -87,7 +97,7 @@ def inspect_images(*refs: str, host: str | None = None, env: dict[str, str] | No
         raise EngineError(str(exc), field="docker image inspect") from None
 
 
-def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> dict[str, dict | None]:
+def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> dict[str, dict[str, Any] | None]:
     """The data `docker image inspect REFS...` gave for each reference, None for each it named missing.
 
     docker prints what it found as JSON on stdout and, on stderr, one line for each reference it did
@@ -109,7 +119,7 @@ def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> 
     if len(found) == len(refs):  # docker answers in the order it was asked
         return dict(zip(refs, found))
 
-    def names(data: dict) -> set[str]:
+    def names(data: dict[str, Any]) -> set[str]:
         return {data.get("Id", ""), *(data.get("RepoTags") or []), *(data.get("RepoDigests") or [])}
 
     return {ref: next((data for data in found if ref in names(data)), None) for ref in refs}
@@ -128,7 +138,8 @@ def _unix_socket(host: str | None) -> str | None:
 def _current_context() -> str | None:
     config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
     try:
-        return parse_json(read_regular(config)).get("currentContext")
+        context = parse_json(read_regular(config)).get("currentContext")
+        return None if context is None else str(context)
     except (OSError, ValueError, AttributeError, SparkforgeError):  # SparkforgeError: a FIFO or a folder
         return None
 
@@ -250,6 +261,6 @@ def stop_all() -> None:
 
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit, so that `finally` blocks and subprocess.run stop their children."""
-    def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
+    def handler(signum: int, frame: FrameType | None) -> NoReturn:  # noqa: ARG001 - the signal module's signature
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)

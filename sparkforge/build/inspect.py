@@ -15,7 +15,7 @@ from . import dockercli
 RECORD_PATH = "/opt/sparkforge/build-record.json"
 
 
-def read_record(image: str) -> tuple[BuildRecord, dict]:
+def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
     """(build record, labels) of an image in the local engine; the image is created, never started."""
     import docker
     from docker.errors import DockerException, ImageNotFound, NotFound
@@ -24,13 +24,13 @@ def read_record(image: str) -> tuple[BuildRecord, dict]:
     if problem:
         raise BuildError(problem, field="docker")
     try:
-        client = docker.from_env(timeout=dockercli.LONG)
+        client = docker.from_env(timeout=int(dockercli.LONG))  # the SDK takes whole seconds
         img = client.images.get(image)
     except ImageNotFound:  # the image named is not there: bad input, as an unknown variant is
         raise ConfigError(f"image {image} not found in the local engine", field="IMAGE") from None
     except DockerException as exc:
         raise BuildError(f"cannot reach the Docker engine: {exc}", field="docker") from None
-    container = client.containers.create(img.id, command=["true"], network_mode="none")
+    container = client.containers.create(img, command=["true"], network_mode="none")
     try:
         stream, _ = container.get_archive(RECORD_PATH)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tf:

@@ -13,9 +13,10 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import BuildError, ConfigError, Hint
 from ..files import locked
@@ -107,7 +108,7 @@ def context_dir(plan: Plan) -> Path:
 SAME_PLAN_WAIT = 6 * 3600
 
 
-def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None):
+def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None) -> AbstractContextManager[None]:
     """Held from render to tags: a second build of one plan waits for the first, then finds its cache."""
     ctx = context_dir(plan)
     lock = ctx.parent / f"{ctx.name}.lock"
@@ -140,7 +141,7 @@ def render_variant(plan: Plan, layout: Layout, output: Path | None = None, *,
 NETWORKS = ("host", "none", "default")
 
 
-def build_options(*, network: str = "host", ca_cert: Path | None = None, **options) -> BuildOptions:
+def build_options(*, network: str = "host", ca_cert: Path | None = None, **options: Any) -> BuildOptions:
     """BuildOptions from the command line's words: `--network default` is BuildKit's own network."""
     if network not in NETWORKS:
         raise ConfigError(f"unknown network {network!r}; choose {', '.join(NETWORKS)}", field="--network")
@@ -221,7 +222,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
     if wheel_cache is None:
         return None, WheelNote("compiled", why_compiled="the wheel cache is off")
     found = wheels.lookup(plan, wheel_cache, opts.docker_host)
-    if found.wheel:
+    if found.wheel and found.key:  # a hit always has its key
         say(f"vLLM wheel: from the wheel cache ({found.key[:12]}, compiled for {found.wheel.compiled_for}); "
             "no compile")
         return found.wheel, WheelNote("cache", found.wheel.sha256, found.key)

@@ -107,7 +107,8 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         source_mods=plan.mods_in("source"),
         install_mods=plan.mods_in("install"),
         # What the kernel scan reads: the installed distributions' libraries, and the git components' trees.
-        scan_dists=list(dict.fromkeys(["vllm"] + [c.package.split("[")[0] for c in plan.components if c.kind == "pip"]
+        scan_dists=list(dict.fromkeys(["vllm"]
+                                      + [str(c.package).split("[")[0] for c in plan.components if c.kind == "pip"]
                                       + list(plan.kernels_scan))),
         scan_roots=[c.dest for c in plan.components if c.kind == "git"],
         # A base's own vLLM is protected too: no later pip install may replace the one the mods were checked on.

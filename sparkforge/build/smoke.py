@@ -78,7 +78,8 @@ def _gpu_tier_reason(image: str) -> str | None:
     return gpu_missing_reason() or image_cuda_reason(image)
 
 
-def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+def _run_in_image(image: str, args: list[str], *, gpu: bool = False,
+                  timeout: float = 600) -> subprocess.CompletedProcess[str]:
     cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
     if gpu:
         cmd += ["--gpus", "all"]
@@ -86,7 +87,7 @@ def _run_in_image(image: str, args: list[str], *, gpu: bool = False, timeout: fl
     return dockercli.run(cmd, what=f"docker run {' '.join(args[:3])}", timeout=timeout, check=False)
 
 
-def _parse(proc: subprocess.CompletedProcess) -> tuple[Check, ...]:
+def _parse(proc: subprocess.CompletedProcess[str]) -> tuple[Check, ...]:
     checks = []
     for line in proc.stdout.splitlines():
         try:
@@ -115,7 +116,7 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])  # (host, port) for AF_INET
 
 
 def _running(name: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,9 @@ from ..errors import ConfigError, visible
 from ..imageref import ImageRef
 from . import views
 from .app import Base, Variant, app, emit, err, next_step, out, plan_of, say, write
+
+if TYPE_CHECKING:
+    from ..distribute.deploy import ProgressFn
 
 Cluster = Annotated[Optional[Path], typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
                                                  "the registry (default: ./cluster.yaml when it exists).")]
@@ -59,7 +62,7 @@ def _cluster_path(cluster: Optional[Path]) -> Optional[Path]:
     return default if default.is_file() else None
 
 
-def _distribute_printer():
+def _distribute_printer() -> ProgressFn:
     """Per-node progress lines: on each phase change, and at most every 2 s while bytes move."""
     from ..distribute.deploy import Progress, human_bytes
 

@@ -48,6 +48,8 @@ class _Readable:
             readable(param)
 
     def get_help_option(self, ctx: Context) -> TyperOption | None:
+        # A mixin's super() is click's Command in the classes that use it, not object; readable() gives back
+        # the option it was given.
         option = super().get_help_option(ctx)  # type: ignore[misc]
         return None if option is None else readable(option)  # type: ignore[return-value]
 

@@ -7,7 +7,7 @@ markup), so a description holding `[bold]` prints as written instead of being ea
 from __future__ import annotations
 
 import shlex
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -153,7 +153,7 @@ def smoke_table(results: Iterable[Any]) -> Table:
     return table
 
 
-def kernels_table(kernels: dict) -> Table:
+def kernels_table(kernels: dict[str, Any]) -> Table:
     """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
     what it runs there (a cubin; `JIT compute_NN` where it runs PTX only, which the driver compiles
     at first start), NONE, how many kernels it cannot run (`90 missing`), `partial?` (kernel names
@@ -183,12 +183,12 @@ def kernels_table(kernels: dict) -> Table:
     return table
 
 
-def _patch_origin(patch: dict) -> str:
+def _patch_origin(patch: dict[str, Any]) -> str:
     """A patch named by URL or pull request, as mod.yaml pins it."""
     return f"{patch.get('url') or patch.get('pr')} sha256 {patch['sha256'][:12]}"
 
 
-def record_lines(image: str, record: BuildRecord, labels: dict) -> list[Text]:
+def record_lines(image: str, record: BuildRecord, labels: dict[str, str]) -> list[Text]:
     """`inspect`: the build record of an image, one fact a line."""
     base, v, installed = record.base, record.vllm, record.installed
     lines = [
@@ -238,7 +238,7 @@ def repro_lines(result: Any) -> list[Text]:
     return lines
 
 
-def diff_lines(d: Any, sections: Sequence[str], summary) -> list[Text]:
+def diff_lines(d: Any, sections: Sequence[str], summary: Callable[[Any, str], str]) -> list[Text]:
     """diff: each section's changes, or what stayed the same; a section not listed only when it changed."""
     lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
     for section in (*sections, *(s for s in d.sections if s not in sections)):
@@ -261,8 +261,8 @@ def outdated_table(components: Iterable[Any]) -> Table:
     return table
 
 
-def applies_lines(names: Iterable[str], runs_of, declared: dict[str, str] | None = None,
-                  prefix: str = "applies to vllm") -> list[Text]:
+def applies_lines(names: Iterable[str], runs_of: Callable[[str], Iterable[tuple[str, str]]],
+                  declared: dict[str, str] | None = None, prefix: str = "applies to vllm") -> list[Text]:
     """Where each mod applies, as runs of releases, and (check-mods) what it declares."""
     lines = []
     for name in names:

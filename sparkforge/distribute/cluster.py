@@ -383,7 +383,7 @@ def registry_command(action: str, reg: Registry) -> list[str]:
     return argv + ["--address", reg.address]
 
 
-def run_registry(action: str, reg: Registry, timeout: float = 90) -> subprocess.CompletedProcess:
+def run_registry(action: str, reg: Registry, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     """Run scripts/registry.sh for a cluster's registry; a hang is one DistributeError line."""
     if action not in ("start", "stop", "status"):
         raise ConfigError(f"unknown action {action!r}; choose start, stop or status", field="registry")

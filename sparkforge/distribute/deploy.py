@@ -29,8 +29,8 @@ from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
-from .images import (HeadImage, NodeImage, check_node, deployed_tag, image_on_head, inspect, registry_ref,
-                     same_image, update_state)
+from .images import (DeployRecord, HeadImage, NodeImage, check_node, deployed_tag, image_on_head, inspect,
+                     registry_ref, same_image, update_state)
 from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_dockers,
                     run_nodes)
 
@@ -141,7 +141,7 @@ def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[No
     """Append, per node that now runs it, the tag deployed and when."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    def add(data: dict) -> None:
+    def add(data: DeployRecord) -> None:
         ran = False
         for r in results:
             if r.outcome == FAILED:

@@ -14,7 +14,7 @@ import re
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, TypedDict, cast
 
 from ..build import dockercli
 from ..errors import DistributeError, Hint
@@ -48,8 +48,8 @@ class NodeImage:
     layers: tuple[str, ...]
 
     @classmethod
-    def from_inspect(cls, data: dict) -> "NodeImage":
-        digests = frozenset(ImageRef.parse(d).digest for d in data.get("RepoDigests") or [] if "@" in d)
+    def from_inspect(cls, data: dict[str, Any]) -> "NodeImage":
+        digests = frozenset(d.partition("@")[2] for d in data.get("RepoDigests") or [] if "@" in d)
         return cls(data["Id"], digests, tuple((data.get("RootFS") or {}).get("Layers") or ()))
 
 
@@ -85,7 +85,17 @@ def _state_file(state_dir: Path | None, repository: str) -> Path:
     return (state_dir or STATE_DIR) / (repository.replace("/", "_") + ".json")
 
 
-def read_state(state_dir: Path | None, repository: str) -> dict:
+class DeployRecord(TypedDict):
+    """The head's record of a repository, each section as read_state checked it (_RECORD)."""
+
+    manifests: dict[str, list[str]]  # per tag, the manifest digests its image is known by
+    deploys: dict[str, list[dict[str, Any]]]  # per node, its deploys in order: {"tag": ..., "at": ...}
+    configs: dict[str, dict[str, str]]  # per tag, {"head_id": ..., "config": ...} learnt at a push or save
+    deployed: dict[str, str]  # per moving tag, the build the last deploy set
+    blobs: dict[str, dict[str, list[Any]]]  # per diff ID and compression, [blob digest, size] in the registry
+
+
+def read_state(state_dir: Path | None, repository: str) -> DeployRecord:
     """The head's record of a repository: manifest digests per tag, and deploys per node.
 
     It is a file anyone may edit, and its tags and digests reach docker's command line and registry
@@ -94,7 +104,7 @@ def read_state(state_dir: Path | None, repository: str) -> dict:
     try:
         data = parse_json(read_regular(path))
     except FileNotFoundError:
-        return {section: {} for section in _RECORD}
+        data = {}  # no record yet: every section empty
     except (OSError, JsonError) as exc:
         raise DistributeError(f"unreadable deploy record: {getattr(exc, 'strerror', None) or exc}", path=path) from None
     if not isinstance(data, dict):
@@ -106,7 +116,7 @@ def read_state(state_dir: Path | None, repository: str) -> dict:
         if bad:
             raise DistributeError("not what sparkforge writes in a deploy record; remove the entry or the file "
                                   "(it only remembers pushes and deploys)", path=path, field=bad)
-    return data
+    return cast(DeployRecord, data)  # every section checked above
 
 
 def _digest(value: object) -> bool:
@@ -133,7 +143,7 @@ _RECORD: dict[str, Callable[[object], bool]] = {
 }
 
 
-def update_state(state_dir: Path | None, repository: str, change: Callable[[dict], None]) -> None:
+def update_state(state_dir: Path | None, repository: str, change: Callable[[DeployRecord], None]) -> None:
     path = _state_file(state_dir, repository)
     data = read_state(state_dir, repository)
     change(data)
@@ -148,7 +158,7 @@ def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config
     classic-store node knows the image only by its config digest."""
     repo = ImageRef.parse(tag).repository
 
-    def add(data: dict) -> None:
+    def add(data: DeployRecord) -> None:
         known = data["manifests"].setdefault(tag, [])
         if digest and digest not in known:
             known.append(digest)
@@ -245,7 +255,7 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
         return tag
     deploys = read_state(state_dir, repo)["deploys"]
     # The tag the nodes ran before their current one, from the head's deploy record.
-    befores = set()
+    befores: set[str] = set()
     for node in nodes:
         tags = [d["tag"] for d in deploys.get(node.name, [])]
         if len(tags) >= 2:

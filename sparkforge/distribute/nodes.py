@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, TypeVar
+from typing import IO, Any, Callable, Iterable, TypeVar
 
 from ..build import dockercli
 from ..build.dockercli import last_line
@@ -80,12 +80,13 @@ def cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
 
 
-def run_docker(node: Node, *args: str, timeout: float, input: bytes | None = None) -> subprocess.CompletedProcess:
+def run_docker(node: Node, *args: str, timeout: float,
+               input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run `docker ARGS` on a node; a timeout or a failed connection is a NodeFailure, one line."""
     return _run_on(node, docker_argv(node, *args), args[0], timeout, input)
 
 
-def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> subprocess.CompletedProcess:
+def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> subprocess.CompletedProcess[bytes]:
     """Run docker commands on a node, each only after the one before succeeded; over ssh, in one session.
 
     Returns the last command run: the first that failed, or the last of all.
@@ -101,10 +102,10 @@ def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> 
 
 
 def _run_on(node: Node, argv: list[str], verb: str, timeout: float,
-            input: bytes | None = None) -> subprocess.CompletedProcess:
+            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    stdin: dict[str, Any] = {} if input is not None else {"stdin": subprocess.DEVNULL}
     try:
-        done = run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(),
-                   **({} if input is not None else {"stdin": subprocess.DEVNULL}))
+        done = run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(), **stdin)
     except TimedOut:
         raise NodeFailure(f"`docker {verb}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
     except CommandError as exc:
@@ -226,11 +227,14 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
     """
     argv = docker_argv(node, "pull", ref, tty=True)
     terminal = None
+    out: IO[bytes] | int  # the child's output: its stdout pipe over ssh, else the local terminal
+    err: IO[bytes] | None
     try:
         if node.endpoint.startswith("ssh://"):
             # stdin stays open until the end: an early end of input is no reason for the pull to stop.
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=cli_env())
+            assert proc.stdout is not None  # a pipe, as asked
             out, err = proc.stdout, proc.stderr
         else:
             terminal, child = pty.openpty()
@@ -274,7 +278,10 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
                     last = time.monotonic()
                     if log.feed(data):
                         seen(log.done, log.detail)
-    code = dockercli.finish(proc)
+    try:
+        code = dockercli.finish(proc, timeout=dockercli.EXIT_GRACE)
+    except dockercli.EngineError:  # its output ended, yet it ran on: it was stopped
+        code, why = -1, why or f"did not end within {dockercli.EXIT_GRACE:.0f}s of its output"
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
@@ -292,6 +299,8 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
 def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
     """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints."""
     ref = ImageRef.parse(tag)
+    if ref.tag is None:  # sizes are for the progress only; a pull of no tag reports itself
+        return {}
     client = RegistryClient(registry.endpoint, deadline=CONTROL_TIMEOUT, window=CONTROL_TIMEOUT)
     try:
         manifest = client.manifest(ref.repository, ref.tag)

@@ -10,6 +10,7 @@ more name of the image (:func:`.images.record_manifest`).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -17,8 +18,10 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 from ..build import dockercli
 from ..build.dockercli import last_line
@@ -30,7 +33,7 @@ from ..registry import RegistryError
 from .cluster import Registry
 from .nodes import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, one_line
 from .deploy import CHUNK, Progress, ProgressFn, human_bytes
-from .images import HeadImage, read_state, record_manifest, registry_ref, update_state
+from .images import DeployRecord, HeadImage, read_state, record_manifest, registry_ref, update_state
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,9 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
     pushed: dict[str, int] = {}
     present: set[str] = set()
     try:
-        client = docker.from_env(timeout=TRANSFER_TIMEOUT)
-        for ref in (image.tag, image.moving_tag):
-            full = registry_ref(registry, ref)
+        client = docker.from_env(timeout=int(TRANSFER_TIMEOUT))  # the SDK takes whole seconds
+        for name in (image.tag, image.moving_tag):
+            full = registry_ref(registry, name)
             ref = ImageRef.parse(full)
             repo, tag = ref.repository, ref.tag
             client.api.tag(image.image_id, repo, tag, force=True)
@@ -86,7 +89,7 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
                       time.monotonic() - t0)
 
 
-def _push_error(event: dict) -> str | None:
+def _push_error(event: dict[str, Any]) -> str | None:
     """The failure a push progress event reports, in one line: its `errorDetail.message` (what every release
     sends) or its older `error` string; None when the event reports none."""
     detail = event.get("errorDetail")
@@ -129,7 +132,8 @@ class _SavedImage:
     """One pass over the tar stream of a `docker save`: each layer sent to the registry unless it holds
     it already, the small blobs (config, manifests) and the saved manifest.json kept for the end."""
 
-    def __init__(self, client: RegistryClient, repo: str, compression: str, diff_ids: set[str], known: dict):
+    def __init__(self, client: RegistryClient, repo: str, compression: str, diff_ids: set[str],
+                 known: dict[str, Any]):
         self.client, self.repo, self.compression = client, repo, compression
         self.diff_ids, self.known = diff_ids, known  # the image's layers; blobs recorded at earlier pushes
         self.layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
@@ -138,22 +142,22 @@ class _SavedImage:
         self.manifest: bytes | None = None
         self.sent = self.present = 0
 
-    def take(self, tar, member) -> Layer | None:
+    def take(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> Layer | None:
         """Read one member of the saved image; the layer when it is one."""
         if member.isfile() and member.name == "manifest.json":
-            self.manifest = tar.extractfile(member).read()
+            self.manifest = _file_of(tar, member).read()
             return None
         hexname = member.name.rpartition("/")[2]
         if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
             return None
-        data = tar.extractfile(member)
+        data = _file_of(tar, member)
         stored = stored_compression(data.peek(4)[:4])
         digest = f"sha256:{hexname}"
         if stored is not None:  # a compressed layer (the containerd store keeps gzip): sent as it is
             if self.client.blob_exists(self.repo, digest):
                 self.present += 1
             else:
-                _upload_layer(self.client, self.repo, data, "none", digest, None)
+                _upload_layer(self.client, self.repo, data, "none", digest)
                 self.sent += member.size
             layer = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
         elif digest in self.diff_ids:  # an uncompressed layer: its name is its diff id
@@ -162,7 +166,7 @@ class _SavedImage:
                 blob, size = again[0], again[1]
                 self.present += 1
             else:
-                blob, size = _upload_layer(self.client, self.repo, data, self.compression, digest, hashlib.sha256())
+                blob, size = _upload_layer(self.client, self.repo, data, self.compression, digest)
                 self.sent += size
             self.uploaded[digest] = (blob, size)
             layer = Layer(blob, size, LAYER_TYPES[self.compression])
@@ -172,6 +176,13 @@ class _SavedImage:
             return None
         self.layers[hexname] = layer
         return layer
+
+
+def _file_of(tar: tarfile.TarFile, member: tarfile.TarInfo) -> io.BufferedReader:
+    """A regular member's bytes, as tarfile reads them: a buffered reader, which can peek."""
+    data = tar.extractfile(member)
+    assert isinstance(data, io.BufferedReader)  # tarfile's ExFileObject, for every regular member
+    return data
 
 
 def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
@@ -223,7 +234,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
         raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}",
                               field="--registry") from None
 
-    def remember(data: dict) -> None:
+    def remember(data: DeployRecord) -> None:
         blobs = data.setdefault("blobs", {})
         for d, (blob, size) in saved.uploaded.items():
             blobs.setdefault(d, {})[compression] = [blob, size]
@@ -308,17 +319,22 @@ def _put_manifest(image: HeadImage, client: RegistryClient, repo: str, config: b
     }, separators=(",", ":")).encode()
     refs, digest = [], None
     for ref in (image.tag, image.moving_tag):
-        digest = client.put_manifest(repo, ImageRef.parse(ref).tag, manifest, OCI_MANIFEST)
+        tag = ImageRef.parse(ref).tag
+        if tag is None:
+            raise DistributeError(f"{ref} names no tag to push the manifest under", field="docker")
+        digest = client.put_manifest(repo, tag, manifest, OCI_MANIFEST)
         refs.append(registry_ref(client.endpoint.host, ref))
     return refs, digest
 
 
-def _upload_layer(client: RegistryClient, repo: str, data, compression: str, diff_id: str,
-                  hasher) -> tuple[str, int]:
-    """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (digest, size)."""
+def _upload_layer(client: RegistryClient, repo: str, data: IO[bytes], compression: str,
+                  diff_id: str) -> tuple[str, int]:
+    """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (digest, size). A layer
+    sent as it is keeps diff_id as its digest; a compressed one is named by the sha256 of what was sent."""
     size = 0
+    hasher = hashlib.sha256()
     if compression == "none":
-        def chunks():
+        def chunks() -> Iterator[bytes]:
             nonlocal size
             while block := data.read(CHUNK):
                 size += len(block)
@@ -329,20 +345,22 @@ def _upload_layer(client: RegistryClient, repo: str, data, compression: str, dif
         # zstd on every core; a thread feeds it the layer while this one uploads what comes out.
         zstd = dockercli.track(subprocess.Popen(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE,
                                                 stdout=subprocess.PIPE))
+        zstd_in, zstd_out = zstd.stdin, zstd.stdout
+        assert zstd_in is not None and isinstance(zstd_out, io.BufferedReader)  # pipes, buffered by default
 
         def feed() -> None:
             try:
                 while block := data.read(CHUNK):
-                    zstd.stdin.write(block)  # type: ignore[union-attr]
+                    zstd_in.write(block)
             finally:
-                zstd.stdin.close()  # type: ignore[union-attr]
+                zstd_in.close()
 
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
 
-        def compressed():
+        def compressed() -> Iterator[bytes]:
             nonlocal size
-            while block := zstd.stdout.read1(CHUNK):  # type: ignore[union-attr]
+            while block := zstd_out.read1(CHUNK):
                 hasher.update(block)
                 size += len(block)
                 yield block

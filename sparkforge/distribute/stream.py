@@ -11,13 +11,14 @@ after the node's image is the head's.
 from __future__ import annotations
 
 import contextlib
+import io
 import queue
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line
@@ -116,7 +117,7 @@ class TarIndex:
 _NAME_KEYS = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
 
 
-def saved_image_digest(index: dict) -> str | None:
+def saved_image_digest(index: dict[str, Any]) -> str | None:
     """The digest of the one image a `docker save` of one tag holds, from its index.json; None when it is not one.
 
     From Docker 29.1 the index also lists the image's attestations and signatures (referrers): entries
@@ -131,7 +132,7 @@ def saved_image_digest(index: dict) -> str | None:
 class _Writer(threading.Thread):
     """Feeds one node's `docker load` from its own bounded queue, so a slow node holds up nobody."""
 
-    def __init__(self, node: Node, proc: subprocess.Popen):
+    def __init__(self, node: Node, proc: subprocess.Popen[bytes]):
         super().__init__(name=f"stream-{node.name}", daemon=True)
         self.node, self.proc = node, proc
         self.queue: queue.Queue[bytes | None] = queue.Queue(BUFFER_CHUNKS)
@@ -282,7 +283,9 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     watchdog.start()
     writers = _start_loads(nodes)
     save_err: list[bytes] = []
-    save_drain = threading.Thread(target=lambda: save_err.append(save.stderr.read()), daemon=True)  # type: ignore
+    save_stderr = save.stderr
+    assert save_stderr is not None  # a pipe, as asked
+    save_drain = threading.Thread(target=lambda: save_err.append(save_stderr.read()), daemon=True)
     save_drain.start()
     index = _pump(save, writers, image, progress, stall)
     code = save.wait()
@@ -312,11 +315,11 @@ def _start_loads(nodes: list[Node]) -> list[_Writer]:
     return writers
 
 
-def _pump(save: subprocess.Popen, writers: list[_Writer], image: HeadImage, progress: ProgressFn,
+def _pump(save: subprocess.Popen[bytes], writers: list[_Writer], image: HeadImage, progress: ProgressFn,
           stall: float) -> TarIndex:
     """Hand each chunk of the save to every live writer until the save ends or no node is left."""
     index, last = TarIndex(), 0.0
-    assert save.stdout is not None
+    assert isinstance(save.stdout, io.BufferedReader)  # a pipe, buffered as Popen makes it by default
     while chunk := save.stdout.read1(CHUNK):
         index.feed(chunk)
         live = [w for w in writers if w.error is None]

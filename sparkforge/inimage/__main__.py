@@ -16,6 +16,8 @@ def _package_name() -> str:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.util.spec_from_file_location("inimage", os.path.join(here, "__init__.py"),
                                                   submodule_search_locations=[here])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {here} as the package inimage")
     package = importlib.util.module_from_spec(spec)
     sys.modules["inimage"] = package
     spec.loader.exec_module(package)

@@ -117,6 +117,7 @@ class Document:
     OPEN: ClassVar[bool] = True
 
     def to_dict(self) -> dict[str, Any]:
+        # Every Document is a frozen dataclass; the checker sees only the mixin, which is not one.
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -132,7 +133,7 @@ class Document:
         hints = _hints(cls)
         schema = _version(cls, data, at) if "schema" in hints else None
         values: dict[str, Any] = {} if schema is None else {"schema": schema}  # 0 where none is written
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # a Document subclass is a dataclass
             if f.name in values:
                 continue
             if f.name not in data:
@@ -210,8 +211,8 @@ def _read(value: object, hint: Any, where: str, path: str) -> Any:
     if want in (tuple, list) and args:
         items = [_read(v, args[0], where, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if want is tuple else items
-    if want is dict and args:
-        return {k: _read(v, args[1], where, f"{path}.{k}") for k, v in value.items()}  # type: ignore[union-attr]
+    if want is dict and args and isinstance(value, dict):  # checked above; this says it to the type checker
+        return {k: _read(v, args[1], where, f"{path}.{k}") for k, v in value.items()}
     return value
 
 

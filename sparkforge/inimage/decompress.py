@@ -28,7 +28,7 @@ def _c_function(names: tuple[str, ...], symbol: str, argtypes: list[Any], restyp
         except (OSError, AttributeError):
             continue
         fn.argtypes, fn.restype = argtypes, restype
-        return fn  # type: ignore[no-any-return]
+        return fn  # type: ignore[no-any-return]  # ctypes gives a library's function as Any
     return None
 
 

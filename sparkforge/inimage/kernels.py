@@ -20,10 +20,11 @@ import stat
 import struct
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .contract import parse_json
-from .coverage import parse_gpu, read_extension, runs_on, usable  # the rule: kernels.runs_on for the host too
+from .coverage import parse_gpu, read_extension, usable
+from .coverage import runs_on as runs_on  # the rule, re-exported: kernels.runs_on for the host too
 from .fatbin import FatbinError, Target
 
 FORMAT = 3  # 3: relocatable code, `jit`, coverage's `kernels` counts the code a GPU cannot run
@@ -61,7 +62,7 @@ def distribution_files(name: str) -> list[Path] | None:
     found = []
     for item in dist.files or ():
         if _is_library(item.name):
-            path = Path(dist.locate_file(item))
+            path = Path(str(dist.locate_file(item)))
             if path.is_file() and not path.is_symlink():
                 found.append(path)
     return sorted(found)
@@ -210,7 +211,7 @@ def check(record: dict[str, Any], gpus: list[str] | None = None) -> list[tuple[s
     return checks
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write data whole or not at all (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -291,4 +292,5 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", action="append", default=[], help="a compute capability (default: the record's)")
     p.set_defaults(func=_cmd_check)
     args = parser.parse_args(argv)
-    return args.func(args)
+    command: Callable[[argparse.Namespace], int] = args.func
+    return command(args)

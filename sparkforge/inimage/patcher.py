@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import IO, Any
 
 from .contract import ModState
 from .paths import ModFailure, inside, last_line, read_file
@@ -68,7 +70,7 @@ def plan_patcher(patcher: Path, root: Path,
                               if text != sources[rel]}
 
 
-def _check_answer(patcher: Path, answer: dict, sources: dict[str, str]) -> None:
+def _check_answer(patcher: Path, answer: dict[str, Any], sources: dict[str, str]) -> None:
     """The child's answer has the shape the runner reads, else ModFailure (never a KeyError)."""
     state, files = answer.get("state"), answer.get("files", {})
     if state not in (ModState.APPLIED.value, ModState.ALREADY.value):
@@ -79,16 +81,24 @@ def _check_answer(patcher: Path, answer: dict, sources: dict[str, str]) -> None:
         raise ModFailure(f"patcher {patcher.name}: its answer names files outside its TARGETS or no texts")
 
 
-def _first_line(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
+def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes]]:
+    """The child's stdin and stdout, which plan_patcher asks Popen to make as pipes."""
+    if proc.stdin is None or proc.stdout is None:
+        raise ModFailure("the patcher's child was started without its stdin and stdout pipes")
+    return proc.stdin, proc.stdout
+
+
+def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes]:
     """The child's first line (its targets), and what came after it, waiting no longer than deadline."""
     data = b""
+    _, stdout = _pipes(proc)
     with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(stdout, selectors.EVENT_READ)
         while b"\n" not in data:
             left = deadline - time.monotonic()
             if left <= 0 or not selector.select(left):
                 raise subprocess.TimeoutExpired(proc.args, 0)
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            chunk = os.read(stdout.fileno(), 1 << 16)
             if not chunk:
                 break
             data += chunk
@@ -96,15 +106,16 @@ def _first_line(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
     return first, rest
 
 
-def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float) -> bytes:
+def _exchange(proc: subprocess.Popen[bytes], payload: bytes, deadline: float) -> bytes:
     """Send payload to the child and read its output until the child exits, not until every holder of
     the pipe closes it (a process the patcher started may hold it); then the group goes, and the rest is read."""
     out = b""
     view = memoryview(payload)
-    os.set_blocking(proc.stdin.fileno(), False)
+    stdin, stdout = _pipes(proc)
+    os.set_blocking(stdin.fileno(), False)
     with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        selector.register(proc.stdin, selectors.EVENT_WRITE)
+        selector.register(stdout, selectors.EVENT_READ)
+        selector.register(stdin, selectors.EVENT_WRITE)
         while not _ended(proc):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -113,24 +124,24 @@ def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float) -> bytes:
                 time.sleep(min(left, 0.05))
                 continue
             for key, _ in selector.select(min(left, 0.2)):
-                if key.fileobj is proc.stdin:
+                if key.fileobj is stdin:
                     try:
-                        view = view[os.write(proc.stdin.fileno(), view[:1 << 16]):]
+                        view = view[os.write(stdin.fileno(), view[:1 << 16]):]
                     except BrokenPipeError:
                         view = view[:0]
                     if not view:
-                        selector.unregister(proc.stdin)
-                        proc.stdin.close()
+                        selector.unregister(stdin)
+                        stdin.close()
                 else:
-                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                    chunk = os.read(stdout.fileno(), 1 << 16)
                     out += chunk
                     if not chunk:
-                        selector.unregister(proc.stdout)
+                        selector.unregister(stdout)
     _kill_group(proc)
-    return out + _drain(proc.stdout, time.monotonic() + 5)
+    return out + _drain(stdout, time.monotonic() + 5)
 
 
-def _drain(stream, deadline: float) -> bytes:
+def _drain(stream: IO[bytes], deadline: float) -> bytes:
     """What is left in a pipe whose writers are gone, waiting no longer than deadline."""
     data = b""
     if stream.closed:
@@ -145,7 +156,7 @@ def _drain(stream, deadline: float) -> bytes:
     return data
 
 
-def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
+def _answer(patcher: Path, data: bytes, proc: subprocess.Popen[bytes], errors: IO[bytes]) -> dict[str, Any]:
     """The last marked line of the child's output as a dict; ModFailure for an error or no answer."""
     marked = [line for line in data.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
     if not marked:
@@ -154,6 +165,8 @@ def _answer(patcher: Path, data: bytes, proc: subprocess.Popen, errors) -> dict:
         why = last_line(errors.read().decode("utf-8", "replace"), "no output")
         raise ModFailure(f"patcher {patcher.name} exited with code {code} without a result: {why}")
     answer = json.loads(marked[-1][len(_RESULT_MARK):])
+    if not isinstance(answer, dict):
+        raise ModFailure(f"patcher {patcher.name}: its answer is not a JSON object")
     if "error" in answer:
         raise ModFailure(answer["error"])
     return answer
@@ -199,7 +212,7 @@ def _ended(proc: subprocess.Popen[bytes]) -> bool:
     return _exit_code(proc, 0) is not None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Kill the patcher's process group, whether its leader still runs or not: what it started dies with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -232,21 +245,21 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 # ------------------------------------------------------------------ the child's side
 
 
-def _patcher_targets(module) -> list[str]:
+def _patcher_targets(module: ModuleType) -> list[str]:
     targets = getattr(module, "TARGETS")
     if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
         raise ModFailure("TARGETS must be a list of relative paths")
     return list(targets)
 
 
-def _is_applied(module, name: str, sources: dict[str, str]) -> bool:
+def _is_applied(module: ModuleType, name: str, sources: dict[str, str]) -> bool:
     answer = module.is_applied(dict(sources))
     if not isinstance(answer, bool):
         raise ModFailure(f"patcher {name}: is_applied() returned {type(answer).__name__} {answer!r}, not a bool")
     return answer
 
 
-def _patcher_run(module, name: str, sources: dict[str, str]) -> dict:
+def _patcher_run(module: ModuleType, name: str, sources: dict[str, str]) -> dict[str, object]:
     """What the child answers once it has the texts; runs the patcher's own code."""
     if _is_applied(module, name, sources):
         return {"state": ModState.ALREADY.value}
@@ -275,7 +288,7 @@ def _worker_main(patcher: str) -> int:
     marked JSON line each."""
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # the patcher's prints must not mix with the answer
 
-    def say(answer: dict) -> None:
+    def say(answer: dict[str, object]) -> None:
         print(_RESULT_MARK + json.dumps(answer), file=real_stdout, flush=True)
 
     path, stage = Path(patcher), "import"

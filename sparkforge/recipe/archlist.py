@@ -20,9 +20,13 @@ a 12.1); `12.0a;12.1a` gives sm_120a for both, which a 12.1 cannot run.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from ..inimage.fatbin import Target
 from ..inimage.kernels import runs_on
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 # vLLM 0.30.0, CMakeLists.txt, CUDA_SUPPORTED_ARCHS for CUDA >= 13.0 (and < 13.4).
 SUPPORTED_CUDA13 = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "11.0", "12.0")
@@ -125,7 +129,7 @@ def sm12x_warnings(arch_list: str, gpus: tuple[str, ...]) -> list[str]:
     return out
 
 
-def plan_warnings(plan) -> list[str]:
+def plan_warnings(plan: Plan) -> list[str]:
     """`show`'s warnings for a plan: the rule above, for vLLM 0.30.0 and later. vLLM 0.17.0's
     cuda_archs_loose_intersection lacks the step that keeps a suffixed target's suffix (12.0a with
     a supported 12.0), so there both lists give plain sm_120; releases in between were not read."""

@@ -6,7 +6,8 @@ This is the only module that reads YAML.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
@@ -25,8 +26,12 @@ from .schema import ModSpec, RecipeFile, RemotePatch, Strict
 REMOTE_PATCH_FILE = "upstream.diff"
 
 
-# libyaml's loader when PyYAML was built with it: the same safe subset, parsed several times faster.
-_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's loader when PyYAML was built with it: the same safe subset, parsed several times faster. The
+# type checker reads it as SafeLoader: both are a SafeConstructor, and that is all _Loader relies on.
+if TYPE_CHECKING:
+    _BASE_LOADER = yaml.SafeLoader
+else:
+    _BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_DEPTH = 64  # nested mappings and lists; a recipe needs 5. Deeper input would crash the parser's recursion.
 
 
@@ -35,10 +40,10 @@ class _DuplicateKey(Exception):
         self.key, self.first, self.second = key, first, second
 
 
-class _Loader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+class _Loader(_BASE_LOADER):
     """The safe loader, refusing a key written twice in one mapping (YAML would keep the last silently)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:
@@ -95,7 +100,8 @@ def _check_depth(text: str, path: Path) -> None:
     depth = 0
     try:
         while loader.check_event():
-            event = loader.get_event()
+            # types-PyYAML leaves Parser.get_event unannotated (CParser's gives Event | None).
+            event = loader.get_event()  # type: ignore[no-untyped-call]
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_DEPTH:

@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import BinaryIO, Callable
 
 from .. import net
 from ..files import name_path, open_regular
@@ -60,7 +60,7 @@ def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
     return _keep(sha256, name, url, lambda out: _stream(url, out, ca_cert, progress))
 
 
-def _keep(sha256: str, name: str, origin: str, fill: Callable[[Any], str]) -> Path:
+def _keep(sha256: str, name: str, origin: str, fill: Callable[[BinaryIO], str]) -> Path:
     """The cached file of this hash, or one written by fill (which returns the sha256 of what it wrote)
     and kept only when that is `sha256`; nothing is left behind when fill fails or the hash differs."""
     target = cached(sha256, name)
@@ -131,7 +131,7 @@ def forget(sha256: str, name: str) -> None:
     _drop_if_empty(target.parent)
 
 
-def _stream(url: str, out, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
+def _stream(url: str, out: BinaryIO, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
     """Copy url into out (https only, also through redirects; within DEADLINE); return the sha256 of what came."""
     digest = hashlib.sha256()
     try:
@@ -155,7 +155,7 @@ def take_local(path: Path, sha256: str, name: str) -> Path:
     """A local file pinned by hash, copied into the cache beside downloaded ones (a later edit of the
     original cannot change what the build uses). Raises HashMismatch, or OSError when unreadable."""
 
-    def copy(out) -> str:  # the hash of the copy: what the build will read
+    def copy(out: BinaryIO) -> str:  # the hash of the copy: what the build will read
         digest = hashlib.sha256()
         with open_regular(path, field="vllm.path") as fh:
             while chunk := fh.read(CHUNK):

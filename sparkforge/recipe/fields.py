@@ -1,14 +1,15 @@
 """The field types of a recipe and of a mod: the pattern or rule each value must meet.
 
 Every value that can later reach a shell line is checked here against a strict pattern, so a recipe
-cannot inject shell. `schema` builds the models of the files from these types.
+cannot inject shell. `schema` builds the models of the files from these types. Each type is a
+module-level `Annotated` alias, so a type checker reads it as the str or int it is.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any
+from typing import Annotated, TypeAlias
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -88,9 +89,9 @@ MAX_REPOSITORY = 255
 MAX_VARIANT = MAX_TAG - 26
 
 
-def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) -> Any:
-    """A str type whose values must match pattern in full; the error says what was expected. A pattern's
-    group `host` must also be a host name that can be one (host_problem)."""
+def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) -> AfterValidator:
+    """The validator of a str type whose values must match pattern in full; the error says what was expected. A
+    pattern's group `host` must also be a host name that can be one (host_problem)."""
 
     def check(value: str) -> str:
         m = pattern.fullmatch(value)
@@ -104,7 +105,7 @@ def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) ->
             raise ValueError(f"{value[:80]!r} is not a valid {what}: {problem}")
         return value
 
-    return Annotated[str, AfterValidator(check)]
+    return AfterValidator(check)
 
 
 def _segments_ok(value: str) -> bool:
@@ -112,8 +113,8 @@ def _segments_ok(value: str) -> bool:
     return all(seg not in (".", "..") for seg in value.split("/"))
 
 
-def _path(pattern: re.Pattern[str], what: str):
-    """A path type: matched in full, with no empty, `.` or `..` segment."""
+def _path(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    """The validator of a path type: matched in full, with no empty, `.` or `..` segment."""
 
     def check(value: str) -> str:
         if not pattern.fullmatch(value) or not _segments_ok(value):
@@ -121,7 +122,7 @@ def _path(pattern: re.Pattern[str], what: str):
                              f"segments; no empty, '.' or '..' segment)")
         return value
 
-    return Annotated[str, AfterValidator(check)]
+    return AfterValidator(check)
 
 
 def check_path(value: str) -> str:
@@ -167,34 +168,38 @@ def _nonblank(value: str) -> str:
     return value
 
 
-Name = matching(NAME_RE, "name (lowercase letters, digits and '-')")
-Commit = matching(COMMIT_RE, "full commit: write 40 lowercase hex digits (put a short SHA in ref)")
-Digest = matching(DIGEST_RE, "digest: write sha256:<64 hex>")
-GitRef = matching(REF_RE, "git ref")
-GitUrl = matching(URL_RE, "https git URL")
-FileUrl = matching(FILE_URL_RE, "https URL of a file")
-Repository = matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)
-ImageTag = matching(TAG_RE, "image tag")
-Package = matching(PKG_RE, "pip package name")
-Distribution = matching(DIST_RE, "installed distribution name such as torch (no extras)")
-EnvName = matching(ENV_NAME_RE, "environment variable name")
-EnvValue = matching(ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")
-ArchList = matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")
-Gpu = matching(GPU_RE, "compute capability such as '12.1'")
-Extension = matching(EXTENSION_RE, "extension name such as _vllm_fa3_C (its file name up to the first dot)")
-AbsPath = _path(ABS_PATH_RE, "absolute path")
-RelPath = _path(REL_PATH_RE, "relative path")
-ModPath = Annotated[str, AfterValidator(check_path)]
-OsPackage = matching(OS_PKG_RE, "Debian package name")
-PipVersion = Annotated[str, AfterValidator(_pep440)]
-Specifier = Annotated[str, AfterValidator(_specifier)]
-Text = Annotated[str, AfterValidator(_nonblank)]
-Count = Annotated[int, Field(ge=1, le=256)]
-PatchUrl = matching(PATCH_URL_RE, "https URL of a patch")
-Sha256 = matching(SHA256_RE, "sha256: write the 64 lowercase hex digits (sha256sum FILE)")
-Module = matching(MODULE_RE, "Python module name such as torch or vllm.platforms")
-PythonVersion = matching(PYTHON_VERSION_RE, "Python version such as '3.12'")
-WheelPlatform = matching(WHEEL_PLATFORM_RE, "wheel platform such as 'aarch64-manylinux_2_34' (ARCH-manylinux_2_GLIBC)")
+Name: TypeAlias = Annotated[str, matching(NAME_RE, "name (lowercase letters, digits and '-')")]
+Commit: TypeAlias = Annotated[str, matching(
+    COMMIT_RE, "full commit: write 40 lowercase hex digits (put a short SHA in ref)")]
+Digest: TypeAlias = Annotated[str, matching(DIGEST_RE, "digest: write sha256:<64 hex>")]
+GitRef: TypeAlias = Annotated[str, matching(REF_RE, "git ref")]
+GitUrl: TypeAlias = Annotated[str, matching(URL_RE, "https git URL")]
+FileUrl: TypeAlias = Annotated[str, matching(FILE_URL_RE, "https URL of a file")]
+Repository: TypeAlias = Annotated[str, matching(REPOSITORY_RE, "image repository", MAX_REPOSITORY)]
+ImageTag: TypeAlias = Annotated[str, matching(TAG_RE, "image tag")]
+Package: TypeAlias = Annotated[str, matching(PKG_RE, "pip package name")]
+Distribution: TypeAlias = Annotated[str, matching(DIST_RE, "installed distribution name such as torch (no extras)")]
+EnvName: TypeAlias = Annotated[str, matching(ENV_NAME_RE, "environment variable name")]
+EnvValue: TypeAlias = Annotated[str, matching(
+    ENV_VALUE_RE, "environment value (allowed: A-Z a-z 0-9 _ . , : ; / = + @ % -)")]
+ArchList: TypeAlias = Annotated[str, matching(ARCH_LIST_RE, "TORCH_CUDA_ARCH_LIST such as '12.0a;12.1a'")]
+Gpu: TypeAlias = Annotated[str, matching(GPU_RE, "compute capability such as '12.1'")]
+Extension: TypeAlias = Annotated[str, matching(
+    EXTENSION_RE, "extension name such as _vllm_fa3_C (its file name up to the first dot)")]
+AbsPath: TypeAlias = Annotated[str, _path(ABS_PATH_RE, "absolute path")]
+RelPath: TypeAlias = Annotated[str, _path(REL_PATH_RE, "relative path")]
+ModPath: TypeAlias = Annotated[str, AfterValidator(check_path)]
+OsPackage: TypeAlias = Annotated[str, matching(OS_PKG_RE, "Debian package name")]
+PipVersion: TypeAlias = Annotated[str, AfterValidator(_pep440)]
+Specifier: TypeAlias = Annotated[str, AfterValidator(_specifier)]
+Text: TypeAlias = Annotated[str, AfterValidator(_nonblank)]
+Count: TypeAlias = Annotated[int, Field(ge=1, le=256)]
+PatchUrl: TypeAlias = Annotated[str, matching(PATCH_URL_RE, "https URL of a patch")]
+Sha256: TypeAlias = Annotated[str, matching(SHA256_RE, "sha256: write the 64 lowercase hex digits (sha256sum FILE)")]
+Module: TypeAlias = Annotated[str, matching(MODULE_RE, "Python module name such as torch or vllm.platforms")]
+PythonVersion: TypeAlias = Annotated[str, matching(PYTHON_VERSION_RE, "Python version such as '3.12'")]
+WheelPlatform: TypeAlias = Annotated[str, matching(
+    WHEEL_PLATFORM_RE, "wheel platform such as 'aarch64-manylinux_2_34' (ARCH-manylinux_2_GLIBC)")]
 
 
 def _pull_request(value: str) -> str:
@@ -204,4 +209,4 @@ def _pull_request(value: str) -> str:
     return value
 
 
-PullRequest = Annotated[str, AfterValidator(_pull_request)]
+PullRequest: TypeAlias = Annotated[str, AfterValidator(_pull_request)]

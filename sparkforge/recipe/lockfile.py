@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypeAlias, Union
 
 from packaging.utils import canonicalize_name
 from pydantic import Field, ValidationError, field_validator
@@ -192,7 +192,8 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ reading: strict schema
 
 # Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
-InstalledVersion = matching(re.compile(r"\A[A-Za-z0-9][A-Za-z0-9.+!_~:-]*\Z"), "installed version")
+InstalledVersion: TypeAlias = Annotated[str, matching(re.compile(r"\A[A-Za-z0-9][A-Za-z0-9.+!_~:-]*\Z"),
+                                                       "installed version")]
 
 
 class _Unresolved(Strict):

@@ -184,7 +184,7 @@ class Plan:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = _jsonable(self)
+        data = _fields_jsonable(self)
         for mod in data["mods"]:
             mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
         if data["vllm"]["wheel"]:
@@ -199,7 +199,7 @@ class Plan:
 
     def identity(self) -> dict[str, Any]:
         """What decides the image's content, and so the tag (not the description)."""
-        data = _jsonable(self)
+        data = _fields_jsonable(self)
         for key in ("plan_hash", "description", "recipe_files"):
             data.pop(key)
         if not data["kernels_scan"]:
@@ -211,9 +211,14 @@ class Plan:
         return data
 
 
+def _fields_jsonable(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, as JSON data."""
+    return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
+
+
 def _jsonable(obj: Any) -> Any:
     if is_dataclass(obj):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
+        return _fields_jsonable(obj)
     if isinstance(obj, ModSpec):
         return obj.model_dump(mode="json", exclude_defaults=True)
     if isinstance(obj, (tuple, list)):

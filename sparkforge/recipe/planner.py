@@ -62,11 +62,13 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
     mods, env = _mods(data, layout, leaf, vllm, components)
     python = _python(data.python, vllm, leaf)
 
+    not_needed: list[tuple[str, str]] = []
     for name, reason in (data.kernels_not_needed or {}).items():
         if reason is None:
             raise ConfigError("a null reason only removes a parent's entry; give the reason why no listed GPU "
                               "needs it", path=layout.images_dir / f"{recipe.chain[-1]}.yaml",
                               field=f"kernels_not_needed.{name}")
+        not_needed.append((name, reason))
     plan = Plan(
         variant=recipe.variant,
         chain=recipe.chain,
@@ -83,7 +85,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         mods=tuple(mods),
         tooling_digest=digest_tooling(layout),
         gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
-        kernels_not_needed=tuple(sorted((data.kernels_not_needed or {}).items())),
+        kernels_not_needed=tuple(sorted(not_needed)),
         kernels_scan=tuple(data.kernels_scan or ()),
         python=python,
     )

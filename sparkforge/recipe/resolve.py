@@ -73,7 +73,7 @@ def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         raise Unreachable(f"cannot ask {repo} for {ref}: {tail.removeprefix('fatal: ')}")
-    refs = dict(reversed(line.split("\t", 1)) for line in proc.stdout.splitlines() if "\t" in line)
+    refs = {name: sha for sha, _, name in (line.partition("\t") for line in proc.stdout.splitlines() if "\t" in line)}
     for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
         if name in refs:
             return refs[name]

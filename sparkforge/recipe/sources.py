@@ -68,11 +68,11 @@ class _Links(html.parser.HTMLParser):
         self.links: list[tuple[str, str]] = []
         self._href: str | None = None
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._href = dict(attrs).get("href")
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._href is not None:
             self.links.append((data.strip(), self._href))
             self._href = None

@@ -342,7 +342,7 @@ def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PAT
         if mods:
             apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout, ca_cert=ca_cert)
             tree = scratch / "root"
-        read = names_read(tree, origins)
+        read = names_read(tree, origins) if tree is not None else set()  # None: an empty root reads no name
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     release = f"vllm {plan.vllm.version}"

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError
 from ..imageref import ImageRef
@@ -57,7 +57,7 @@ class Snapshot:
     unknown: tuple[tuple[str, str], ...] = ()  # (section, why this side does not know it)
 
     def section(self, name: str) -> Entries | None:
-        return getattr(self, name)
+        return cast("Entries | None", getattr(self, name))  # SECTIONS and `other` are fields of that type
 
     def why_unknown(self, section: str) -> str:
         return dict(self.unknown).get(section, "")
@@ -185,7 +185,7 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         packages: Entries | None = lock.packages
     else:
         packages = plan.pins or None
-    unknown = ()
+    unknown: tuple[tuple[str, str], ...] = ()
     if packages is None:
         note = lock_note or (f"lock: {lock.packages_unresolved}" if lock is not None else "no lock applied")
         unknown = (("packages", note),)
@@ -329,8 +329,10 @@ def _pairs(section: str, a: Entries, b: Entries) -> list[Change]:
     da, db = dict(a), dict(b)
     out = [Change(section, "removed", k, old=v) for k, v in da.items() if k not in db and v is not None]
     out += [Change(section, "added", k, new=v) for k, v in db.items() if k not in da and v is not None]
-    out += [Change(section, "changed", k, v, db[k]) for k, v in da.items()
-            if k in db and v is not None and db[k] is not None and v != db[k]]
+    for k, v in da.items():
+        w = db.get(k)
+        if v is not None and w is not None and v != w:
+            out.append(Change(section, "changed", k, v, w))
     return sorted(out, key=lambda c: (c.name, c.kind))
 
 

@@ -17,7 +17,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from ..build import dockercli
 from ..build.builder import BuildOptions, Step, build_image
@@ -75,7 +75,8 @@ def _plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
 
 
-def _docker(host: str | None, *args: str, timeout: float = dockercli.QUICK, **kw) -> subprocess.CompletedProcess:
+def _docker(host: str | None, *args: str, timeout: float = dockercli.QUICK,
+            **kw: Any) -> subprocess.CompletedProcess[str]:
     """`docker ARGS` on `host` (the default engine when None), never the user's current context."""
     return dockercli.run(list(args), host=host, env=_plain_env(), timeout=timeout, check=False, **kw)
 
@@ -132,7 +133,8 @@ def ensure_base(plan: Plan, host: str | None, progress: Callable[[str], None] = 
 def _blob(tf: tarfile.TarFile, digest: str) -> bytes:
     member = tf.extractfile(f"blobs/{digest.replace(':', '/')}")
     if member is None:
-        raise ReproError(f"blob {digest} missing from the exported tarball", path=tf.name)
+        raise ReproError(f"blob {digest} missing from the exported tarball",
+                         path=None if tf.name is None else os.fsdecode(tf.name))
     return member.read()
 
 
@@ -140,6 +142,7 @@ def read_digests(tarball: Path) -> ImageDigests:
     """The manifest, config and layer digests of a single-image OCI/Docker tarball from buildx."""
     try:
         with tarfile.open(tarball) as tf:
+            # An index.json that is no regular file gives None, whose AttributeError is caught below.
             index = parse_json(tf.extractfile("index.json").read())  # type: ignore[union-attr]
             desc = index["manifests"][0]
             manifest = parse_json(_blob(tf, desc["digest"]))
@@ -156,7 +159,7 @@ def read_digests(tarball: Path) -> ImageDigests:
                         tuple(_short_step(s) for s in steps[:len(layers)]))
 
 
-def _attestation(desc: dict) -> bool:
+def _attestation(desc: dict[str, Any]) -> bool:
     """Whether an index entry is an attestation manifest (BuildKit's provenance or SBOM), not an image."""
     kind = (desc.get("annotations") or {}).get("vnd.docker.reference.type")
     return kind == "attestation-manifest" or (desc.get("platform") or {}).get("os") == "unknown"
@@ -169,12 +172,16 @@ def _short_step(created_by: str) -> str:
     return text if len(text) <= 90 else text[:87] + "..."
 
 
-def _layer_entries(tf: tarfile.TarFile, digest: str) -> dict[str, tuple]:
+# A file of a layer: (type, mode, (uid, gid), mtime, link, sha256 of content).
+_Entry = tuple[bytes, int, tuple[int, int], int, str, str]
+
+
+def _layer_entries(tf: tarfile.TarFile, digest: str) -> dict[str, _Entry]:
     """path -> (type, mode, uid, gid, mtime, link, sha256 of content) of one layer blob."""
     member = tf.extractfile(f"blobs/{digest.replace(':', '/')}")
     if member is None:
         return {}
-    entries: dict[str, tuple] = {}
+    entries: dict[str, _Entry] = {}
     with tarfile.open(fileobj=member, mode="r|*") as layer:
         for info in layer:
             content = ""

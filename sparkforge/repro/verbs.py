@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from packaging.version import InvalidVersion, Version
 
@@ -24,6 +24,10 @@ from ..recipe.layout import PROJECT_ROOT, Layout
 from ..recipe.plan import Mod, Plan
 from ..recipe.sources import SourceUnavailable, release_versions
 from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, source_of
+
+if TYPE_CHECKING:  # imported where they run: their modules load only for their verbs
+    from .outdated import Report
+    from .repro import ReproResult
 
 # ------------------------------------------------------------------ check-mods
 
@@ -117,7 +121,7 @@ def repro_plan(plan: Plan, epoch: int | None = None) -> Plan:
 
 def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep: Path | None = None,
                          progress: Callable[[Step, float], None] = lambda step, elapsed: None,
-                         say: Callable[[str], None] = lambda line: None):
+                         say: Callable[[str], None] = lambda line: None) -> ReproResult:
     """Two --no-cache builds of a plan from repro_plan, compared; the tarballs and logs are kept in
     `keep`, else removed."""
     from .repro import verify_repro
@@ -137,7 +141,7 @@ def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep
 
 
 def outdated_variant(plan: Plan, *, try_mods: bool = True, until: str | None = None,
-                     progress: Callable[[str], None] = lambda version: None):
+                     progress: Callable[[str], None] = lambda version: None) -> Report:
     """`outdated`: newer releases of each pinned component, and where the vLLM mods apply to them."""
     from .outdated import outdated
 
