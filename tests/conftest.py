@@ -76,18 +76,19 @@ _REQUIRED = pytest.StashKey[needs.Required]()
 ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 
 
-# Tests that use the engine run in xdist groups, each on one worker and in order, so that what a group's
-# modules share (images, daemons, namespaces) is made once per worker: the tests that move images between
-# hosts, the git-source builds, the wheel-cache builds (their builder prune runs on an engine of their
-# own), the release-wheel variants, the lock and reproducibility builds, and the rest of the builds. A
-# run's time is its longest group's: by the durations of a CI run, each large image (a real vLLM wheel, a
-# CPU torch) takes 8 to 20 minutes to install, export and unpack on 2 busy cores, so no group makes more
-# than two, and the groups' downloads overlap. Two groups may build one plan: the second build waits for
-# the first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by one worker
-# while the others wait. Every worker also takes the tests outside the groups (`make test`).
+# Tests that use the engine run in four xdist groups, each on one worker and in order, so that what a
+# group's modules share (images, daemons, namespaces, the git server) is made once per worker: the tests
+# that move images between hosts; the git-source and wheel-cache builds (one git server, so the wheel
+# tests find its compile in BuildKit's cache; their builder prune runs on an engine of their own); the
+# release-wheel variants; and the rest of the builds, the lock and reproducibility builds after the test
+# image they reuse. A run takes as long as its longest group: on 2 busy cores each large image (a real
+# vLLM wheel, a CPU torch) takes 8 to 20 minutes to install, export and unpack. Two groups may build one
+# plan: the second build waits for the first (sparkforge's own lock) and is served from BuildKit's cache;
+# the bases are made by one worker while the others wait. Every worker also takes the tests outside the
+# groups (`make test`).
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
-GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-wheels",
-          "tests/docker/test_variants.py": "engine-variants", "tests/docker/test_repro.py": "engine-repro"}
+GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-git",
+          "tests/docker/test_variants.py": "engine-variants"}
 
 
 def _engine_group(item) -> str:
