@@ -68,7 +68,7 @@ def test_url_mod_builds_and_records_its_source(base_image: str, served, tmp_path
     assert re.search(rf"mod {MOD}: {re.escape(upstream.FILE)} contains \S.*? ok ", static), static
 
     plan = json.loads(run(*common, "show", "testvllm-url", "--base", BASE, "--json", cache=tmp_path / "cache").stdout)
-    pinned = {"url": url, "sha256": upstream.sha256(diff)}
+    pinned = {"url": url, "pr": None, "sha256": upstream.sha256(diff)}  # the record keeps the seam's PatchPin: no PR here
     record = json.loads(subprocess.run(["docker", "run", "--rm", plan["tag"], "cat",
                                         "/opt/sparkforge/build-record.json"], capture_output=True, text=True,
                                        check=True).stdout)
