@@ -98,12 +98,18 @@ def test_rebuilds_rerun_only_what_a_change_touches(git_setup: GitSource, built: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not [s for s in _ran_steps(proc.stdout) if s.startswith("vllm-")]
     assert [s for s in _ran_steps(proc.stdout) if s.startswith("runtime")]
-    source_mod = git_setup.mods / "probe-source-mark" / "mod.yaml"
-    source_mod.write_text(source_mod.read_text().replace("summary: ", edit, 1))
-    proc = git_setup.build()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ran = _ran_steps(proc.stdout)
-    assert any(s.startswith("vllm-source") for s in ran) and any(s.startswith("vllm-build") for s in ran), ran
+    # The source stage reads the mod's mod.json (no summary: a text edit costs no compile) and its patch; a
+    # line before the patch's first header is text that git apply skips, and new bytes in what the stage copies.
+    patch = git_setup.mods / "probe-source-mark" / "probe.patch"
+    original = patch.read_bytes()
+    try:
+        patch.write_bytes(f"{edit}\n\n".encode() + original)
+        proc = git_setup.build()
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ran = _ran_steps(proc.stdout)
+        assert any(s.startswith("vllm-source") for s in ran) and any(s.startswith("vllm-build") for s in ran), ran
+    finally:
+        patch.write_bytes(original)  # the tests after this one build the source as the setup made it
 
 
 def _ran_steps(stdout: str) -> list[str]:
