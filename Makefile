@@ -5,7 +5,7 @@ VENV ?= .venv
 VARIANT ?= ng17e
 IMAGES ?= images
 ARGS ?=
-JOBS ?= 4
+JOBS ?= 5
 UNIT := not network and not docker and not root and not cluster and not gpu
 CLUSTER ?=
 PY := $(VENV)/bin/python
@@ -39,7 +39,7 @@ list: $(STAMP) ## list the variants
 check-mods: $(STAMP) ## prove every mod of every variant applies to its real source
 	$(BUILD) check-mods --all $(ARGS)
 
-test: $(STAMP) ## run the whole test suite; tests whose needs this machine lacks skip with the reason (JOBS=4 workers)
+test: $(STAMP) ## run the whole test suite; tests whose needs this machine lacks skip with the reason (JOBS=5 workers)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --durations=25 tests $(ARGS)
 
 test-unit: $(STAMP) ## the pure tier only: no network, no Docker, no root (seconds, not minutes)

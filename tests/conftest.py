@@ -76,16 +76,17 @@ _REQUIRED = pytest.StashKey[needs.Required]()
 ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 
 
-# Tests that use the engine run in four xdist groups, each on one worker and in order, so that what a
-# group's modules share (images, daemons, namespaces, the git server) is made once per worker: the tests
-# that move images between hosts; the git-source and wheel-cache builds (one git server, so the wheel
-# tests find its compile in BuildKit's cache; their builder prune runs on an engine of their own); the
-# release-wheel variants; and the rest of the builds, the lock and reproducibility builds after the test
-# image they reuse. A run takes as long as its longest group: on 2 busy cores each large image (a real
-# vLLM wheel, a CPU torch) takes 8 to 20 minutes to install, export and unpack. Two groups may build one
-# plan: the second build waits for the first (sparkforge's own lock) and is served from BuildKit's cache;
-# the bases are made by one worker while the others wait. Every worker also takes the tests outside the
-# groups (`make test`).
+# Tests that use the engine run in five xdist groups, each on one worker and in order, so that what a
+# group's modules share (images, daemons, namespaces, the git server) is made once per worker: the users'
+# path (tests/cluster/test_user_path.py: a git-source build, push, deploys and status as a docker-group
+# member); the other tests that move images between hosts; the git-source and wheel-cache builds (one git
+# server, so the wheel tests find its compile in BuildKit's cache); the release-wheel variants; and the
+# rest of the builds, the lock and reproducibility builds after the test image they reuse. A run takes as
+# long as its longest group: on 2 busy cores each large image (a real vLLM wheel, a CPU torch) takes 8 to
+# 20 minutes to install, export and unpack. Two groups may build one plan: the second build waits for the
+# first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by one worker while
+# the others wait. Every worker also takes the tests outside the groups (`make test`).
+USER_GROUP = ("tests/cluster/test_user_path.py",)
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
 GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-git",
           "tests/docker/test_variants.py": "engine-variants"}
@@ -93,6 +94,8 @@ GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wh
 
 def _engine_group(item) -> str:
     path = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else str(item.path)
+    if path.startswith(USER_GROUP):
+        return "engine-user"
     if path.startswith(HOSTS_GROUP):
         return "engine-hosts"
     return GROUPS.get(path, "engine-builds")

@@ -46,7 +46,7 @@ class PushResult:
     seconds: float
 
 
-def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = None,
+def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None = None,
                state_dir: Path | None = None) -> PushResult:
     """Push the immutable tag, then the moving tag, to registry (HOST:PORT); record the manifest digest."""
     import docker
@@ -58,7 +58,7 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
     try:
         client = docker.from_env(timeout=int(TRANSFER_TIMEOUT))  # the SDK takes whole seconds
         for name in (image.tag, image.moving_tag):
-            full = registry_ref(registry, name)
+            full = registry_ref(registry.address, name)
             ref = ImageRef.parse(full)
             repo, tag = ref.repository, ref.tag
             client.api.tag(image.image_id, repo, tag, force=True)
@@ -78,15 +78,30 @@ def push_image(image: HeadImage, registry: str, progress: ProgressFn | None = No
                 elif m := _PUSHED_DIGEST.search(status):  # the containerd image store sends no aux, only this line
                     digest = m.group(1)
                 if progress and status:
-                    progress(Progress(registry, "push", sum(pushed.values()), None, f"{ref}: {status}"))
+                    progress(Progress(registry.address, "push", sum(pushed.values()), None, f"{ref}: {status}"))
             refs.append(full)
     except docker.errors.DockerException as exc:
-        raise DistributeError(f"push to {registry} failed: {_sdk_reason(exc)}", field="--registry") from None
+        raise DistributeError(f"push to {registry.address} failed: {_sdk_reason(exc)}", field="--registry") from None
+    if digest and (config := _config_id(registry, ImageRef.parse(refs[0]).repository, digest)):
+        pushed.pop(config, None)  # a containerd-store engine reports the config blob as it does a layer
+        present.discard(config)
     present -= set(pushed)  # the moving tag's push finds every layer the first push sent
     if digest:
         record_manifest(state_dir, image.tag, digest)
     return PushResult(tuple(refs), digest, len(pushed), len(present), sum(pushed.values()),
                       time.monotonic() - t0)
+
+
+def _config_id(registry: Registry, repo: str, digest: str) -> str | None:
+    """The short ID of the config blob of the manifest the push stored, as push events name blobs; None when
+    the registry does not say."""
+    try:
+        manifest = RegistryClient(registry.endpoint).manifest(repo, digest)
+    except RegistryError:
+        return None
+    config = manifest.get("config")
+    found = config.get("digest") if isinstance(config, dict) else None
+    return found.removeprefix("sha256:")[:12] if isinstance(found, str) else None
 
 
 def _push_error(event: dict[str, Any]) -> str | None:
@@ -115,7 +130,7 @@ def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", pro
             state_dir: Path | None = None) -> PushResult:
     """Push both tags: gzip through the engine (any Docker), zstd or none by blobs (:func:`push_blobs`)."""
     if compression == "gzip":
-        return push_image(image, registry.address, progress, state_dir)
+        return push_image(image, registry, progress, state_dir)
     return push_blobs(image, registry, compression, progress, state_dir)
 
 # ------------------------------------------------------------------- push by blobs (zstd or none)

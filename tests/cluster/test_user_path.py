@@ -101,10 +101,14 @@ def test_a_docker_group_member_locks_builds_pushes_deploys_and_sees_status(
     assert locked["vllm"]["commit"] == git_setup.commit
     assert locked["components"]["sparkprobe"]["commit"] == git_setup.probe
 
+    # With the lock, every command names one tag: the plan `show` prints, the dry run's, and the one the build makes.
+    plan = json.loads(as_user(user, ws, py, "build.py", "show", VARIANT, "--json").stdout)
+    dry = as_user(user, ws, py, "build.py", "build", VARIANT, "--locked", "--dry-run", "--ca-cert",
+                  str(ws / "ca-bundle.crt"))
+    assert dry.returncode == 0 and dry.stdout.splitlines()[0].split()[1] == plan["tag"], dry.stdout + dry.stderr
     image = as_user(user, ws, "make", "image", f"VARIANT={VARIANT}", f"ARGS=--locked --ca-cert {ws / 'ca-bundle.crt'}")
     assert image.returncode == 0, image.stdout[-4000:] + image.stderr[-4000:]
     assert "vLLM wheel: compiling" in image.stdout or "from the wheel cache" in image.stdout, image.stdout[-3000:]
-    plan = json.loads(as_user(user, ws, py, "build.py", "show", VARIANT, "--json").stdout)
     assert f"tagged {plan['tag']}" in image.stdout
 
     args = ("--cluster", str(ws / "cluster.yaml"))

@@ -1,8 +1,11 @@
-"""The users' path, built for real: vLLM compiled from a git commit served over HTTPS, with its lock.
+"""The git-source build, for real: vLLM compiled from a git commit served over HTTPS.
 
 The setup (tests/support/gitsource.py): the real vLLM 0.17.0 source under an annotated tag and a small git
 component on an HTTPS git server with a test CA, a base with a real CPU torch and numpy, a
 source-phase mod and the shipped install-phase mods, VLLM_TARGET_DEVICE=empty for the compile.
+The same variant with its lock, built, pushed, deployed and shown by every verb, is the users' path
+(tests/cluster/test_user_path.py); a short SHA's resolution is gitfetch's, tested against a git server of
+its own (tests/unit/test_gitfetch.py).
 """
 
 from __future__ import annotations
@@ -69,14 +72,6 @@ def test_build_env_stays_out_of_the_runtime_env(built: dict) -> None:
     assert "VLLM_UF_EAGER_ALLREDUCE=0" in env
 
 
-def test_short_sha_is_resolved_to_the_full_commit(git_setup: GitSource, built: dict) -> None:
-    proc = git_setup.build(f"{VARIANT}-short")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    tag = json.loads(git_setup.cli("show", f"{VARIANT}-short", "--json").stdout)["tag"]
-    record = json.loads(sparkforge("inspect", tag, "--json").stdout)["record"]
-    assert record["vllm"]["built_commit"] == git_setup.commit
-
-
 def test_a_short_sha_that_names_no_commit_fails_in_one_line(git_setup: GitSource, built: dict) -> None:
     (git_setup.images / "testgit-nosuch.yaml").write_text(
         f"extends: {VARIANT}\nvllm:\n  ref: 0000000ab\n  commit:\n    unknown: a short SHA that is in no branch\n")
@@ -115,26 +110,3 @@ def test_rebuilds_rerun_only_what_a_change_touches(git_setup: GitSource, built: 
 def _ran_steps(stdout: str) -> list[str]:
     """The steps BuildKit ran in the build whose log the build's output names."""
     return ran_steps(Path(next(line for line in stdout.splitlines() if "; log: " in line).rsplit("; log: ", 1)[1]))
-
-
-def test_with_a_lock_every_command_names_one_tag(git_setup: GitSource, built: dict, registry) -> None:
-    proc = git_setup.cli("lock", VARIANT, "--image", built["tag"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lock = json.loads((git_setup.images / f"{VARIANT}.lock.json").read_text())
-    assert lock["components"]["sparkprobe"]["commit"] == git_setup.probe
-    assert lock["vllm"]["commit"] == git_setup.commit
-    shown = json.loads(git_setup.cli("show", VARIANT, "--json").stdout)["tag"]
-    assert shown != built["tag"]  # the lock pins more (packages, epoch), so it is another plan
-    dry = git_setup.cli("build", VARIANT, "--dry-run", "--ca-cert", str(git_setup.ca_bundle))
-    assert dry.stdout.splitlines()[0].split()[1] == shown
-    proc = git_setup.build(VARIANT, "--locked")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"tagged {shown}" in proc.stdout
-    test = git_setup.cli("test", VARIANT)
-    assert test.returncode == 0, test.stdout + test.stderr
-    push = git_setup.cli("push", VARIANT, "--registry", registry.address)
-    assert push.returncode == 0, push.stdout + push.stderr
-    assert registry.has_tag("sparkforge-test/vllm", shown.rpartition(":")[2])
-    status = git_setup.cli("status", VARIANT, "--nodes", "unix:///run/docker.sock")
-    assert status.returncode == 0, status.stdout + status.stderr
-    assert shown.rpartition(":")[2] in status.stdout

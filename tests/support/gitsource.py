@@ -128,8 +128,6 @@ class GitSource:
         self.images, self.mods = root / "images", root / "mods"
         self.images.mkdir()
         (self.images / f"{VARIANT}.yaml").write_text(recipe(self.server, self.commit))
-        (self.images / f"{VARIANT}-short.yaml").write_text(
-            f"extends: {VARIANT}\nvllm:\n  ref: {self.commit[:9]}\n  commit:\n    unknown: only the short SHA is on record\n")
         shutil.copytree(MODS, self.mods)
         shutil.copytree(TEST_MODS / "probe-source-mark", self.mods / "probe-source-mark")
 
