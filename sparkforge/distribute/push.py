@@ -82,9 +82,10 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
             refs.append(full)
     except docker.errors.DockerException as exc:
         raise DistributeError(f"push to {registry.address} failed: {_sdk_reason(exc)}", field="--registry") from None
-    if digest and (config := _config_id(registry, ImageRef.parse(refs[0]).repository, digest)):
-        pushed.pop(config, None)  # a containerd-store engine reports the config blob as it does a layer
-        present.discard(config)
+    if digest and (ids := _layer_ids(registry, ImageRef.parse(refs[0]).repository, digest, image.identity.layers)):
+        # A containerd-store engine reports the config blob, and an attestation's blobs, as it does a layer.
+        pushed = {lid: size for lid, size in pushed.items() if lid in ids}
+        present &= ids
     present -= set(pushed)  # the moving tag's push finds every layer the first push sent
     if digest:
         record_manifest(state_dir, image.tag, digest)
@@ -92,16 +93,26 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
                       time.monotonic() - t0)
 
 
-def _config_id(registry: Registry, repo: str, digest: str) -> str | None:
-    """The short ID of the config blob of the manifest the push stored, as push events name blobs; None when
-    the registry does not say."""
+def _layer_ids(registry: Registry, repo: str, digest: str, diff_ids: tuple[str, ...]) -> set[str] | None:
+    """The short IDs push events may give the image's layers: their diff IDs (a classic-store engine's names)
+    and their blob digests in the manifest the push stored, or in an index's image manifests (a
+    containerd-store engine's). None when the registry does not say."""
+    client = RegistryClient(registry.endpoint)
+    ids = {d.removeprefix("sha256:")[:12] for d in diff_ids}
     try:
-        manifest = RegistryClient(registry.endpoint).manifest(repo, digest)
+        doc = client.manifest(repo, digest)
+        listed = doc.get("manifests")
+        docs = [doc] if not isinstance(listed, list) else [
+            client.manifest(repo, m["digest"]) for m in listed
+            if isinstance(m, dict) and isinstance(m.get("digest"), str)
+            and (m.get("annotations") or {}).get("vnd.docker.reference.type") != "attestation-manifest"]
     except RegistryError:
         return None
-    config = manifest.get("config")
-    found = config.get("digest") if isinstance(config, dict) else None
-    return found.removeprefix("sha256:")[:12] if isinstance(found, str) else None
+    for one in docs:
+        for layer in one.get("layers") or []:
+            if isinstance(layer, dict) and isinstance(layer.get("digest"), str):
+                ids.add(layer["digest"].removeprefix("sha256:")[:12])
+    return ids
 
 
 def _push_error(event: dict[str, Any]) -> str | None:
