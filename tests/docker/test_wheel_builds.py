@@ -1,11 +1,10 @@
 """The wheel cache and prebuilt wheels, built for real.
 
 The git-source setup of tests/support/gitsource.py (the real vLLM 0.17.0 tree over HTTPS, compiled with
-VLLM_TARGET_DEVICE=empty) compiles once into a wheel cache of the test's own. A second, fresh
-dockerd (another machine sharing the cache folder, its BuildKit cache empty) then builds the same variant
-without compiling. Why a cached wheel does not fit (another arch list, commit, mod) is the cache key's
-logic, tested in tests/unit/test_wheels.py. The wheel the compile made is then served over HTTPS with a
-test CA as a recipe's `source: wheel`.
+VLLM_TARGET_DEVICE=empty) compiles once into a wheel cache of the test's own, and the image installs that
+wheel; a rebuild of the same plan runs no step. Why a cached wheel does not fit (another arch list, commit,
+mod) is the cache key's logic, tested in tests/unit/test_wheels.py. The wheel the compile made is then
+served over HTTPS with a test CA as a recipe's `source: wheel`.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support import fileserver
-from tests.support.gitsource import TORCH_BASE, VARIANT, GitSource, ran_steps
-from tests.support.needs import require
+from tests.support.gitsource import VARIANT, GitSource
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
 
@@ -97,43 +94,6 @@ def test_a_rebuild_of_the_same_plan_runs_no_step(setup: GitSource, compiled: dic
     proc = build(setup, PINNED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "from the wheel cache" in proc.stdout and ": 0 steps ran," in proc.stdout, proc.stdout[-3000:]
-
-
-@pytest.fixture(scope="module")
-def engine(torch_base: str):
-    """A second, real dockerd with an empty BuildKit cache: another machine that shares the wheel cache. It keeps
-    its images in the classic store while the head uses the containerd store, so the cache key of the base is
-    shown to name the same base on both."""
-    require("dockerd")
-    from tests.infra.nodes import CLASSIC, start_nodes, stop_nodes
-
-    base = tempfile.mkdtemp(prefix="sfw-", dir="/tmp")
-    (node,) = start_nodes(1, base, CLASSIC)
-    try:
-        save = subprocess.Popen(["docker", "save", TORCH_BASE], stdout=subprocess.PIPE)
-        load = subprocess.run(["docker", "-H", node.endpoint, "load"], stdin=save.stdout, capture_output=True,
-                              text=True, timeout=600)
-        assert save.wait() == 0 and load.returncode == 0, load.stderr
-        yield node
-    finally:
-        stop_nodes([node], kill=True)
-        node.destroy()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def test_another_engine_installs_the_cached_wheel(setup: GitSource, compiled: dict, engine) -> None:
-    entry = compiled["entry"]
-    proc = build(setup, PINNED, env={"DOCKER_HOST": engine.endpoint})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"vllm wheel: from the wheel cache, key {entry['key'][:12]}, sha256 {entry['sha256']}; the compile " \
-           "did not run" in proc.stdout, proc.stdout
-    assert "compile log:" not in proc.stdout
-    log = Path(proc.stdout.rsplit("; log: ", 1)[1].split()[0]).read_text()
-    assert "pip wheel" not in log and "vllm-build" not in log  # the compile is not even in this Dockerfile
-    assert ran_steps(Path(proc.stdout.rsplit("; log: ", 1)[1].split()[0]))  # a real build on this engine
-    wheel = record(compiled["tag"], engine.endpoint)["vllm"]["installed_wheel"]
-    assert wheel["sha256"] == entry["sha256"]
-    assert len(entries(setup)) == 1
 
 
 # ------------------------------------------------------------------ source: wheel, over HTTPS
