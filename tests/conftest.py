@@ -81,7 +81,7 @@ ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 # path (tests/cluster/test_user_path.py: a git-source build, push, deploys and status as a docker-group
 # member); the other tests that move images between hosts; the git-source and wheel-cache builds (one git
 # server, so the wheel tests find its compile in BuildKit's cache); the release-wheel variants; and the
-# rest of the builds, the lock and reproducibility builds after the test image they reuse. A run takes as
+# rest of the builds (the test image first: most of them reuse its layers). A run takes as
 # long as its longest group: on 2 busy cores each large image (a real vLLM wheel, a CPU torch) takes 8 to
 # 20 minutes to install, export and unpack. Two groups may build one plan: the second build waits for the
 # first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by one worker while
