@@ -37,7 +37,7 @@ def pids_in(path: Path, within: float = 30.0) -> list[int]:
     raise AssertionError(f"the child wrote no pids to {path} within {within:.0f} s")
 
 
-def gone(pids: list[int], within: float = 10.0) -> bool:
+def gone(pids: list[int], within: float = 60.0) -> bool:  # a loaded machine may take seconds to stop and reap them
     deadline = time.monotonic() + within
     while any(alive(p) for p in pids):
         if time.monotonic() > deadline:
