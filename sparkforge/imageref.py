@@ -9,6 +9,7 @@ reference from the user validate its parts (config's patterns) and say which opt
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,11 @@ class ImageRef:
 
     def __str__(self) -> str:
         return self.name if self.digest is None else f"{self.name}@{self.digest}"
+
+
+def is_attestation(entry: dict[str, Any]) -> bool:
+    """Whether an image index entry is an attestation manifest (BuildKit's provenance or SBOM), not an image:
+    by its annotation, or by the platform `unknown/unknown` BuildKit gives it; any other shape is not one."""
+    notes, platform = entry.get("annotations"), entry.get("platform")
+    return ((isinstance(notes, dict) and notes.get("vnd.docker.reference.type") == "attestation-manifest")
+            or (isinstance(platform, dict) and platform.get("os") == "unknown"))

@@ -26,7 +26,7 @@ from typing import IO, Any
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
-from ..imageref import ImageRef
+from ..imageref import ImageRef, is_attestation
 from ..inimage.contract import parse_json
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
@@ -104,8 +104,7 @@ def _layer_ids(registry: Registry, repo: str, digest: str, diff_ids: tuple[str, 
         listed = doc.get("manifests")
         docs = [doc] if not isinstance(listed, list) else [
             client.manifest(repo, m["digest"]) for m in listed
-            if isinstance(m, dict) and isinstance(m.get("digest"), str)
-            and (m.get("annotations") or {}).get("vnd.docker.reference.type") != "attestation-manifest"]
+            if isinstance(m, dict) and isinstance(m.get("digest"), str) and not is_attestation(m)]
     except RegistryError:
         return None
     for one in docs:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..imageref import is_attestation
 from ..build import dockercli
 from ..build.builder import BuildOptions, Step, build_image
 from ..build.render import Context
@@ -147,7 +148,7 @@ def read_digests(tarball: Path) -> ImageDigests:
             desc = index["manifests"][0]
             manifest = parse_json(_blob(tf, desc["digest"]))
             if "manifests" in manifest:  # an index: its image manifest, not an attestation beside it
-                desc = next(m for m in manifest["manifests"] if not _attestation(m))
+                desc = next(m for m in manifest["manifests"] if not is_attestation(m))
                 manifest = parse_json(_blob(tf, desc["digest"]))
             config = parse_json(_blob(tf, manifest["config"]["digest"]))
     except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError, StopIteration) as exc:
@@ -157,12 +158,6 @@ def read_digests(tarball: Path) -> ImageDigests:
     steps += [""] * (len(layers) - len(steps))
     return ImageDigests(tarball, desc["digest"], manifest["config"]["digest"], layers,
                         tuple(_short_step(s) for s in steps[:len(layers)]))
-
-
-def _attestation(desc: dict[str, Any]) -> bool:
-    """Whether an index entry is an attestation manifest (BuildKit's provenance or SBOM), not an image."""
-    kind = (desc.get("annotations") or {}).get("vnd.docker.reference.type")
-    return kind == "attestation-manifest" or (desc.get("platform") or {}).get("os") == "unknown"
 
 
 def _short_step(created_by: str) -> str:
