@@ -82,36 +82,36 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
             refs.append(full)
     except docker.errors.DockerException as exc:
         raise DistributeError(f"push to {registry.address} failed: {_sdk_reason(exc)}", field="--registry") from None
-    if digest and (ids := _layer_ids(registry, ImageRef.parse(refs[0]).repository, digest, image.identity.layers)):
-        # A containerd-store engine reports the config blob, and an attestation's blobs, as it does a layer.
-        pushed = {lid: size for lid, size in pushed.items() if lid in ids}
-        present &= ids
-    present -= set(pushed)  # the moving tag's push finds every layer the first push sent
+    n_pushed, n_present = len(pushed), len(present - set(pushed))  # the moving tag's push finds what the first sent
+    if digest and (layers := _layer_names(registry, ImageRef.parse(refs[0]).path, digest, image.identity.layers)):
+        # A containerd-store engine reports the config blob, and an attestation's blobs, as it does a layer, and
+        # may name one layer by its blob digest in one event and by its diff ID in another: count layers, not names.
+        sent = [names for names in layers if names & pushed.keys()]
+        n_pushed, n_present = len(sent), len([names for names in layers if names & present and names not in sent])
+        pushed = {lid: size for lid, size in pushed.items() if any(lid in names for names in layers)}
     if digest:
         record_manifest(state_dir, image.tag, digest)
-    return PushResult(tuple(refs), digest, len(pushed), len(present), sum(pushed.values()),
-                      time.monotonic() - t0)
+    return PushResult(tuple(refs), digest, n_pushed, n_present, sum(pushed.values()), time.monotonic() - t0)
 
 
-def _layer_ids(registry: Registry, repo: str, digest: str, diff_ids: tuple[str, ...]) -> set[str] | None:
-    """The short IDs push events may give the image's layers: their diff IDs (a classic-store engine's names)
-    and their blob digests in the manifest the push stored, or in an index's image manifests (a
-    containerd-store engine's). None when the registry does not say."""
+def _layer_names(registry: Registry, repo: str, digest: str, diff_ids: tuple[str, ...]) -> list[set[str]] | None:
+    """Per layer of the image, the short IDs push events may give it: its diff ID (a classic-store engine's name)
+    and its blob digest in the manifest the push stored, or in an index's image manifest (a containerd-store
+    engine's). None when the registry does not say, or its manifest does not list one blob per layer."""
     client = RegistryClient(registry.endpoint)
-    ids = {d.removeprefix("sha256:")[:12] for d in diff_ids}
     try:
         doc = client.manifest(repo, digest)
         listed = doc.get("manifests")
-        docs = [doc] if not isinstance(listed, list) else [
-            client.manifest(repo, m["digest"]) for m in listed
-            if isinstance(m, dict) and isinstance(m.get("digest"), str) and not is_attestation(m)]
+        if isinstance(listed, list):  # an index: its image manifest, not its attestations
+            images = [m for m in listed if isinstance(m, dict) and isinstance(m.get("digest"), str)
+                      and not is_attestation(m)]
+            doc = client.manifest(repo, images[0]["digest"]) if len(images) == 1 else {}
     except RegistryError:
         return None
-    for one in docs:
-        for layer in one.get("layers") or []:
-            if isinstance(layer, dict) and isinstance(layer.get("digest"), str):
-                ids.add(layer["digest"].removeprefix("sha256:")[:12])
-    return ids
+    blobs = [layer.get("digest") for layer in doc.get("layers") or [] if isinstance(layer, dict)]
+    if len(blobs) != len(diff_ids) or not all(isinstance(b, str) for b in blobs):
+        return None
+    return [{d.removeprefix("sha256:")[:12], str(b).removeprefix("sha256:")[:12]} for d, b in zip(diff_ids, blobs)]
 
 
 def _push_error(event: dict[str, Any]) -> str | None:
