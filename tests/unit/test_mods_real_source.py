@@ -73,7 +73,8 @@ def test_mod_applies_then_is_already_applied(name: str, scratch: Path) -> None:
 def test_edited_target_fails_with_name_and_reason_and_stays_untouched(name: str, scratch: Path) -> None:
     m = mod(name)
     spec = materialize(m)[0]
-    target_rel = spec["verify"][0]["file"]
+    target_rel = spec.verify[0].file
+    assert target_rel is not None
     target = scratch / target_rel
     text = target.read_text()
     anchor = {"uf17-eager-allreduce": "def set_splitting_ops_for_attn_fusion(self):",
