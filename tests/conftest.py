@@ -21,7 +21,7 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from tests.support import hoststate, needs
+from tests.support import gitsource, hoststate, needs
 from tests.support.cli import run_cli
 from tests.support.docker import BuiltImage, built, image_id
 from tests.support.once import one_at_a_time
@@ -41,6 +41,14 @@ def pytest_configure(config):
         config.stash[_REQUIRED] = needs.Required.of(os.environ)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):  # the controller (xdist starts its workers later, with this environment)
+        os.environ[gitsource.RUN_FOLDER] = tempfile.mkdtemp(prefix="sparkforge-tests-run-")
+        os.environ[gitsource.RUN_OWNER] = str(os.getpid())
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and os.environ.get(gitsource.RUN_FOLDER):
+        gitsource.stop_shared(Path(os.environ.pop(gitsource.RUN_FOLDER)))
 
 
 def pytest_report_header(config):
@@ -79,13 +87,14 @@ ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 # Tests that use the engine run in five xdist groups, each on one worker and in order, so that what a
 # group's modules share (images, daemons, namespaces, the git server) is made once per worker: the users'
 # path (tests/cluster/test_user_path.py: a git-source build, push, deploys and status as a docker-group
-# member); the other tests that move images between hosts; the git-source and wheel-cache builds (one git
-# server, so the wheel tests find its compile in BuildKit's cache); the release-wheel variants; and the
+# member); the other tests that move images between hosts; the git-source and wheel-cache builds; the
+# release-wheel variants; and the
 # rest of the builds (the test image first: most of them reuse its layers). A run takes as
 # long as its longest group: on 2 busy cores each large image (a real vLLM wheel, a CPU torch) takes 8 to
 # 20 minutes to install, export and unpack. Two groups may build one plan: the second build waits for the
 # first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by one worker while
-# the others wait. Every worker also takes the tests outside the groups (`make test`).
+# the others wait. The git-source builds of all groups fetch from the run's one git server (`git_setup`), so
+# BuildKit runs their fetch steps once. Every worker also takes the tests outside the groups (`make test`).
 USER_GROUP = ("tests/cluster/test_user_path.py",)
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
 GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-git",
@@ -187,11 +196,11 @@ def torch_base(base_image: str, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def git_setup(torch_base: str, tmp_path_factory):
-    """The git-source setup (tests/support/gitsource.py), shared by the git-source and wheel tests, so
-    that the wheel tests find the compile of the same source in BuildKit's cache."""
-    from tests.support.gitsource import GitSource
-
-    setup = GitSource(tmp_path_factory.mktemp("gitsrc"))
+    """The git-source setup (tests/support/gitsource.py): one per process, all on the run's one git server,
+    so that the git-source, wheel and users'-path builds fetch the same repositories (BuildKit fetches once)."""
+    folder = os.environ.get(gitsource.RUN_FOLDER)
+    served = gitsource.shared(Path(folder), int(os.environ[gitsource.RUN_OWNER])) if folder else None
+    setup = gitsource.GitSource(tmp_path_factory.mktemp("gitsrc"), served)
     yield setup
     setup.stop()
 

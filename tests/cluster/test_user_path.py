@@ -67,8 +67,10 @@ def _chown(path: Path, user: pwd.struct_passwd) -> None:
         os.chown(p, user.pw_uid, user.pw_gid, follow_symlinks=False)
 
 
-def as_user(user: pwd.struct_passwd, ws: Path, *argv: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    """Run argv in the workspace as the user, with a login's plain environment (no root's variables)."""
+def as_user(user: pwd.struct_passwd, ws: Path, *argv: str, timeout: float = 3000) -> subprocess.CompletedProcess:
+    """Run argv in the workspace as the user, with a login's plain environment (no root's variables). The limit
+    is for a first `make image` on a CI machine's 2 cores that the other test groups keep busy (past 30 minutes
+    once); the same build takes 5 on those cores idle."""
     # A private git server's CA, as the user configures git for it; BuildKit gets it as --ca-cert.
     env = login_env(user, GIT_SSL_CAINFO=str(ws / "ca-bundle.crt"))
     proc = subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i", *env, *argv], cwd=ws,

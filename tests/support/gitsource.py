@@ -9,11 +9,17 @@ and vllm/__init__.py before the compile; the shipped install-phase mods follow.
 
 from __future__ import annotations
 
+import fcntl
+import importlib.util
+import json
+import os
 import re
 import shutil
-import importlib.util
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparkforge.recipe import sources
@@ -55,7 +61,7 @@ def ensure_torch_base(base_image: str, workdir: Path) -> str:
     return TORCH_BASE
 
 
-def recipe(server: gitserver.GitServer, vllm_commit: str) -> str:
+def recipe(server: Served, vllm_commit: str) -> str:
     return f"""# Written by tests/support/gitsource.py: the git-source path over HTTPS.
 description: vLLM 0.17.0 compiled from git (VLLM_TARGET_DEVICE=empty), a git component, a source-phase mod
 image: sparkforge-test/vllm
@@ -111,23 +117,111 @@ def ran_steps(log: Path) -> list[str]:
     return [name for n, name in heads.items() if n not in cached]
 
 
-class GitSource:
-    """A running git server with its repositories, and a recipe folder and mods folder that use it."""
+@dataclass(frozen=True)
+class Served:
+    """The git server's repositories as the builds reach them: base URL, test CA, and what the tags point at."""
 
-    def __init__(self, root: Path) -> None:
+    url: str
+    ca: Path
+    commit: str      # vllm.git's one commit, tagged v0.17.0 by an annotated tag
+    tag_object: str  # that tag's own object
+    probe: str       # sparkprobe.git's one commit, tagged v1.0.0
+
+    def repo_url(self, name: str) -> str:
+        return f"{self.url}/{name}.git"
+
+
+def _make_repos(repos: Path, work: Path) -> tuple[str, str, str]:
+    """vllm.git (the 0.17.0 sdist) and sparkprobe.git under repos: (commit, tag object, probe commit)."""
+    repos.mkdir(parents=True)
+    tree = gitserver.extract_sdist(sources.download(sources.find_release("vllm", "0.17.0")), work / "sdist")
+    commit = gitserver.init_repo(repos, "vllm", tree, tag="v0.17.0", message="vLLM 0.17.0 (release sdist)")
+    shutil.rmtree(work / "sdist")
+    tag_object = gitserver.git(repos / "vllm.git", "rev-parse", "v0.17.0")
+    probe = gitserver.init_repo(repos, "sparkprobe", ROOT / "tests" / "gitrepos" / "sparkprobe", tag="v1.0.0")
+    return commit, tag_object, probe
+
+
+# One git server for a whole test run: the processes that build the git-source variant on one engine (the
+# git-source tests and the users' path) then fetch from the same URLs, and BuildKit runs those fetch steps
+# once (the repositories are made once, too). The run's controller names a folder and itself in these
+# variables; the first process to ask starts the server as a process of its own, which ends when the
+# controller does (or is stopped by it, `stop_shared`).
+RUN_FOLDER = "SPARKFORGE_TESTS_RUN"
+RUN_OWNER = "SPARKFORGE_TESTS_OWNER"
+
+
+def shared(folder: Path, owner: int, timeout: float = 1800) -> Served:
+    """The run's git server in folder, started by the first caller (the others wait for it, then reuse it)."""
+    state = folder / "state.json"
+    fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not state.exists():
+            with open(folder / "server.log", "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "tests.support.gitsource", str(folder), str(owner)],
+                                        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True)
+            deadline = time.monotonic() + timeout
+            while not state.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    tail = (folder / "server.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"the shared git server did not start:\n{tail}")
+                time.sleep(0.5)
+    finally:
+        os.close(fd)
+    fields = json.loads(state.read_text())
+    return Served(fields["url"], Path(fields["ca"]), fields["commit"], fields["tag_object"], fields["probe"])
+
+
+def stop_shared(folder: Path) -> None:
+    """Stop the run's git server, if one was started, and remove its folder."""
+    try:
+        pid = json.loads((folder / "state.json").read_text())["pid"]
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve(folder: Path, owner: int) -> None:
+    """The shared server's process: make the repositories, serve them, say where, and end with the owner."""
+    commit, tag_object, probe = _make_repos(folder / "repos", folder)
+    server = gitserver.start(folder / "repos", folder / "certs")
+    fields = {"url": server.url, "ca": str(server.ca), "commit": commit, "tag_object": tag_object, "probe": probe,
+              "pid": os.getpid()}
+    (folder / "state.tmp").write_text(json.dumps(fields))
+    os.replace(folder / "state.tmp", folder / "state.json")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(2)
+    server.stop()
+
+
+class GitSource:
+    """A git server with its repositories (its own, or the run's shared one), and a recipe folder and mods
+    folder of its own that use it."""
+
+    def __init__(self, root: Path, served: Served | None = None) -> None:
         self.root = root
-        repos = root / "repos"
-        repos.mkdir(parents=True)
-        tree = gitserver.extract_sdist(sources.download(sources.find_release("vllm", "0.17.0")), root / "sdist")
-        self.commit = gitserver.init_repo(repos, "vllm", tree, tag="v0.17.0", message="vLLM 0.17.0 (release sdist)")
-        self.tag_object = gitserver.git(repos / "vllm.git", "rev-parse", "v0.17.0")
-        self.probe = gitserver.init_repo(repos, "sparkprobe", ROOT / "tests" / "gitrepos" / "sparkprobe", tag="v1.0.0")
-        self.server = gitserver.start(repos, root / "certs")
+        root.mkdir(parents=True, exist_ok=True)
+        self._own: gitserver.GitServer | None = None
+        if served is None:
+            commit, tag_object, probe = _make_repos(root / "repos", root)
+            self._own = gitserver.start(root / "repos", root / "certs")
+            served = Served(self._own.url, self._own.ca, commit, tag_object, probe)
+        self.server = served
+        self.commit, self.tag_object, self.probe = served.commit, served.tag_object, served.probe
         self.ca_bundle = root / "ca-bundle.crt"  # the system's CAs plus the test CA: PyPI and the git server
-        self.ca_bundle.write_bytes(SYSTEM_CA.read_bytes() + self.server.ca.read_bytes())
+        self.ca_bundle.write_bytes(SYSTEM_CA.read_bytes() + served.ca.read_bytes())
         self.images, self.mods = root / "images", root / "mods"
         self.images.mkdir()
-        (self.images / f"{VARIANT}.yaml").write_text(recipe(self.server, self.commit))
+        (self.images / f"{VARIANT}.yaml").write_text(recipe(served, self.commit))
         shutil.copytree(MODS, self.mods)
         shutil.copytree(TEST_MODS / "probe-source-mark", self.mods / "probe-source-mark")
 
@@ -140,4 +234,9 @@ class GitSource:
         return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra, env=env)
 
     def stop(self) -> None:
-        self.server.stop()
+        if self._own is not None:
+            self._own.stop()
+
+
+if __name__ == "__main__":  # the shared server's process (`shared`): FOLDER OWNER_PID
+    _serve(Path(sys.argv[1]), int(sys.argv[2]))
