@@ -87,8 +87,8 @@ ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 # Tests that use the engine run in five xdist groups, each on one worker and in order, so that what a
 # group's modules share (images, daemons, namespaces, the git server) is made once per worker: the users'
 # path (tests/cluster/test_user_path.py: a git-source build, push, deploys and status as a docker-group
-# member); the other tests that move images between hosts; the git-source and wheel-cache builds; the
-# release-wheel variants; and the
+# member); the other tests that move images between hosts; the git-source builds; the release-wheel variants
+# and then the wheel-cache builds (which find the git-source compile in BuildKit's cache); and the
 # rest of the builds (the test image first: most of them reuse its layers). A run takes as
 # long as its longest group: on 2 busy cores each large image (a real vLLM wheel, a CPU torch) takes 8 to
 # 20 minutes to install, export and unpack. Two groups may build one plan: the second build waits for the
@@ -97,8 +97,8 @@ ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 # BuildKit runs their fetch steps once. Every worker also takes the tests outside the groups (`make test`).
 USER_GROUP = ("tests/cluster/test_user_path.py",)
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
-GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_wheel_builds.py": "engine-git",
-          "tests/docker/test_variants.py": "engine-variants"}
+GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_variants.py": "engine-variants",
+          "tests/docker/test_wheel_builds.py": "engine-variants"}
 
 
 def _engine_group(item) -> str:
