@@ -13,7 +13,7 @@ STAMP := $(VENV)/.requirements.lock
 BUILD := $(PY) build.py --images $(IMAGES)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv image render show list check-mods test test-unit golden lint base-local registry registry-stop bench-rebuild bench-first-build bench-distribute
+.PHONY: help venv image render show list check-mods test test-unit golden lint base-local test-bases registry registry-stop bench-rebuild bench-first-build bench-distribute
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ lint: $(STAMP) ## ruff, mypy (strict, on sparkforge/), and hadolint on every ren
 
 base-local: ## make the local Debian base image used by the tests (cached)
 	bash scripts/base-local.sh
+
+test-bases: $(STAMP) ## make the bases the Docker tests build on (the local base, then a CPU torch on it), before `make test`
+	$(PY) -m tests.support.bases
 
 registry: $(STAMP) ## start the registry cluster.yaml describes (CLUSTER=FILE; without one: plain HTTP on 127.0.0.1:5000)
 	$(PY) build.py registry start $(if $(CLUSTER),--cluster $(CLUSTER))

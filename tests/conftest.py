@@ -21,11 +21,10 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from tests.support import gitsource, hoststate, needs
+from tests.support import bases, gitsource, hoststate, needs
 from tests.support.cli import run_cli
-from tests.support.docker import BuiltImage, built, image_id
-from tests.support.once import one_at_a_time
-from tests.support.paths import BASE, ROOT, TEST_MODS
+from tests.support.docker import BuiltImage, built
+from tests.support.paths import ROOT, TEST_MODS
 
 _before: dict[str, str] = {}
 _wheel_cache: list[str] = []  # the wheel cache this process made for the run
@@ -176,22 +175,15 @@ def cli():
 def base_image() -> str:
     """The local Debian base; made by scripts/base-local.sh (debootstrap, root) when it is missing, by one
     worker while the others wait."""
-    with one_at_a_time("base-local"):
-        needs.require("base-local")
-        if image_id(BASE):
-            return BASE
-        subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True, timeout=1800)
-    return BASE
+    needs.require("base-local")
+    return bases.ensure_base_local()
 
 
 @pytest.fixture(scope="session")
 def torch_base(base_image: str, tmp_path_factory) -> str:
     """The local base with a real CPU torch and numpy (tests/support/gitsource.py), made once; a download or
     build that fails is an error of the run, never a skip."""
-    from tests.support.gitsource import ensure_torch_base
-
-    with one_at_a_time("torch-base"):
-        return ensure_torch_base(base_image, tmp_path_factory.mktemp("torch-base"))
+    return bases.ensure_torch(tmp_path_factory.mktemp("torch-base"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,53 @@
+"""The bases the Docker tests build on, made before a run (`make test-bases`, a phase of .ci/run).
+
+`make test` makes them too, in its first fixtures; made beforehand they are made on an idle machine, and
+every group of tests starts its own builds at once instead of waiting for the busy worker that makes them.
+The same locks as the fixtures' (tests/support/once.py): a run started meanwhile waits, then finds them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.docker import image_id
+from tests.support.gitsource import ensure_torch_base
+from tests.support.once import one_at_a_time
+from tests.support.paths import BASE, ROOT
+
+
+def ensure_base_local() -> str:
+    """The local Debian base (scripts/base-local.sh: debootstrap and docker import) when it is missing."""
+    with one_at_a_time("base-local"):
+        if not image_id(BASE):
+            subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), BASE], check=True, timeout=1800)
+    return BASE
+
+
+def ensure_torch(work: Path) -> str:
+    """The local base plus a CPU torch and numpy (tests/support/gitsource.py) when it is missing."""
+    with one_at_a_time("torch-base"):
+        return ensure_torch_base(ensure_base_local(), work)
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="sparkforge-test-bases-"))
+    try:
+        for name, make in (("local base", ensure_base_local), ("torch base", lambda: ensure_torch(work))):
+            t0 = time.monotonic()
+            made = make()
+            print(f"test-bases: the {name} {made} is there ({time.monotonic() - t0:.0f} s)", flush=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, OSError) as exc:
+        print(f"test-bases: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
