@@ -91,9 +91,10 @@ ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 # rest of the builds (the test image first: most of them reuse its layers). A run takes as
 # long as its longest group: on 2 busy cores each large image (a real vLLM wheel, a CPU torch) takes 8 to
 # 20 minutes to install, export and unpack. Two groups may build one plan: the second build waits for the
-# first (sparkforge's own lock) and is served from BuildKit's cache; the bases are made by one worker while
-# the others wait. The git-source builds of all groups fetch from the run's one git server (`git_setup`), so
-# BuildKit runs their fetch steps once. Every worker also takes the tests outside the groups (`make test`).
+# first (sparkforge's own lock) and is served from BuildKit's cache; a base missing at the start (CI makes
+# them before, `make test-bases`) is made by one worker while the others wait. The git-source builds of all
+# groups fetch from the run's one git server (`git_setup`), so BuildKit runs their fetch steps once. Every
+# worker also takes the tests outside the groups (`make test`).
 USER_GROUP = ("tests/cluster/test_user_path.py",)
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
 GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_variants.py": "engine-variants",
