@@ -44,6 +44,9 @@ def main() -> int:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, OSError) as exc:
         print(f"test-bases: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("test-bases: interrupted; a base half-made is not tagged, and the next run makes it", file=sys.stderr)
+        return 130
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

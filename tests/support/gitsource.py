@@ -9,7 +9,6 @@ and vllm/__init__.py before the compile; the shipped install-phase mods follow.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 from sparkforge.recipe import sources
 from tests.support.cli import run_cli
 from tests.support import gitserver
+from tests.support.once import one_at_a_time
 from tests.support.paths import CA, MODS, ROOT, TEST_MODS
 
 TORCH_BASE = "sparkforge-test/base-torch:bookworm"
@@ -154,9 +154,7 @@ RUN_OWNER = "SPARKFORGE_TESTS_OWNER"
 def shared(folder: Path, owner: int, timeout: float = 1800) -> Served:
     """The run's git server in folder, started by the first caller (the others wait for it, then reuse it)."""
     state = folder / "state.json"
-    fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with one_at_a_time("git-server", folder):
         if not state.exists():
             with open(folder / "server.log", "ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", "tests.support.gitsource", str(folder), str(owner)],
@@ -169,8 +167,6 @@ def shared(folder: Path, owner: int, timeout: float = 1800) -> Served:
                     tail = (folder / "server.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"the shared git server did not start:\n{tail}")
                 time.sleep(0.5)
-    finally:
-        os.close(fd)
     fields = json.loads(state.read_text())
     return Served(fields["url"], Path(fields["ca"]), fields["commit"], fields["tag_object"], fields["probe"])
 

@@ -11,10 +11,10 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
-def one_at_a_time(name: str) -> Iterator[None]:
-    """Hold a machine-wide lock named name (an flock under the temp folder) for the block: the second
-    process to ask waits, then finds what the first made (a base image, say) and makes nothing."""
-    path = Path(tempfile.gettempdir()) / f"sparkforge-tests-{name}.lock"
+def one_at_a_time(name: str, folder: Path | None = None) -> Iterator[None]:
+    """Hold a machine-wide lock named name (an flock under the temp folder, or in `folder`) for the block: the
+    second process to ask waits, then finds what the first made (a base image, say) and makes nothing."""
+    path = (folder or Path(tempfile.gettempdir())) / f"sparkforge-tests-{name}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
