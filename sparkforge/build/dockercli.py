@@ -4,8 +4,10 @@ A call that runs to its end goes through proc.run (its own process group, stoppe
 Ctrl-C).
 
 Every call names what it was doing, so a wedged or missing engine becomes one line such as
-"docker image inspect: no answer within 10 s (is the Docker engine wedged or unreachable?)" instead
-of a hang or a traceback. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
+"docker image inspect: no answer within 120 s (is the Docker engine wedged or unreachable?)" instead
+of a hang or a traceback. Whether an engine is alive is asked first, with a short limit (engine_problem);
+calls to a live engine get a longer one, since an engine busy exporting or unpacking a large image
+answers questions about its image store slowly. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
 stops them with the CLI.
 """
 
@@ -28,7 +30,8 @@ from ..errors import SparkforgeError
 from ..files import read_regular
 from ..inimage.contract import parse_json
 
-QUICK = 10.0    # seconds: calls that only ask the engine something (info, inspect, tag)
+QUICK = 10.0    # seconds: whether the engine answers at all (a ping, `docker info`)
+ASK = 120.0     # seconds: calls that read or change the image store (inspect, tag, rm) of a live engine
 LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
 EXIT_GRACE = 60.0  # seconds a streaming child may take to exit once its output has ended
 
@@ -60,18 +63,20 @@ def last_line(text: str | bytes | None, fallback: str) -> str:
 
 # The output is str, or bytes with text=False.
 @overload
-def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
+def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, host: str | None = None,
         check: bool = True, text: Literal[True] = True, **kw: Any) -> subprocess.CompletedProcess[str]: ...
 @overload
-def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
+def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, host: str | None = None,
         check: bool = True, text: Literal[False], **kw: Any) -> subprocess.CompletedProcess[bytes]: ...
-def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK, host: str | None = None,
+def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, host: str | None = None,
         check: bool = True, text: bool = True, **kw: Any) -> subprocess.CompletedProcess[Any]:
     """Run `docker ARGS` through proc.run and return it; raise EngineError on a timeout, a missing CLI or
     (with check) a failure."""
     what = what or "docker " + " ".join(args[:2])
     if shutil.which("docker") is None:
         raise EngineError("the docker CLI is not installed", field=what)
+    if timeout > QUICK and kw.get("env") is None:
+        _require_alive(host)
     kw.setdefault("capture_output", "stdin" not in kw and "stdout" not in kw)
     try:
         done = proc.run(["docker", *args], what=what, env=_env(host, kw.pop("env", None)), timeout=timeout,
@@ -84,6 +89,21 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = QUICK,
     if check and done.returncode != 0:
         raise EngineError(last_line(done.stderr, f"exit code {done.returncode}"), field=what)
     return done
+
+
+_alive: set[str] = set()  # the local engine sockets that answered a ping in this process
+
+
+def _require_alive(host: str | None) -> None:
+    """Before the first longer call to a local engine: raise EngineError, after at most QUICK seconds, unless
+    it answers a ping (a wedged engine is said within seconds, not after the longer call's limit)."""
+    path = _unix_socket(host)
+    if path is None or path in _alive:
+        return
+    problem = _ping(path, QUICK)
+    if problem:
+        raise EngineError(f"the Docker engine does not answer: {problem}", field="docker")
+    _alive.add(path)
 
 
 def inspect_images(*refs: str, host: str | None = None,

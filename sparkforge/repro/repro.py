@@ -76,7 +76,7 @@ def _plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
 
 
-def _docker(host: str | None, *args: str, timeout: float = dockercli.QUICK,
+def _docker(host: str | None, *args: str, timeout: float = dockercli.ASK,
             **kw: Any) -> subprocess.CompletedProcess[str]:
     """`docker ARGS` on `host` (the default engine when None), never the user's current context."""
     return dockercli.run(list(args), host=host, env=_plain_env(), timeout=timeout, check=False, **kw)

@@ -32,9 +32,15 @@ class BuiltImage:
 
 
 def image_id(ref: str) -> str | None:
+    """The ID of the head's image `ref`, None when the engine says there is none; any other answer fails
+    the test with the engine's own words."""
     proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
-                          text=True, timeout=60)
-    return proc.stdout.strip() if proc.returncode == 0 else None
+                          text=True, timeout=300)
+    if proc.returncode == 0:
+        return proc.stdout.strip()
+    assert "no such image" in proc.stderr.lower() or "not found" in proc.stderr.lower(), (
+        f"docker image inspect {ref}: exit {proc.returncode}: {proc.stderr}")
+    return None
 
 
 def config_digest(ref: str, host: str | None = None) -> str:

@@ -89,18 +89,18 @@ def test_check_mods_applies_every_mod_to_the_real_source(cli) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(NOT_NEEDED))
-def test_the_mods_left_out_are_not_needed_in_the_release(name: str, vllm_0300: Path, tmp_path: Path) -> None:
+def test_the_mods_left_out_are_not_needed_in_the_release(name: str, vllm_0300: Path, fast_tmp: Path) -> None:
     m = mod(name)
     assert not SpecifierSet(m.spec.targets.versions).contains("0.30.0")
-    root = sources.scratch_copy(vllm_0300, tmp_path / "root")
+    root = sources.scratch_copy(vllm_0300, fast_tmp / "root")
     result = inimage.apply_mod(materialize(m)[0], Path(m.folder), root)
     assert result.state == inimage.ModState.FAILED
     assert NOT_NEEDED[name] in result.detail, result.detail
 
 
-def test_outdated_sets_every_mod_against_the_newer_releases(tmp_path: Path) -> None:
+def test_outdated_sets_every_mod_against_the_newer_releases(fast_tmp: Path) -> None:
     releases = {"vllm": ["0.29.0", "0.30.0", "0.31.0"], "flashinfer-python": ["0.6.18.post1", "0.7.0"]}
-    report = outdated(plan_variant(LAYOUT, VARIANT), tmp_path, releases=releases.__getitem__)
+    report = outdated(plan_variant(LAYOUT, VARIANT), fast_tmp, releases=releases.__getitem__)
     comps = {c.component: c for c in report.components}
     assert comps["vllm"].newer == ("0.31.0",) and comps["flashinfer"].newer == ("0.7.0",)
     assert report.mods == ("uf17-eager-allreduce", "serve-torchrun")

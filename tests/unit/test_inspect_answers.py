@@ -32,6 +32,8 @@ def fake_docker(tmp_path: Path, monkeypatch, stdout: str, stderr: str, code: int
     script.write_text(f"#!/bin/sh\ncat {tmp_path / 'out'}\ncat {tmp_path / 'err'} >&2\nexit {code}\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    # An engine over TCP, which the fake ignores: no local socket for sparkforge to ping first.
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")
 
 
 NODE = Node("n1", "tcp://10.0.0.1:2375")

@@ -51,8 +51,8 @@ def vllm_0170() -> Path:
 
 
 @pytest.fixture
-def scratch(vllm_0170: Path, tmp_path: Path) -> Path:
-    return sources.scratch_copy(vllm_0170, tmp_path / "root")
+def scratch(vllm_0170: Path, fast_tmp: Path) -> Path:
+    return sources.scratch_copy(vllm_0170, fast_tmp / "root")
 
 
 @pytest.mark.parametrize("name", VLLM_MODS)
@@ -91,30 +91,30 @@ def test_edited_target_fails_with_name_and_reason_and_stays_untouched(name: str,
     assert target.read_text() == edited
 
 
-def test_the_cached_tree_is_never_changed_by_scratch_edits(vllm_0170: Path, tmp_path: Path) -> None:
+def test_the_cached_tree_is_never_changed_by_scratch_edits(vllm_0170: Path, fast_tmp: Path) -> None:
     target = vllm_0170 / "vllm" / "config" / "compilation.py"
     before = target.read_bytes()
-    results = apply_in_scratch([mod("uf17-eager-allreduce")], vllm_0170, tmp_path / "root")
+    results = apply_in_scratch([mod("uf17-eager-allreduce")], vllm_0170, fast_tmp / "root")
     assert results[0][1] == "applied"
     assert target.read_bytes() == before
-    assert (tmp_path / "root" / "vllm" / "config" / "compilation.py").read_bytes() != before
+    assert (fast_tmp / "root" / "vllm" / "config" / "compilation.py").read_bytes() != before
 
 
-def test_the_in_image_applier_is_the_same_code(vllm_0170: Path, tmp_path: Path) -> None:
+def test_the_in_image_applier_is_the_same_code(vllm_0170: Path, fast_tmp: Path) -> None:
     """Run the image-side package as the image build does, on a rendered context, against the real source."""
-    ctx = tmp_path / "ctx"
+    ctx = fast_tmp / "ctx"
     proc = run_cli("render", "ng17", "-o", str(ctx))
     assert proc.returncode == 0, proc.stderr
-    root = sources.scratch_copy(vllm_0170, tmp_path / "site-packages")
+    root = sources.scratch_copy(vllm_0170, fast_tmp / "site-packages")
     tool = ctx / "sparkforge" / "inimage"
     for name in VLLM_MODS:
         assert json.loads((ctx / "mods" / name / "mod.json").read_text())["name"] == name
         cmd = [sys.executable, "-I", str(tool), "apply", str(ctx / "mods" / name), "--root", str(root),
-               "--record", str(tmp_path / f"{name}.json")]
+               "--record", str(fast_tmp / f"{name}.json")]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == f"mod {name}: applied"
-        assert json.loads((tmp_path / f"{name}.json").read_text())["result"] == "applied"
+        assert json.loads((fast_tmp / f"{name}.json").read_text())["result"] == "applied"
         again = subprocess.run(cmd, capture_output=True, text=True)
         assert again.stdout.strip() == f"mod {name}: already applied, skipped"
     # Break the first mod's target: the build step must fail, naming the mod and the hunk.
@@ -135,8 +135,8 @@ def test_check_mods_command_passes_for_ng17(cli) -> None:
     assert "0 failed" in proc.stdout
 
 
-def test_check_mods_fails_on_a_broken_mod(tmp_path: Path, cli) -> None:
-    mods = tmp_path / "mods"
+def test_check_mods_fails_on_a_broken_mod(fast_tmp: Path, cli) -> None:
+    mods = fast_tmp / "mods"
     shutil.copytree(MODS, mods)
     patch = mods / "uf17-eager-allreduce" / "uf17.patch"
     patch.write_text(patch.read_text().replace("             self.cudagraph_mode = CUDAGraphMode.NONE",
@@ -146,9 +146,9 @@ def test_check_mods_fails_on_a_broken_mod(tmp_path: Path, cli) -> None:
     assert "failed" in proc.stdout and "hunk @@" in proc.stdout
 
 
-def test_matrix_finds_where_each_mod_starts_and_stops(tmp_path: Path) -> None:
+def test_matrix_finds_where_each_mod_starts_and_stops(fast_tmp: Path) -> None:
     versions = ["0.16.0", "0.17.0", "0.18.1", "0.19.0"]
-    cells = matrix([mod(n) for n in VLLM_MODS], versions, tmp_path)
+    cells = matrix([mod(n) for n in VLLM_MODS], versions, fast_tmp)
     assert applies_ranges(cells, "uf17-eager-allreduce") == [("0.16.0", "0.19.0")]
     assert applies_ranges(cells, "fix-qwen35-tp4-marlin") == [("0.17.0", "0.18.1")]
     for cell in cells:
@@ -172,15 +172,15 @@ def test_shipped_variants_only_list_mods_that_fit_their_pin() -> None:
 UF17_NEWEST = ["0.29.0", "0.30.0", "0.33.0"]
 
 
-def test_uf17_applies_up_to_the_newest_release_it_declares(tmp_path: Path) -> None:
-    cells = matrix([mod("uf17-eager-allreduce")], UF17_NEWEST, tmp_path)
+def test_uf17_applies_up_to_the_newest_release_it_declares(fast_tmp: Path) -> None:
+    cells = matrix([mod("uf17-eager-allreduce")], UF17_NEWEST, fast_tmp)
     assert [(c.version, c.state, c.declared) for c in cells] == [(v, "applied", True) for v in UF17_NEWEST], \
         [c.detail for c in cells]
 
 
-def test_the_marlin_tp4_fix_stops_where_its_code_moved(tmp_path: Path) -> None:
+def test_the_marlin_tp4_fix_stops_where_its_code_moved(fast_tmp: Path) -> None:
     """0.19.0 moved the GDN layer out of models/; 0.22.0 has upstream's own replication."""
-    cells = matrix([mod("fix-qwen35-tp4-marlin")], ["0.19.0", "0.22.0"], tmp_path)
+    cells = matrix([mod("fix-qwen35-tp4-marlin")], ["0.19.0", "0.22.0"], fast_tmp)
     assert [(c.state, c.declared) for c in cells] == [("failed", False)] * 2
     assert all("no in_proj_ba construction found" in c.detail for c in cells)
 
@@ -206,9 +206,9 @@ def test_new_mod_declares_exactly_the_releases_listed_here(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(NEW_MODS))
-def test_new_mod_applies_to_every_release_it_declares_and_not_after(name: str, tmp_path: Path) -> None:
+def test_new_mod_applies_to_every_release_it_declares_and_not_after(name: str, fast_tmp: Path) -> None:
     declared, after = NEW_MODS[name]
-    cells = matrix([mod(name)], declared + [after], tmp_path)
+    cells = matrix([mod(name)], declared + [after], fast_tmp)
     assert [(c.version, c.state) for c in cells[:-1]] == [(v, "applied") for v in declared], \
         [(c.version, c.detail) for c in cells if c.state != "applied"]
     assert all(c.declared for c in cells[:-1])
@@ -217,11 +217,11 @@ def test_new_mod_applies_to_every_release_it_declares_and_not_after(name: str, t
     assert last.detail.startswith("not needed: "), last.detail
 
 
-def test_marlin_sm12x_edits_the_kernels_and_the_selector(vllm_0170: Path, tmp_path: Path) -> None:
+def test_marlin_sm12x_edits_the_kernels_and_the_selector(vllm_0170: Path, fast_tmp: Path) -> None:
     """A source-phase mod: the kernel host code outside vllm/ is edited in the whole source tree."""
     m = mod("marlin-sm12x-fp8")
     assert m.spec.phase == "source"
-    root = sources.scratch_copy(vllm_0170, tmp_path / "root")
+    root = sources.scratch_copy(vllm_0170, fast_tmp / "root")
     result = inimage.apply_mod(materialize(m)[0], Path(m.folder), root)
     assert result.state == inimage.ModState.APPLIED, result.detail
     for kernel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu"):
@@ -234,9 +234,9 @@ def test_marlin_sm12x_edits_the_kernels_and_the_selector(vllm_0170: Path, tmp_pa
     assert "not current_platform.is_device_capability_family(120):  # sparkforge mod" in selector
 
 
-def test_marlin_sm12x_edits_only_the_kernel_upstream_left_in_0221(tmp_path: Path) -> None:
+def test_marlin_sm12x_edits_only_the_kernel_upstream_left_in_0221(fast_tmp: Path) -> None:
     tree = sources.release_tree("vllm", "0.22.1")
-    root = sources.scratch_copy(tree, tmp_path / "root")
+    root = sources.scratch_copy(tree, fast_tmp / "root")
     m = mod("marlin-sm12x-fp8")
     assert inimage.apply_mod(materialize(m)[0], Path(m.folder), root).state == inimage.ModState.APPLIED
     changed = [rel for rel in ("csrc/quantization/marlin/marlin.cu", "csrc/moe/marlin_moe_wna16/ops.cu",
@@ -245,10 +245,10 @@ def test_marlin_sm12x_edits_only_the_kernel_upstream_left_in_0221(tmp_path: Path
     assert changed == ["csrc/quantization/marlin/marlin.cu"]
 
 
-def test_mtp_exclusion_decides_as_the_seed_describes(vllm_0170: Path, tmp_path: Path) -> None:
+def test_mtp_exclusion_decides_as_the_seed_describes(vllm_0170: Path, fast_tmp: Path) -> None:
     """Run the patched is_layer_excluded itself (its module needs torch, so the method is lifted out)."""
     m = mod("mtp-nvfp4-exclusion")
-    root = sources.scratch_copy(vllm_0170, tmp_path / "root")
+    root = sources.scratch_copy(vllm_0170, fast_tmp / "root")
     assert inimage.apply_mod(materialize(m)[0], Path(m.folder), root).state == inimage.ModState.APPLIED
     text = (root / "vllm/model_executor/layers/quantization/modelopt.py").read_text()
     func = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "is_layer_excluded")

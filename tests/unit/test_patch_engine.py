@@ -498,9 +498,10 @@ def _edited(draw, lines: list[bytes], end: bytes) -> list[bytes]:
 
 
 @pytest.mark.network  # a real vLLM release from the package index
-def test_engine_agrees_with_git_apply_on_edits_of_real_vllm_files(vllm_files: list[bytes]) -> None:
+def test_engine_agrees_with_git_apply_on_edits_of_real_vllm_files(vllm_files: list[bytes], fast_tmp: Path) -> None:
     """The engine's state and bytes are git's rule run directly: on the file the patch was made from,
-    on the new file (the second application) and on a drifted copy."""
+    on the new file (the second application) and on a drifted copy. Each case's folders are made in
+    fast_tmp."""
     tally = Tally()
 
     @settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -508,7 +509,7 @@ def test_engine_agrees_with_git_apply_on_edits_of_real_vllm_files(vllm_files: li
     def check(case) -> None:
         old, new, tool, context, drifted, mutation = case
         assume(old != new)
-        with tempfile.TemporaryDirectory() as tmp_dir:
+        with tempfile.TemporaryDirectory(dir=fast_tmp) as tmp_dir:
             tmp = Path(tmp_dir)
             plain = make_patch(old, new, tool, context, tmp / "make")
             diff = mutate(plain, mutation)

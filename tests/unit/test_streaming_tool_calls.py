@@ -48,8 +48,8 @@ def test_declares_exactly_the_releases_whose_converter_has_the_fault() -> None:
     assert [v for v in releases if spec.contains(v)] == DECLARED
 
 
-def test_applies_to_every_declared_release_and_fails_where_upstream_rewrote_it(tmp_path: Path) -> None:
-    cells = matrix([the_mod()], DECLARED + UPSTREAM_FIXED, tmp_path)
+def test_applies_to_every_declared_release_and_fails_where_upstream_rewrote_it(fast_tmp: Path) -> None:
+    cells = matrix([the_mod()], DECLARED + UPSTREAM_FIXED, fast_tmp)
     assert [(c.version, c.state, c.declared) for c in cells] == (
         [(v, "applied", True) for v in DECLARED] + [(v, "failed", False) for v in UPSTREAM_FIXED]), \
         [(c.version, c.detail) for c in cells]
@@ -60,10 +60,10 @@ def test_applies_to_every_declared_release_and_fails_where_upstream_rewrote_it(t
             sources.release_tree("vllm", cell.version) / SERVING).read_text()
 
 
-def test_second_application_is_detected(tmp_path: Path) -> None:
+def test_second_application_is_detected(fast_tmp: Path) -> None:
     m = the_mod()
     spec = materialize(m)[0]
-    root = sources.scratch_copy(sources.release_tree("vllm", "0.16.0"), tmp_path / "root")
+    root = sources.scratch_copy(sources.release_tree("vllm", "0.16.0"), fast_tmp / "root")
     assert inimage.apply_mod(spec, Path(m.folder), root).state == inimage.ModState.APPLIED
     assert [c for c in inimage.verify_mod(spec, root, in_image=False) if c[1] == inimage.CheckState.FAILED] == []
     assert inimage.apply_mod(spec, Path(m.folder), root).state == inimage.ModState.ALREADY
