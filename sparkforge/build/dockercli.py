@@ -3,12 +3,12 @@
 A call that runs to its end goes through proc.run (its own process group, stopped on the limit and on
 Ctrl-C).
 
-Every call names what it was doing, so a wedged or missing engine becomes one line such as
-"docker image inspect: no answer within 120 s (is the Docker engine wedged or unreachable?)" instead
-of a hang or a traceback. Whether an engine is alive is asked first, with a short limit (engine_problem);
-calls to a live engine get a longer one, since an engine busy exporting or unpacking a large image
-answers questions about its image store slowly. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM
-stops them with the CLI.
+Every call names what it was doing, so a wedged or missing engine becomes one line instead of a hang
+or a traceback. A local engine is pinged first, once per process, with a short limit (QUICK): a dead
+or wedged one is said within seconds. A question to an engine that answered gets a longer limit (ASK):
+a containerd-store engine busy exporting or unpacking a large image answers `docker image inspect`
+slowly. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM stops
+them with the CLI.
 """
 
 from __future__ import annotations
