@@ -178,10 +178,10 @@ def _memory_fs(min_free: int = 2 << 30) -> Path | None:
     try:
         mounts = Path("/proc/mounts").read_text().split("\n")
         tmpfs = any(line.split()[1:3] == [str(shm), "tmpfs"] for line in mounts if line.strip())
-        free = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+        fs = os.statvfs(shm)
     except (OSError, IndexError):
         return None
-    return shm if tmpfs and free >= min_free and os.access(shm, os.W_OK) else None
+    return shm if tmpfs and fs.f_bavail * fs.f_frsize >= min_free and os.access(shm, os.W_OK) else None
 
 
 @pytest.fixture

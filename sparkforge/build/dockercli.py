@@ -100,10 +100,9 @@ def _require_alive(host: str | None) -> None:
     path = _unix_socket(host)
     if path is None or path in _alive:
         return
-    problem = _ping(path, QUICK)
+    problem = engine_problem(host)
     if problem:
-        raise EngineError(f"the Docker engine does not answer: {problem}", field="docker")
-    _alive.add(path)
+        raise EngineError(problem, field="docker")
 
 
 def inspect_images(*refs: str, host: str | None = None,
@@ -186,11 +185,14 @@ def _ping(path: str, timeout: float) -> str | None:
 def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | None:
     """Why no engine can be used (no CLI, not answering), or None when one answers.
 
-    A local unix socket is asked directly (about a millisecond); anything else through `docker info`.
+    A local unix socket is asked directly (about a millisecond), and one that answers is remembered for
+    run(); anything else through `docker info`.
     """
     path = _unix_socket(host)
     if path is not None:
         problem = _ping(path, timeout)
+        if problem is None:
+            _alive.add(path)
         return f"the Docker engine does not answer: {problem}" if problem else None
     try:
         run(["info", "--format", "{{.ServerVersion}}"], what="docker info", timeout=timeout, host=host)
