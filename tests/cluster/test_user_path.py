@@ -160,7 +160,9 @@ def test_a_docker_group_member_locks_builds_pushes_deploys_and_sees_status(
     relock = as_user(user, ws, py, "build.py", "lock", VARIANT, "--no-build")
     assert relock.returncode == 0, relock.stdout + relock.stderr
     again = as_user(user, ws, "make", "image", f"VARIANT={VARIANT}", f"ARGS=--locked --ca-cert {ws / 'ca-bundle.crt'}")
-    assert again.returncode == 0 and "from the wheel cache" in again.stdout, again.stdout[-3000:] + again.stderr[-2000:]
+    said = [line for line in again.stdout.splitlines() if line.startswith("vLLM wheel:")]
+    assert again.returncode == 0 and "from the wheel cache" in again.stdout, (said, again.stdout[-3000:],
+                                                                             again.stderr[-2000:])
     second = json.loads(as_user(user, ws, py, "build.py", "show", VARIANT, "--json").stdout)
     assert second["tag"] != plan["tag"]
     for verb in ("push", "deploy"):
