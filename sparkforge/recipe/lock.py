@@ -205,3 +205,28 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         wheels=wheels,
     )
 
+
+
+def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
+    """The pins `before` resolved that `after` leaves unresolved for the same source (base repository:tag, git
+    repository and ref, Python target): (field, the value `before` holds). Locking again where a registry, remote
+    or index does not answer must not drop a pin that an earlier lock made."""
+    lost: list[tuple[str, str]] = []
+
+    def check(field: str, old: Pinned | None, new: Pinned | None) -> None:
+        if old is not None and new is not None and old.value is not None and new.value is None:
+            lost.append((field, old.value))
+
+    if (before.base.repository, before.base.tag) == (after.base.repository, after.base.tag):
+        check("base.digest", before.base.digest, after.base.digest)
+    if (before.vllm.source, before.vllm.ref) == (after.vllm.source, after.vllm.ref):
+        check("vllm.commit", before.vllm.commit, after.vllm.commit)
+    old_git = {c.name: c for c in before.components if c.kind == "git"}
+    for c in after.components:
+        was = old_git.get(c.name)
+        if c.kind == "git" and was is not None and (was.repo, was.ref) == (c.repo, c.ref):
+            check(f"components.{c.name}.commit", was.commit, c.commit)
+    if before.wheels is not None and after.wheels is not None and before.wheels.python == after.wheels.python \
+            and before.wheels.unresolved is None and after.wheels.unresolved is not None:
+        lost.append(("wheels", f"{len(before.wheels.packages)} wheels"))
+    return lost

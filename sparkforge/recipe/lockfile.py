@@ -355,11 +355,12 @@ def write_lock(path: Path, lock: Lock) -> None:
     write_atomic(path, lock.to_json().encode())
 
 
-def existing_epoch(path: Path) -> int | None:
-    """The SOURCE_DATE_EPOCH of an existing lock, kept when locking again; None if there is none."""
+def existing_lock(path: Path) -> Lock | None:
+    """The lock already at path, which locking again keeps what it can of (its epoch, its pins); None if there is
+    none, or none that reads."""
     if not path.exists():
         return None
     try:
-        return read_lock(path).source_date_epoch
+        return read_lock(path)
     except SparkforgeError:
         return None

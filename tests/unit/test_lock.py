@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from sparkforge.errors import ConfigError
 from sparkforge.repro.diff import diff, diff_snapshots, from_plan
-from sparkforge.recipe.lock import apply_lock, compare, make_lock
+from sparkforge.recipe.lock import apply_lock, compare, lost_pins, make_lock
 from sparkforge.recipe.lockfile import MAX_EPOCH, MIN_EPOCH, Pinned, lock_path, read_lock, write_lock
 from sparkforge.repro.outdated import check_components, newer_releases
 from sparkforge.recipe.sources import SourceUnavailable
@@ -367,3 +367,13 @@ def test_repro_names_the_layer_and_the_files_that_differ(tmp_path: Path) -> None
         ("a.pyc", ("content",)), ("gone", ("only in build 1",)), ("new", ("only in build 2",))]
     _oci_tar(tmp_path / "3.tar", {"a.pyc": b"x1", "same.py": b"s", "gone": b"g"}, "2024-01-01T00:00:00Z")
     assert read_digests(tmp_path / "3.tar").manifest == first.manifest
+
+
+def test_a_pin_the_earlier_lock_made_is_lost_only_for_the_same_source(images: Path) -> None:
+    plan, lock = locked(images)
+    unresolved = make_lock(plan, {"base.digest": Pinned(None, "no answer")}, 1767225600, packages=None,
+                           packages_unresolved="x")
+    assert lost_pins(lock, unresolved) == [("base.digest", DIGEST)]
+    assert lost_pins(unresolved, lock) == []  # a pin gained
+    other_tag = replace(unresolved, base=replace(unresolved.base, tag="other"))
+    assert lost_pins(lock, other_tag) == []  # another base: the old digest is not its
