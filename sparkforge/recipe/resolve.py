@@ -53,6 +53,10 @@ def registry_digest(repository: str, tag: str, *, timeout: float = 15, ca_cert: 
         raise Unreachable(str(exc)) from None
 
 
+ASKS = 2  # times a git remote is asked before `lock` takes it as not answering
+ASK_AGAIN_AFTER = 2.0  # seconds
+
+
 def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
     """The commit a branch, tag or short SHA names on a git remote (a tag is peeled to its commit).
 
@@ -65,14 +69,22 @@ def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
             return gitfetch.resolve(cache_dir() / "git", repo, ref)[1]
         except gitfetch.FetchError as exc:
             raise Unreachable(f"cannot resolve the short commit {ref} in {repo}: {exc}") from None
-    try:
-        proc = run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], what=f"git ls-remote {repo}", capture_output=True,
-                   text=True, timeout=timeout, env=env)
-    except CommandError as exc:
-        raise Unreachable(str(exc)) from None
-    if proc.returncode != 0:
+    failure = ""
+    for attempt in range(ASKS):  # a remote that failed (a dropped connection, a busy server) is asked once more
+        if attempt:
+            time.sleep(ASK_AGAIN_AFTER)
+        try:
+            proc = run(["git", "ls-remote", repo, ref, f"{ref}^{{}}"], what=f"git ls-remote {repo}",
+                       capture_output=True, text=True, timeout=timeout, env=env)
+        except CommandError as exc:
+            failure = str(exc)
+            continue
+        if proc.returncode == 0:
+            break
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        raise Unreachable(f"cannot ask {repo} for {ref}: {tail.removeprefix('fatal: ')}")
+        failure = f"cannot ask {repo} for {ref}: {tail.removeprefix('fatal: ')}"
+    else:
+        raise Unreachable(f"{failure} (asked {ASKS} times)")
     refs = {name: sha for sha, _, name in (line.partition("\t") for line in proc.stdout.splitlines() if "\t" in line)}
     for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
         if name in refs:

@@ -134,3 +134,26 @@ def test_locking_again_where_the_remote_does_not_answer_keeps_the_lock_and_its_p
     other = lock()
     assert other.returncode == 0, other.stdout + other.stderr
     assert "unresolved" in json.loads(path.read_text())["components"]["probe"]["commit"]
+
+
+def test_a_remote_that_fails_once_is_asked_again(server, monkeypatch) -> None:
+    """A dropped connection or a busy server: the second answer counts; two failures are Unreachable."""
+    import subprocess
+
+    from sparkforge.recipe import resolve
+
+    srv, commits = server
+    real_run, calls = resolve.run, []
+
+    def flaky(argv, **kw):
+        calls.append(argv)
+        if len(calls) == 1 or "upstream" not in argv[2]:
+            return subprocess.CompletedProcess(argv, 128, "", "fatal: unable to access: Connection reset by peer\n")
+        return real_run(argv, **kw)
+
+    monkeypatch.setattr(resolve, "run", flaky)
+    monkeypatch.setattr(resolve, "ASK_AGAIN_AFTER", 0.0)
+    assert git_commit(srv.repo_url("upstream"), "v1.0") == commits["upstream"] and len(calls) == 2
+    with pytest.raises(Unreachable, match=r"Connection reset by peer \(asked 2 times\)"):
+        git_commit(srv.repo_url("fork"), "v1.0")
+    assert len(calls) == 4
