@@ -75,5 +75,5 @@ bench-rebuild: $(STAMP) ## the two image stores side by side (bench/stores.py), 
 bench-first-build: $(STAMP) ## time the first build of pypi033's x86-64 counterpart (no compile) against the git-source variant (a compile), both cold; print the ratio and the bytes each downloads
 	$(PY) bench/firstbuild.py
 
-bench-distribute: $(STAMP) ## cold deploys to a namespace cluster (root, sshd): stream vs gzip/zstd/none pushes, a one-mod change, 3 vs 1 node
+bench-distribute: $(STAMP) ## cold deploys to a namespace cluster (root, sshd) from a containerd-store and a classic-store head, side by side: stream vs gzip/zstd/none pushes, a one-mod change, 3 vs 1 node
 	$(PY) bench/distribute.py
