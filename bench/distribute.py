@@ -91,6 +91,8 @@ def store_of() -> str:
     """The image store of the engine DOCKER_HOST names (or the default one)."""
     proc = subprocess.run(["docker", "info", "--format", "{{range .DriverStatus}}{{index . 1}} {{end}}"],
                           capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        sys.exit(f"bench-distribute: the engine does not answer: {proc.stderr.strip()[-300:]}")
     return "containerd" if "io.containerd.snapshotter" in proc.stdout else "classic"
 
 
@@ -127,7 +129,7 @@ def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
     def renamed(compression: str, image: images.HeadImage) -> images.HeadImage:
         """The image under a repository of its own: each head and each kind of push starts from an empty one."""
         repo = f"bench-{store[:3]}-{compression}"
-        return images.HeadImage(f"{repo}/{image.tag.partition('/')[2]}", f"{repo}/{head.moving_tag.partition('/')[2]}",
+        return images.HeadImage(f"{repo}/{image.tag.partition('/')[2]}", f"{repo}/{image.moving_tag.partition('/')[2]}",
                                 image.image_id, image.size, image.identity)
 
     wipe(cluster)
@@ -190,16 +192,21 @@ def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
 def classic_head(where: Path):
     """A classic-store engine of the bench's own, holding the base (sent from the machine's engine)."""
     (engine,) = start_nodes(1, where, CLASSIC, prefix="classic-head")
+    save = subprocess.Popen(["docker", "save", BASE], stdout=subprocess.PIPE)
     try:
-        save = subprocess.Popen(["docker", "save", BASE], stdout=subprocess.PIPE)
         subprocess.run(["docker", "-H", engine.endpoint, "load"], stdin=save.stdout, check=True, capture_output=True,
                        timeout=1800)
         if save.wait(timeout=60) != 0:
             sys.exit(f"bench-distribute: docker save {BASE} failed")
     except BaseException:
+        save.kill()
         stop_nodes([engine], kill=True)
         engine.destroy()
         raise
+    finally:
+        assert save.stdout is not None
+        save.stdout.close()
+        save.wait(timeout=60)
     return engine
 
 
@@ -237,11 +244,11 @@ def main() -> None:
             sys.exit("bench-distribute: the bench's own engine is not on the classic store")
         out["classic"] = measure("classic", cluster, nodes, reg, work)
         os.environ.pop("DOCKER_HOST")
-        print("the two heads side by side (containerd / classic, one run):")
-        print(f"  {'':46} {'classic':>9} {'containerd':>11} {'ratio':>7}")
-        for name, run in out["classic"]["runs"].items():
-            a, b = run["seconds"], out["containerd"]["runs"][name]["seconds"]
-            print(f"  {name[:42] + ' (s)':46} {a:9.1f} {b:11.1f} {b / a:7.2f}")
+        print("the two heads side by side (one run; ratio: containerd / classic):")
+        print(f"  {'':46} {'containerd':>11} {'classic':>9} {'ratio':>7}")
+        for name, run in out["containerd"]["runs"].items():
+            a, b = run["seconds"], out["classic"]["runs"][name]["seconds"]
+            print(f"  {name[:42] + ' (s)':46} {a:11.1f} {b:9.1f} {a / b:7.2f}")
         print(f"  (machine: {os.cpu_count()} CPUs; the heads, the registry and all nodes share it)")
         dest = ROOT / "bench" / "out"
         dest.mkdir(parents=True, exist_ok=True)

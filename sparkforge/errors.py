@@ -66,7 +66,8 @@ class BuildError(SparkforgeError):
 
 
 class DownloadError(SparkforgeError):
-    """A file named by URL could not be fetched (network, TLS, HTTP status): not bad input, so exit 1."""
+    """Something named by URL (a file, a registry, a git remote) could not be reached or fetched (network, TLS,
+    HTTP status): not bad input, so exit 1."""
 
     exit_code = 1
 

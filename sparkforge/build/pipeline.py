@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import BuildError, ConfigError, DownloadError, Hint
+from ..errors import BuildError, ConfigError, Hint
 from ..files import locked
 from ..recipe.config import list_variants
-from ..recipe.lock import apply_lock, check_lock, compare, lost_pins, make_lock, pinned_plan
+from ..recipe.lock import apply_lock, check_lock, compare, keep_pins, make_lock, pinned_plan
 from ..recipe.lockfile import BuiltFrom, Lock, LockedWheels, existing_lock, lock_path, read_lock, write_lock
 from ..recipe.layout import PROJECT_ROOT, Layout
 from ..recipe.plan import Plan, rehash
@@ -341,6 +341,8 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
         raise ConfigError("--no-build and --image exclude each other", field="--image")
     path = lock_path(layout.images_dir, plan.variant)
     before = existing_lock(path)
+    if before is None and path.exists():
+        say(f"{path.name} does not read as a lock: none of its pins, nor its epoch, is kept")
     sde = epoch or (before.source_date_epoch if before else None) or today_epoch()
     pins = resolve_pins(plan, say=say, ca_cert=opts.ca_cert)
     wheels = lock_wheels(plan, opts.ca_cert, say)
@@ -370,18 +372,6 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
                      wheels=wheels)
     write_lock(path, lock)
     return path, lock
-
-
-def keep_pins(path: Path, before: Lock, after: Lock) -> None:
-    """Refuse, with the lock file unchanged, a lock that would drop a pin the earlier lock made: its registry,
-    git remote or index did not answer this time (a network failure, exit 1), and the pin it held is not lost."""
-    lost = lost_pins(before, after)
-    if lost:
-        field, value = lost[0]
-        why = dict(after.unresolved()).get(field, "")
-        raise DownloadError(f"cannot be resolved now ({why}); the lock, which pins it to {value}, is left unchanged: "
-                            "lock again when that answers (or remove the lock file to drop its pins)",
-                            path=path, field=field)
 
 
 def lock_wheels(plan: Plan, ca_cert: Path | None = None,

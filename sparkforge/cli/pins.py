@@ -57,9 +57,10 @@ def lock(
     vLLM and component commits and versions (git remotes are asked for commits the recipe leaves
     open), every Python package a real build installed, each mod's content hash and the
     SOURCE_DATE_EPOCH of builds. What cannot be resolved from here is written as
-    {"unresolved": "<why>"}, never invented; but a pin an earlier lock made is never dropped: when
-    its registry or remote does not answer now, lock exits 1 and leaves the file as it was. Builds
-    then use the lock; `build --locked` refuses a recipe changed after locking.
+    {"unresolved": "<why>"}, never invented; but a pin an earlier lock made is not dropped for want
+    of an answer: when its registry, git remote or index does not answer now, lock exits 1 and
+    leaves the file as it was. Builds then use the lock; `build --locked` refuses a recipe changed
+    after locking.
 
     Examples:
 

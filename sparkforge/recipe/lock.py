@@ -14,7 +14,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from ..errors import ConfigError, Hint
+from ..errors import ConfigError, DownloadError, Hint
 from .lockfile import BuiltFrom, Lock, LockedBase, LockedComponent, LockedVllm, LockedWheels, Pinned
 from .plan import BaseImage, Pin, Plan, rehash
 
@@ -206,15 +206,15 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
     )
 
 
-
 def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
-    """The pins `before` resolved that `after` leaves unresolved for the same source (base repository:tag, git
-    repository and ref, Python target): (field, the value `before` holds). Locking again where a registry, remote
-    or index does not answer must not drop a pin that an earlier lock made."""
+    """The pins `before` resolved that `after` leaves unresolved for the same source, because the source did not
+    answer: (field, the value `before` holds). The same source: the base's repository:tag, a git repository and
+    ref, and for the wheel set the Python target, the vLLM version and the pip components the recipe pins.
+    Locking again where a registry, remote or index does not answer must not drop a pin an earlier lock made."""
     lost: list[tuple[str, str]] = []
 
     def check(field: str, old: Pinned | None, new: Pinned | None) -> None:
-        if old is not None and new is not None and old.value is not None and new.value is None:
+        if old is not None and new is not None and old.value is not None and new.value is None and not new.answered:
             lost.append((field, old.value))
 
     if (before.base.repository, before.base.tag) == (after.base.repository, after.base.tag):
@@ -226,7 +226,35 @@ def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
         was = old_git.get(c.name)
         if c.kind == "git" and was is not None and (was.repo, was.ref) == (c.repo, c.ref):
             check(f"components.{c.name}.commit", was.commit, c.commit)
-    if before.wheels is not None and after.wheels is not None and before.wheels.python == after.wheels.python \
-            and before.wheels.unresolved is None and after.wheels.unresolved is not None:
-        lost.append(("wheels", f"{len(before.wheels.packages)} wheels"))
+    if before.wheels is not None and after.wheels is not None and before.wheels.unresolved is None \
+            and after.wheels.unresolved is not None and _same_requirements(before, after):
+        n = len(before.wheels.packages)
+        lost.append(("wheels", f"a set of {n} wheel{'' if n == 1 else 's'}"))
     return lost
+
+
+def _same_requirements(before: Lock, after: Lock) -> bool:
+    """The wheel set of `after` is asked for what `before`'s was: the Python target, the vLLM release and the
+    pip components (each version the recipe pins; `after`, locked without a build, holds only those)."""
+    assert before.wheels is not None and after.wheels is not None
+    if (before.wheels.python, before.vllm.version, before.vllm.install_deps) != \
+            (after.wheels.python, after.vllm.version, after.vllm.install_deps):
+        return False
+    old_pip = {c.name: c for c in before.components if c.kind == "pip"}
+    new_pip = {c.name: c for c in after.components if c.kind == "pip"}
+    return old_pip.keys() == new_pip.keys() and all(
+        old_pip[n].package == c.package and (c.version is None or c.version.value is None
+                                             or (old_pip[n].version or Pinned(None)).value == c.version.value)
+        for n, c in new_pip.items())
+
+
+def keep_pins(path: Path, before: Lock, after: Lock) -> None:
+    """Refuse, with the lock file unchanged, a lock that would drop a pin the earlier lock made: its registry,
+    git remote or index did not answer this time (a network failure, exit 1), and the pin it held is not lost."""
+    lost = lost_pins(before, after)
+    if lost:
+        field, value = lost[0]
+        more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise DownloadError(f"cannot be resolved now: {dict(after.unresolved()).get(field, 'no answer')}; the lock "
+                            f"file, which pins it to {value}, is left unchanged{more} (a pin written in the recipe "
+                            "is not asked for)", path=path, field=field)

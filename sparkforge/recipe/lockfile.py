@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, TypeAlias, Union
 
@@ -67,6 +67,9 @@ class Pinned:
 
     value: str | None
     unresolved: str | None = None
+    # Unresolved because the source answered that it has no such thing (a tag or branch gone), not because it
+    # did not answer; never written to the file.
+    answered: bool = field(default=False, compare=False)
 
     def show(self) -> str:
         return self.value if self.value is not None else f"unresolved ({self.unresolved})"

@@ -27,6 +27,10 @@ class Unreachable(Exception):
     """A fact cannot be asked from here; the message says why."""
 
 
+class NotFound(Unreachable):
+    """The source answered: it has no such tag, branch or image (an answer, not a failure to ask)."""
+
+
 def split_repository(repository: str) -> tuple[str, str]:
     """(registry host, repository name on it), with Docker Hub's defaults."""
     ref = ImageRef(repository)
@@ -49,7 +53,7 @@ def registry_digest(repository: str, tag: str, *, timeout: float = 15, ca_cert: 
         return client.manifest_digest(name, tag)
     except registry.RegistryError as exc:
         if exc.status == 404:
-            raise Unreachable(f"{host} has no {name}:{tag}") from None
+            raise NotFound(f"{host} has no {name}:{tag}") from None
         raise Unreachable(str(exc)) from None
 
 
@@ -89,7 +93,7 @@ def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
     for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
         if name in refs:
             return refs[name]
-    raise Unreachable(f"{repo} has no branch or tag {ref}")
+    raise NotFound(f"{repo} has no branch or tag {ref}")
 
 
 # ------------------------------------------------------------------ resolving a lock
@@ -114,7 +118,8 @@ def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None,
             pins["base.digest"] = Pinned(registry_digest(b.repository, b.tag, ca_cert=ca_cert))
             say(f"base {b.repository}:{b.tag} is {pins['base.digest'].value}")
         except Unreachable as exc:
-            pins["base.digest"] = Pinned(None, mask_secrets(f"{exc}; lock again where the registry answers"))
+            pins["base.digest"] = Pinned(None, mask_secrets(f"{exc}; lock again where the registry answers"),
+                                         answered=isinstance(exc, NotFound))
             say(f"base {b.repository}:{b.tag}: unresolved: {exc}")
     gits = [("vllm.commit", plan.vllm.repo, plan.vllm.ref, plan.vllm.commit)] if plan.vllm.source == "git" else []
     gits += [(f"components.{c.name}.commit", c.repo, c.ref, c.commit) for c in plan.components if c.kind == "git"]
@@ -125,7 +130,7 @@ def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None,
         try:
             pins[name] = Pinned(git_commit(str(repo), str(ref)))
         except Unreachable as exc:
-            pins[name] = Pinned(None, mask_secrets(f"{exc} (recipe: {pin.unknown})"))
+            pins[name] = Pinned(None, mask_secrets(f"{exc} (recipe: {pin.unknown})"), answered=isinstance(exc, NotFound))
         say(f"{name}: {pins[name].show()}")
     return pins
 

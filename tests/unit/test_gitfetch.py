@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -94,46 +93,6 @@ def test_command_line_reports_one_line_on_failure(server, tmp_path: Path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "no commit starting with fffffff" in err[0]
     assert not (tmp_path / "x").exists()
-
-
-def test_locking_again_where_the_remote_does_not_answer_keeps_the_lock_and_its_pin(tmp_path: Path) -> None:
-    """A lock that resolved a component's commit is not rewritten without it when the remote is down: exit 1, one
-    line naming the lock file and the field, the file unchanged; a recipe that names another ref may drop it."""
-    from tests.support.cli import assert_one_line, run_cli
-    from tests.support.paths import TEST_MODS, VARIANTS
-
-    tree = tmp_path / "tree"
-    (tree / "probe").mkdir(parents=True)
-    (tree / "probe" / "__init__.py").write_text("")
-    (tmp_path / "repos").mkdir()
-    commit = gitserver.init_repo(tmp_path / "repos", "probe", tree, tag="v1.0")
-    srv = gitserver.start(tmp_path / "repos", tmp_path / "certs")
-    images = tmp_path / "images"
-    images.mkdir()
-    recipe = images / "testsmall.yaml"
-    recipe.write_text((VARIANTS / "testsmall.yaml").read_text() + (
-        f"components:\n  probe:\n    git: {srv.repo_url('probe')}\n    ref: v1.0\n"
-        "    commit:\n      unknown: lock resolves it\n    dest: /opt/src/probe\n"))
-    env = {"GIT_SSL_CAINFO": str(srv.ca)}
-
-    def lock():
-        return run_cli("lock", "testsmall", "--no-build", images=images, mods=TEST_MODS, env=env, timeout=300)
-
-    try:
-        first = lock()
-        assert first.returncode == 0, first.stdout + first.stderr
-    finally:
-        srv.stop()
-    path = images / "testsmall.lock.json"
-    written = path.read_bytes()
-    assert json.loads(written)["components"]["probe"]["commit"] == commit
-    assert_one_line(lock(), f"{path}: components.probe.commit: cannot be resolved now", f"pins it to {commit}",
-                    code=1, progress=("  ",))
-    assert path.read_bytes() == written and sorted(p.name for p in images.iterdir()) == [path.name, recipe.name]
-    recipe.write_text(recipe.read_text().replace("ref: v1.0", "ref: v2.0"))  # another source: nothing to keep
-    other = lock()
-    assert other.returncode == 0, other.stdout + other.stderr
-    assert "unresolved" in json.loads(path.read_text())["components"]["probe"]["commit"]
 
 
 def test_a_remote_that_fails_once_is_asked_again(server, monkeypatch) -> None:

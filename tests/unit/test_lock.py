@@ -22,18 +22,20 @@ from hypothesis import strategies as st
 from sparkforge.errors import ConfigError
 from sparkforge.repro.diff import diff, diff_snapshots, from_plan
 from sparkforge.recipe.lock import apply_lock, compare, lost_pins, make_lock
-from sparkforge.recipe.lockfile import MAX_EPOCH, MIN_EPOCH, Pinned, lock_path, read_lock, write_lock
+from sparkforge.recipe.lockfile import MAX_EPOCH, MIN_EPOCH, LockedWheels, Pinned, lock_path, read_lock, write_lock
+from sparkforge.recipe.plan import PythonTarget, WheelPin
 from sparkforge.repro.outdated import check_components, newer_releases
 from sparkforge.recipe.sources import SourceUnavailable
 from sparkforge.recipe.layout import Layout
 from sparkforge.recipe.planner import plan_variant
 from sparkforge.build.render import context_files
-from sparkforge.recipe.resolve import Unreachable, registry_digest, split_repository
+from sparkforge.recipe.resolve import NotFound, Unreachable, registry_digest, split_repository
 from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.repro.repro import compare as compare_images
 from sparkforge.repro.repro import read_digests
-from tests.support.cli import BUILD
-from tests.support.paths import MODS, ROOT
+from tests.support import gitserver
+from tests.support.cli import BUILD, assert_one_line, run_cli
+from tests.support.paths import MODS, ROOT, TEST_MODS, VARIANTS
 from tests.support.recipes import layout, unlocked_images
 
 DIGEST = "sha256:" + "ab" * 32
@@ -285,7 +287,7 @@ def test_registry_digest_follows_the_token_flow_and_asks_for_indexes() -> None:
         assert "application/vnd.docker.distribution.manifest.v2+json" in _Registry.seen[0]["accept"]
         with pytest.raises(Unreachable) as err:
             registry_digest(f"127.0.0.1:{port}/team/base", "2.0")
-        assert type(err.value) is Unreachable and str(err.value) == f"127.0.0.1:{port} has no team/base:2.0"
+        assert type(err.value) is NotFound and str(err.value) == f"127.0.0.1:{port} has no team/base:2.0"
     finally:
         server.shutdown()
 
@@ -377,3 +379,51 @@ def test_a_pin_the_earlier_lock_made_is_lost_only_for_the_same_source(images: Pa
     assert lost_pins(unresolved, lock) == []  # a pin gained
     other_tag = replace(unresolved, base=replace(unresolved.base, tag="other"))
     assert lost_pins(lock, other_tag) == []  # another base: the old digest is not its
+    gone = make_lock(plan, {"base.digest": Pinned(None, "no such tag", answered=True)}, 1767225600, packages=None,
+                     packages_unresolved="x")
+    assert lost_pins(lock, gone) == []  # the registry answered that the tag is gone: nothing to keep
+    target = PythonTarget("3.12", "aarch64-manylinux_2_34")
+    pin = WheelPin("vllm", "0.17.0", (("vllm-0.17.0-cp38-abi3-manylinux_2_28_aarch64.whl", "ab" * 32, 1),))
+    with_set = replace(lock, wheels=LockedWheels(target, "uv", (pin,)))
+    no_answer = replace(unresolved, wheels=LockedWheels(target, None, (), "the index did not answer"))
+    assert lost_pins(with_set, no_answer) == [("base.digest", DIGEST), ("wheels", "a set of 1 wheel")]
+    bumped = replace(no_answer, vllm=replace(no_answer.vllm, version="0.18.0"))
+    assert lost_pins(with_set, bumped) == [("base.digest", DIGEST)]  # another release: another wheel set
+
+
+@pytest.mark.needs("git")
+def test_locking_again_where_the_remote_does_not_answer_keeps_the_lock_and_its_pin(tmp_path: Path) -> None:
+    """A lock that resolved a component's commit is not rewritten without it when the remote is down: exit 1, one
+    line naming the lock file and the field, the file unchanged; a recipe that names another ref may drop it."""
+    tree = tmp_path / "tree"
+    (tree / "probe").mkdir(parents=True)
+    (tree / "probe" / "__init__.py").write_text("")
+    (tmp_path / "repos").mkdir()
+    commit = gitserver.init_repo(tmp_path / "repos", "probe", tree, tag="v1.0")
+    srv = gitserver.start(tmp_path / "repos", tmp_path / "certs")
+    images = tmp_path / "images"
+    images.mkdir()
+    recipe = images / "testsmall.yaml"
+    recipe.write_text((VARIANTS / "testsmall.yaml").read_text() + (
+        f"components:\n  probe:\n    git: {srv.repo_url('probe')}\n    ref: v1.0\n"
+        "    commit:\n      unknown: lock resolves it\n    dest: /opt/src/probe\n"))
+    env = {"GIT_SSL_CAINFO": str(srv.ca)}
+
+    def lock():
+        return run_cli("lock", "testsmall", "--no-build", images=images, mods=TEST_MODS, env=env, timeout=300)
+
+    try:
+        first = lock()
+        assert first.returncode == 0, first.stdout + first.stderr
+    finally:
+        srv.stop()
+    path = images / "testsmall.lock.json"
+    written = path.read_bytes()
+    assert json.loads(written)["components"]["probe"]["commit"] == commit
+    assert_one_line(lock(), f"{path}: components.probe.commit: cannot be resolved now: cannot ask", f"pins it to {commit}",
+                    code=1, progress=("  ",))
+    assert path.read_bytes() == written and sorted(p.name for p in images.iterdir()) == [path.name, recipe.name]
+    recipe.write_text(recipe.read_text().replace("ref: v1.0", "ref: v2.0"))  # another source: nothing to keep
+    other = lock()
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "unresolved" in json.loads(path.read_text())["components"]["probe"]["commit"]
