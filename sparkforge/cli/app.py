@@ -328,6 +328,9 @@ def run() -> None:
     sys.exit(code)
 
 
+INTERRUPTED = 130  # the exit code of Ctrl-C (128 + SIGINT), as a shell gives it
+
+
 def _run_app() -> int:
     try:
         code = app(standalone_mode=False)
@@ -340,11 +343,13 @@ def _run_app() -> int:
     except SparkforgeError as exc:
         return _report(f"error: {exc.render(command_line)}", exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        return _report("interrupted", 130)
+        return _report("interrupted", INTERRUPTED)
     except OSError as exc:  # the world (disk full, read-only, permissions) or a path the user gave that cannot be one
         return _world_failed(exc)
     except RecursionError:
         return _report("error: input nested too deeply to read", 2)
+    if code == INTERRUPTED:  # typer turns Ctrl-C inside a verb into Exit(130), which comes back here as the code
+        return _report("interrupted", INTERRUPTED)
     return code if isinstance(code, int) else 0
 
 
