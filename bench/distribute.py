@@ -105,12 +105,15 @@ def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
     # later build may go on from any of them; on the classic store their layers differ in their bytes. From
     # an empty build cache, the head and the mod-changed build below share one chain, as on a machine that
     # built only this image. This empties the engine's build cache: the bench says so before it does.
+    # The head may hold an earlier build of the same plan (the tests make one); the bench's own build, whose
+    # layers the mod-changed build goes on from, takes the tags (--move-tag), so that this build is what it sends.
     print(f"head on the {store} store: emptying its build cache (docker builder prune --all), so both builds "
-          "share one chain")
+          "share one chain; its builds take the variant's tags (--move-tag)")
     subprocess.run(["docker", "builder", "prune", "--all", "--force"], check=True, capture_output=True)
-    sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
+    sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA, "--move-tag")
     head = images.head_image(plan_of(), state)
-    print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} uncompressed, {len(head.identity.layers)} layers")
+    print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} as the engine counts it (compressed on the "
+          f"containerd store), {len(head.identity.layers)} layers")
 
     def note(name: str, seconds: float, moved: int, what: str) -> None:
         rows[name] = {"seconds": seconds, "bytes": moved, "what": what}
@@ -160,7 +163,8 @@ def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
     mod = plan_of().mods_in("install")[0]
     with open(mods / mod.name / "mod.yaml", "a", encoding="utf-8") as f:
         f.write("# edited by bench-distribute: a new mod digest, hence a new tag\n")
-    sparkforge("--images", str(IMAGES), "--mods", str(mods), "build", VARIANT, "--base", BASE, "--ca-cert", CA)
+    sparkforge("--images", str(IMAGES), "--mods", str(mods), "build", VARIANT, "--base", BASE, "--ca-cert", CA,
+               "--move-tag")
     changed = renamed("zstd", images.head_image(plan_of(mods), state))
     subprocess.run(["docker", "tag", changed.image_id, changed.tag], check=True, capture_output=True)
     settle()

@@ -70,7 +70,7 @@ class HeadImage:
     tag: str  # immutable, e.g. sparkforge/vllm:ng17e-0123456789ab
     moving_tag: str  # e.g. sparkforge/vllm:ng17e
     image_id: str
-    size: int  # uncompressed bytes, as the engine reports
+    size: int  # as the engine reports it: unpacked (classic store) or compressed (containerd); about a save's
     identity: ImageIdentity
 
     @property
