@@ -91,7 +91,9 @@ def push(
     compression: Annotated[Compression, typer.Option("--compression", help="zstd: layers compressed on every core "
                                                      "(Docker 23+ pulls them, both image stores); none: uncompressed, "
                                                      "for a fast LAN; gzip: the engine's own push (one core, any "
-                                                     "Docker).")] = Compression.zstd,
+                                                     "Docker). A containerd-store head sends the layers it built as "
+                                                     "it keeps them (gzip) whatever is chosen; there gzip is "
+                                                     "fastest.")] = Compression.zstd,
 ) -> None:
     """Push a built image's immutable tag and moving tag to a registry.
 
