@@ -39,7 +39,7 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         b, v = plan.base, plan.vllm
         out += [("variant", plan.variant), ("base.repository", b.repository), ("base.tag", b.tag),
                 ("base.digest", _plan_pin(b.digest)), ("vllm.source", v.source), ("vllm.version", v.version),
-                ("vllm.ref", v.ref), ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
+                ("vllm.repo", v.repo if v.source == "git" else None), ("vllm.ref", v.ref), ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
                 ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
                 ("components", [c.name for c in plan.components])]
         for c in plan.components:
@@ -57,7 +57,7 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         lb, lv = lock.base, lock.vllm
         out += [("variant", lock.variant), ("base.repository", lb.repository), ("base.tag", lb.tag),
                 ("base.digest", lb.digest), ("vllm.source", lv.source), ("vllm.version", lv.version),
-                ("vllm.ref", lv.ref), ("vllm.commit", lv.commit), ("vllm.sha256", lv.sha256),
+                ("vllm.repo", lv.repo), ("vllm.ref", lv.ref), ("vllm.commit", lv.commit), ("vllm.sha256", lv.sha256),
                 ("vllm.install_deps", lv.install_deps),
                 ("components", [c.name for c in lock.components])]
         for lc in lock.components:
@@ -120,8 +120,11 @@ def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
     if diffs:
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}; the recipe changed after it "
-                          "was locked", path=path, field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
+        why = "the recipe changed after it was locked"
+        if first.field == "vllm.repo" and lock.vllm.repo is None:
+            why = "the lock was made before locks named the repository of vllm.commit"
+        raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}; {why}", path=path,
+                          field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
 
 
 def apply_lock(plan: Plan, lock: Lock) -> Plan:
@@ -194,7 +197,7 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         base=LockedBase(plan.base.repository, plan.base.tag, pins.get("base.digest", _plan_pin(plan.base.digest))),
         vllm=LockedVllm(v.source, v.version, v.ref,
                         pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps,
-                        v.wheel.sha256 if v.wheel else None),
+                        v.wheel.sha256 if v.wheel else None, v.repo if v.source == "git" else None),
         components=tuple(comps),
         mods=tuple((m.name, m.digest) for m in plan.mods),
         protect=plan.protect,
@@ -219,13 +222,13 @@ def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
 
     if (before.base.repository, before.base.tag) == (after.base.repository, after.base.tag):
         check("base.digest", before.base.digest, after.base.digest)
-    if (before.vllm.source, before.vllm.ref) == (after.vllm.source, after.vllm.ref):
+    if (before.vllm.source, before.vllm.repo, before.vllm.ref) == (after.vllm.source, after.vllm.repo, after.vllm.ref):
         check("vllm.commit", before.vllm.commit, after.vllm.commit)
-    old_git = {c.name: c for c in before.components if c.kind == "git"}
+    old_git = {(c.repo, c.ref): c.commit for c in before.components  # by source: a renamed component keeps it
+               if c.kind == "git" and c.commit is not None and c.commit.value is not None}
     for c in after.components:
-        was = old_git.get(c.name)
-        if c.kind == "git" and was is not None and (was.repo, was.ref) == (c.repo, c.ref):
-            check(f"components.{c.name}.commit", was.commit, c.commit)
+        if c.kind == "git" and (c.repo, c.ref) in old_git:
+            check(f"components.{c.name}.commit", old_git[(c.repo, c.ref)], c.commit)
     if before.wheels is not None and after.wheels is not None and before.wheels.unresolved is None \
             and after.wheels.unresolved is not None and _same_requirements(before, after):
         n = len(before.wheels.packages)

@@ -93,6 +93,7 @@ class LockedVllm:
     commit: Pinned | None  # None for a pypi or wheel source
     install_deps: bool
     sha256: str | None = None  # a wheel source: the wheel's hash
+    repo: str | None = None  # a git source: the repository the commit is from (None in a lock made before it was kept)
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ class Lock:
             "variant": self.variant,
             "source_date_epoch": self.source_date_epoch,
             "base": {"repository": self.base.repository, "tag": self.base.tag, "digest": self.base.digest.to_json()},
-            "vllm": _drop_none({"source": self.vllm.source, "version": self.vllm.version, "ref": self.vllm.ref,
+            "vllm": _drop_none({"source": self.vllm.source, "version": self.vllm.version, "repo": self.vllm.repo,
+                                "ref": self.vllm.ref,
                                 "commit": self.vllm.commit.to_json() if self.vllm.commit else None,
                                 "sha256": self.vllm.sha256, "install_deps": self.vllm.install_deps}),
             "components": {c.name: _drop_none({
@@ -212,6 +214,7 @@ class _Base(Strict):
 class _Vllm(Strict):
     source: Literal["git", "pypi", "wheel", "base"]
     version: PipVersion
+    repo: Optional[GitUrl] = None
     ref: Optional[GitRef] = None
     commit: Union[Commit, _Unresolved, None] = None
     sha256: Optional[Sha256] = None
@@ -326,7 +329,7 @@ def read_lock(path: Path) -> Lock:
         source_date_epoch=data.source_date_epoch,
         base=LockedBase(data.base.repository, data.base.tag, _pin(data.base.digest) or Pinned(None, "")),
         vllm=LockedVllm(data.vllm.source, data.vllm.version, data.vllm.ref, _pin(data.vllm.commit),
-                        data.vllm.install_deps, data.vllm.sha256),
+                        data.vllm.install_deps, data.vllm.sha256, data.vllm.repo),
         components=tuple(LockedComponent(name, c.kind, c.package, _pin(c.version), c.repo, c.ref, _pin(c.commit),
                                          c.dest) for name, c in sorted(data.components.items())),
         mods=tuple((m.name, m.digest) for m in data.mods),

@@ -138,6 +138,30 @@ def test_build_locked_refuses_an_edited_recipe_before_docker(images: Path, cli) 
     assert line.startswith("error: ") and "ng17.lock.json: vllm.ref: recipe says v0.17.1, lock says v0.17.0" in line
 
 
+def test_a_recipe_moved_to_a_fork_at_the_same_ref_is_not_built_from_the_locked_commit(images: Path, cli) -> None:
+    """The lock names the repository its vLLM commit came from: a fork at the same ref is another source, and an
+    older lock that names none is refused with its own reason."""
+    plan, lock = locked(images, "ng17")
+    assert lock.vllm.repo == "https://github.com/vllm-project/vllm.git" and compare(plan, lock) == []
+    edit(images, "ng17", "  repo: https://github.com/vllm-project/vllm.git", "  repo: https://git.example/someone/vllm.git")
+    assert_one_line(cli("--images", str(images), "build", "ng17", "--locked"),
+                    "ng17.lock.json: vllm.repo: recipe says https://git.example/someone/vllm.git, lock says "
+                    "https://github.com/vllm-project/vllm.git; the recipe changed after it was locked")
+    fork = plan_variant(layout(images), "ng17")
+    unanswered = make_lock(fork, {"vllm.commit": Pinned(None, "no answer")}, 1767225600, packages=None,
+                           packages_unresolved="x")
+    assert ("vllm.commit", lock.vllm.commit.value) not in lost_pins(lock, unanswered)  # not the fork's to keep
+
+    edit(images, "ng17", "  repo: https://git.example/someone/vllm.git", "  repo: https://github.com/vllm-project/vllm.git")
+    path = lock_path(images, "ng17")
+    raw = json.loads(path.read_text())
+    del raw["vllm"]["repo"]  # as a lock made before locks named it
+    path.write_text(json.dumps(raw))
+    assert_one_line(cli("--images", str(images), "build", "ng17", "--locked"),
+                    "vllm.repo: recipe says https://github.com/vllm-project/vllm.git, lock says nothing; the lock "
+                    "was made before locks named the repository of vllm.commit")
+
+
 def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
     proc = cli("--images", str(images), "build", "ng16", "--locked")
     assert proc.returncode == 2
@@ -389,6 +413,16 @@ def test_a_pin_the_earlier_lock_made_is_lost_only_for_the_same_source(images: Pa
     assert lost_pins(with_set, no_answer) == [("base.digest", DIGEST), ("wheels", "a set of 1 wheel")]
     bumped = replace(no_answer, vllm=replace(no_answer.vllm, version="0.18.0"))
     assert lost_pins(with_set, bumped) == [("base.digest", DIGEST)]  # another release: another wheel set
+    commit = "cd" * 20
+    cutlass = next(c for c in lock.components if c.kind == "git")
+    had = replace(lock, components=tuple(replace(c, commit=Pinned(commit)) if c is cutlass else c
+                                         for c in lock.components))
+    renamed = replace(unresolved, components=tuple(replace(c, name="cutlass44", commit=Pinned(None, "no answer"))
+                                                   if c.name == cutlass.name else c for c in unresolved.components))
+    assert ("components.cutlass44.commit", commit) in lost_pins(had, renamed)  # the same repo and ref, renamed
+    moved = replace(renamed, components=tuple(replace(c, ref="v4.5.0") if c.name == "cutlass44" else c
+                                              for c in renamed.components))
+    assert [f for f, _ in lost_pins(had, moved) if f.startswith("components.")] == []  # another ref
 
 
 @pytest.mark.needs("git")
