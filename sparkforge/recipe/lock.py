@@ -39,7 +39,8 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         b, v = plan.base, plan.vllm
         out += [("variant", plan.variant), ("base.repository", b.repository), ("base.tag", b.tag),
                 ("base.digest", _plan_pin(b.digest)), ("vllm.source", v.source), ("vllm.version", v.version),
-                ("vllm.repo", v.repo if v.source == "git" else None), ("vllm.ref", v.ref), ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
+                ("vllm.repo", v.repo if v.source == "git" else None), ("vllm.ref", v.ref),
+                ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
                 ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
                 ("components", [c.name for c in plan.components])]
         for c in plan.components:
@@ -57,8 +58,8 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         lb, lv = lock.base, lock.vllm
         out += [("variant", lock.variant), ("base.repository", lb.repository), ("base.tag", lb.tag),
                 ("base.digest", lb.digest), ("vllm.source", lv.source), ("vllm.version", lv.version),
-                ("vllm.repo", lv.repo), ("vllm.ref", lv.ref), ("vllm.commit", lv.commit), ("vllm.sha256", lv.sha256),
-                ("vllm.install_deps", lv.install_deps),
+                ("vllm.repo", lv.repo), ("vllm.ref", lv.ref), ("vllm.commit", lv.commit),
+                ("vllm.sha256", lv.sha256), ("vllm.install_deps", lv.install_deps),
                 ("components", [c.name for c in lock.components])]
         for lc in lock.components:
             out += [(f"components.{lc.name}.kind", lc.kind), (f"components.{lc.name}.package", lc.package),
@@ -222,7 +223,9 @@ def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
 
     if (before.base.repository, before.base.tag) == (after.base.repository, after.base.tag):
         check("base.digest", before.base.digest, after.base.digest)
-    if (before.vllm.source, before.vllm.repo, before.vllm.ref) == (after.vllm.source, after.vllm.repo, after.vllm.ref):
+    # A lock made before locks named vLLM's repository is taken to be of the recipe's: kept, not lost.
+    if (before.vllm.source, before.vllm.repo or after.vllm.repo, before.vllm.ref) == \
+            (after.vllm.source, after.vllm.repo, after.vllm.ref):
         check("vllm.commit", before.vllm.commit, after.vllm.commit)
     old_git = {(c.repo, c.ref): c.commit for c in before.components  # by source: a renamed component keeps it
                if c.kind == "git" and c.commit is not None and c.commit.value is not None}

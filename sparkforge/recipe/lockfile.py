@@ -93,7 +93,7 @@ class LockedVllm:
     commit: Pinned | None  # None for a pypi or wheel source
     install_deps: bool
     sha256: str | None = None  # a wheel source: the wheel's hash
-    repo: str | None = None  # a git source: the repository the commit is from (None in a lock made before it was kept)
+    repo: str | None = None  # a git source: the commit's repository (None in a lock made before locks named it)
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,8 @@ def test_a_recipe_moved_to_a_fork_at_the_same_ref_is_not_built_from_the_locked_c
     older lock that names none is refused with its own reason."""
     plan, lock = locked(images, "ng17")
     assert lock.vllm.repo == "https://github.com/vllm-project/vllm.git" and compare(plan, lock) == []
-    edit(images, "ng17", "  repo: https://github.com/vllm-project/vllm.git", "  repo: https://git.example/someone/vllm.git")
+    upstream, fork_url = "https://github.com/vllm-project/vllm.git", "https://git.example/someone/vllm.git"
+    edit(images, "ng17", f"  repo: {upstream}", f"  repo: {fork_url}")
     assert_one_line(cli("--images", str(images), "build", "ng17", "--locked"),
                     "ng17.lock.json: vllm.repo: recipe says https://git.example/someone/vllm.git, lock says "
                     "https://github.com/vllm-project/vllm.git; the recipe changed after it was locked")
@@ -151,8 +152,12 @@ def test_a_recipe_moved_to_a_fork_at_the_same_ref_is_not_built_from_the_locked_c
     unanswered = make_lock(fork, {"vllm.commit": Pinned(None, "no answer")}, 1767225600, packages=None,
                            packages_unresolved="x")
     assert ("vllm.commit", lock.vllm.commit.value) not in lost_pins(lock, unanswered)  # not the fork's to keep
+    same = make_lock(plan, {"vllm.commit": Pinned(None, "no answer")}, 1767225600, packages=None,
+                     packages_unresolved="x")
+    older = replace(lock, vllm=replace(lock.vllm, repo=None))  # a lock made before locks named the repository
+    assert ("vllm.commit", lock.vllm.commit.value) in lost_pins(older, same)  # kept: relocking is refused
 
-    edit(images, "ng17", "  repo: https://git.example/someone/vllm.git", "  repo: https://github.com/vllm-project/vllm.git")
+    edit(images, "ng17", f"  repo: {fork_url}", f"  repo: {upstream}")
     path = lock_path(images, "ng17")
     raw = json.loads(path.read_text())
     del raw["vllm"]["repo"]  # as a lock made before locks named it
