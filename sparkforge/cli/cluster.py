@@ -93,7 +93,7 @@ def push(
                                                      "for a fast LAN; gzip: the engine's own push (one core, any "
                                                      "Docker). A containerd-store head sends the layers it built as "
                                                      "it keeps them (gzip) whatever is chosen; there gzip is "
-                                                     "fastest.")] = Compression.zstd,
+                                                     "fastest, where the engine trusts the registry.")] = Compression.zstd,
 ) -> None:
     """Push a built image's immutable tag and moving tag to a registry.
 
@@ -113,6 +113,10 @@ def push(
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
               f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
+    if result.layers_as_stored:
+        out.print(f"note: {result.layers_as_stored} of the image's layers are kept compressed by this engine (the "
+                  f"containerd image store) and went as they are, not {compression.value}; here `--compression gzip` "
+                  "(the engine's own push) sends them faster, where this engine trusts the registry")
 
 
 @app.command()

@@ -44,6 +44,7 @@ class PushResult:
     layers_present: int
     bytes_pushed: int  # as the engine reports its upload progress
     seconds: float
+    layers_as_stored: int = 0  # of the image's layers: sent as the engine keeps them, already compressed
 
 
 def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None = None,
@@ -214,12 +215,11 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
     """Push without the engine: `docker save`, layers compressed with zstd on every core (or not at all).
 
-    The engine's own push gzips on one core, which bounds a cold deploy. Here each uncompressed
-    layer of the saved image is compressed by `zstd -T0` and streamed to the registry; a layer the
-    registry already holds (by the digest recorded for it at an earlier push) is not sent again.
-    A layer the engine keeps compressed (the containerd image store keeps what BuildKit built as
-    gzip) is sent as it is, under its own digest. The saved manifest.json says which blob is the
-    config and the order of the layers, on both stores.
+    The engine's own push gzips on one core, which bounds a cold deploy. Here each uncompressed layer of the saved
+    image is compressed by `zstd -T0` and streamed to the registry; a layer the registry already holds (by the digest
+    recorded for it at an earlier push) is not sent again. A layer the engine keeps compressed (the containerd image
+    store keeps what BuildKit built as gzip) is sent as it is, under its own digest. The saved manifest.json says
+    which blob is the config and the order of the layers, on both stores.
     """
     if compression not in LAYER_TYPES:
         raise DistributeError(f"unknown compression {compression!r}; choose gzip, zstd or none", field="--compression")
@@ -266,9 +266,9 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
 
     update_state(state_dir, repo, remember)
     record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
-    distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
-    return PushResult(tuple(refs), digest, distinct - saved.present, saved.present, saved.sent,
-                      time.monotonic() - t0)
+    distinct = {layer.digest: layer for layer in order}  # a layer may stand twice in an image (empty ones)
+    return PushResult(tuple(refs), digest, len(distinct) - saved.present, saved.present, saved.sent,
+                      time.monotonic() - t0, sum(layer.as_stored for layer in distinct.values()))
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ test still makes its own preconditions, so it also passes alone, only slower.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
 import tarfile
 import threading
+import urllib.request
 
 import pytest
 
@@ -22,6 +24,7 @@ from tests.support.cli import run_cli as sparkforge
 from tests.support.docker import BASE, VARIANTS, config_digest
 from tests.support.paths import ROOT, TEST_MODS
 from sparkforge.distribute import deploy, images, stream
+from sparkforge.distribute.push import LAYER_TYPES, STORED_TYPES
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.recipe.layout import Layout
 from sparkforge.recipe.planner import plan_variant
@@ -156,11 +159,20 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_node(nodes, cluster_file, t
     assert [n.docker("images", "-qa").stdout for n in nodes] == before
 
 
-def test_push_puts_both_tags_in_the_registry(pushed, registry, test_image) -> None:
+def test_push_puts_both_tags_in_the_registry(pushed, registry, test_image, shown) -> None:
     repo, _, tag = test_image.tag.rpartition(":")
     assert registry.has_tag(repo, tag)
     assert registry.has_tag(repo, test_image.moving_tag.rpartition(":")[2])
     assert f"pushed {registry.address}/{test_image.tag}" in pushed.stdout
+    # The head is on the containerd store (`shown`): the layers BuildKit built went as it keeps them (gzip), not as
+    # the zstd asked for, and push says how many.
+    request = urllib.request.Request(f"http://{registry.address}/v2/{repo}/manifests/{tag}",
+                                     headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        layers = json.load(resp)["layers"]
+    gzip = {layer["digest"] for layer in layers if layer["mediaType"].endswith("+gzip")}
+    assert gzip and {layer["mediaType"] for layer in layers} <= {LAYER_TYPES["zstd"], STORED_TYPES["gzip"]}
+    assert f"note: {len(gzip)} of the image's layers are kept compressed by this engine" in pushed.stdout
 
 
 def ensure_current(head, registry, *nodes) -> None:
