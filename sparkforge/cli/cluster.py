@@ -113,10 +113,12 @@ def push(
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
               f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
-    if result.layers_as_stored:
-        out.print(f"note: {result.layers_as_stored} of the image's layers are kept compressed by this engine (the "
-                  f"containerd image store) and went as they are, not {compression.value}; here `--compression gzip` "
-                  "(the engine's own push) sends them faster, where this engine trusts the registry")
+    for stored, n in result.sent_as_stored:
+        if stored != compression.value:
+            faster = ("; here `--compression gzip` (the engine's own push) makes a first deploy faster, where this "
+                      "engine trusts the registry") if stored == "gzip" else ""
+            out.print(f"note: {n} layer{'' if n == 1 else 's'} went as this engine keeps them ({stored}), not "
+                      f"{compression.value}: the containerd image store keeps what BuildKit built compressed{faster}")
 
 
 @app.command()

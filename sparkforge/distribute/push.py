@@ -1,10 +1,9 @@
 """Push stage of distribution: the head puts both tags of an image in a registry.
 
-Two ways: the engine's own push (gzip on one core, any Docker; :func:`push_image`), or by blobs
-(:func:`push_blobs`): one `docker save`, each layer compressed with zstd on every core (or not at
-all) and streamed to the registry, then the manifest under the immutable tag and, last, the
-moving tag. Either way the manifest digest the registry stored is recorded on the head, as one
-more name of the image (:func:`.images.record_manifest`).
+Two ways: the engine's own push (gzip on one core, any Docker; :func:`push_image`), or by blobs (:func:`push_blobs`):
+one `docker save`, each layer compressed with zstd on every core (or not at all) and streamed to the registry, then
+the manifest under the immutable tag and, last, the moving tag. Either way the manifest digest the registry stored is
+recorded on the head, as one more name of the image (:func:`.images.record_manifest`).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ class PushResult:
     layers_present: int
     bytes_pushed: int  # as the engine reports its upload progress
     seconds: float
-    layers_as_stored: int = 0  # of the image's layers: sent as the engine keeps them, already compressed
+    sent_as_stored: tuple[tuple[str, int], ...] = ()  # (gzip or zstd, n): layers sent as the engine keeps them
 
 
 def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None = None,
@@ -116,8 +115,7 @@ def _layer_names(registry: Registry, repo: str, digest: str, diff_ids: tuple[str
 
 
 def _push_error(event: dict[str, Any]) -> str | None:
-    """The failure a push progress event reports, in one line: its `errorDetail.message` (what every release
-    sends) or its older `error` string; None when the event reports none."""
+    """The failure a push event reports, in one line: `errorDetail.message`, or the older `error`; else None."""
     detail = event.get("errorDetail")
     if not detail and "error" not in event:
         return None
@@ -167,6 +165,7 @@ class _SavedImage:
         self.small: dict[str, bytes] = {}  # blobs that are not layers: config, manifests
         self.manifest: bytes | None = None
         self.sent = self.present = 0
+        self.sent_as_stored: dict[str, int] = {}  # layers uploaded as the engine keeps them, by their compression
 
     def take(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> Layer | None:
         """Read one member of the saved image; the layer when it is one."""
@@ -185,6 +184,7 @@ class _SavedImage:
             else:
                 _upload_layer(self.client, self.repo, data, "none", digest)
                 self.sent += member.size
+                self.sent_as_stored[stored] = self.sent_as_stored.get(stored, 0) + 1
             layer = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
         elif digest in self.diff_ids:  # an uncompressed layer: its name is its diff id
             again = (self.known.get(digest) or {}).get(self.compression)
@@ -266,9 +266,9 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
 
     update_state(state_dir, repo, remember)
     record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
-    distinct = {layer.digest: layer for layer in order}  # a layer may stand twice in an image (empty ones)
-    return PushResult(tuple(refs), digest, len(distinct) - saved.present, saved.present, saved.sent,
-                      time.monotonic() - t0, sum(layer.as_stored for layer in distinct.values()))
+    distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
+    return PushResult(tuple(refs), digest, distinct - saved.present, saved.present, saved.sent,
+                      time.monotonic() - t0, tuple(sorted(saved.sent_as_stored.items())))
 
 
 @dataclass(frozen=True)

@@ -111,8 +111,11 @@ def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
         else:
             same = a == b
         if not same:
-            out.append(Mismatch(name, _show(a), _show(b)))
+            out.append(Mismatch(name, _show(a), OLDER_LOCK if name == "vllm.repo" and b is None else _show(b)))
     return out
+
+
+OLDER_LOCK = "nothing (the lock was made before locks named vLLM's repository)"
 
 
 def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
@@ -121,10 +124,8 @@ def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
     if diffs:
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        why = "the recipe changed after it was locked"
-        if first.field == "vllm.repo" and lock.vllm.repo is None:
-            why = "the lock was made before locks named the repository of vllm.commit"
-        raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}; {why}", path=path,
+        why = "" if first.lock == OLDER_LOCK else "; the recipe changed after it was locked"
+        raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}{why}", path=path,
                           field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
 
 
@@ -227,11 +228,15 @@ def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
     if (before.vllm.source, before.vllm.repo or after.vllm.repo, before.vllm.ref) == \
             (after.vllm.source, after.vllm.repo, after.vllm.ref):
         check("vllm.commit", before.vllm.commit, after.vllm.commit)
-    old_git = {(c.repo, c.ref): c.commit for c in before.components  # by source: a renamed component keeps it
-               if c.kind == "git" and c.commit is not None and c.commit.value is not None}
-    for c in after.components:
-        if c.kind == "git" and (c.repo, c.ref) in old_git:
-            check(f"components.{c.name}.commit", old_git[(c.repo, c.ref)], c.commit)
+    named = {c.name: c for c in before.components if c.kind == "git"}
+    by_source = {(c.repo, c.ref): c.commit for c in before.components  # what a renamed component had
+                 if c.kind == "git" and c.commit is not None and c.commit.value is not None}
+    for c in (c for c in after.components if c.kind == "git"):
+        was = named.get(c.name)
+        if was is not None and (was.repo, was.ref) == (c.repo, c.ref):
+            check(f"components.{c.name}.commit", was.commit, c.commit)
+        elif was is None and (c.repo, c.ref) in by_source:
+            check(f"components.{c.name}.commit", by_source[(c.repo, c.ref)], c.commit)
     if before.wheels is not None and after.wheels is not None and before.wheels.unresolved is None \
             and after.wheels.unresolved is not None and _same_requirements(before, after):
         n = len(before.wheels.packages)

@@ -238,7 +238,7 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
         base=(("base", base),),
         os_packages=_os_packages(lock.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
-              ("repo", "none" if v.source != "git" else None), ("install_deps", _yes(v.install_deps)),
+              ("repo", "none" if v.source != "git" else v.repo), ("install_deps", _yes(v.install_deps)),
               ("wheel", None))
         + (_wheels(lock.wheels.python, lock.wheels.packages, lock.wheels.unresolved) if lock.wheels else _wheels(None, ())),
         components=tuple(comps),

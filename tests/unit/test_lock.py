@@ -162,9 +162,12 @@ def test_a_recipe_moved_to_a_fork_at_the_same_ref_is_not_built_from_the_locked_c
     raw = json.loads(path.read_text())
     del raw["vllm"]["repo"]  # as a lock made before locks named it
     path.write_text(json.dumps(raw))
-    assert_one_line(cli("--images", str(images), "build", "ng17", "--locked"),
-                    "vllm.repo: recipe says https://github.com/vllm-project/vllm.git, lock says nothing; the lock "
-                    "was made before locks named the repository of vllm.commit")
+    older = ("vllm.repo: recipe says https://github.com/vllm-project/vllm.git, lock says nothing (the lock was made "
+             "before locks named vLLM's repository)")
+    assert "recipe changed" not in assert_one_line(cli("--images", str(images), "build", "ng17", "--locked"),
+                                                   older, "lock it again with")
+    shown = cli("--images", str(images), "show", "ng17")  # without --locked: not applied, and the warning says why
+    assert shown.returncode == 0 and f"warning: ng17.lock.json not used: {older}" in shown.stderr, shown.stderr
 
 
 def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
@@ -260,6 +263,14 @@ def test_diff_between_locks_and_cli(images: Path, cli) -> None:
     assert "~ vllm: 0.17.0 -> 0.17.1rc1.dev158" in proc.stdout
     assert ("mods        same: marlin-sm12x-fp8, mtp-nvfp4-exclusion, uf17-eager-allreduce, fix-qwen35-tp4-marlin, "
             "serve-torchrun") in proc.stdout
+    # A lock of a fork at the same ref and commit is not the same vLLM.
+    fork = images / "fork.lock.json"
+    raw = json.loads(lock_path(images, "ng17").read_text())
+    raw["vllm"]["repo"] = "https://git.example/someone/vllm.git"
+    fork.write_text(json.dumps(raw))
+    proc = cli("--images", str(images), "diff", str(lock_path(images, "ng17")), str(fork))
+    assert proc.returncode == 0, proc.stderr
+    assert "~ repo: https://github.com/vllm-project/vllm.git -> https://git.example/someone/vllm.git" in proc.stdout
 
 
 # ------------------------------------------------------------------ registry digest, with the token flow
@@ -428,6 +439,11 @@ def test_a_pin_the_earlier_lock_made_is_lost_only_for_the_same_source(images: Pa
     moved = replace(renamed, components=tuple(replace(c, ref="v4.5.0") if c.name == "cutlass44" else c
                                               for c in renamed.components))
     assert [f for f, _ in lost_pins(had, moved) if f.startswith("components.")] == []  # another ref
+    twin = replace(cutlass, name="zz-cutlass-twin", commit=Pinned("ef" * 20))  # the same source, its own pin
+    unanswered = tuple(replace(c, commit=Pinned(None, "no answer")) if c.name == cutlass.name else c
+                       for c in unresolved.components)
+    assert ("components.cutlass.commit", commit) in lost_pins(replace(had, components=had.components + (twin,)),
+                                                              replace(unresolved, components=unanswered))
 
 
 @pytest.mark.needs("git")
