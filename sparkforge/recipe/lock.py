@@ -26,6 +26,7 @@ class Mismatch:
     field: str
     recipe: str
     lock: str
+    recipe_changed: bool = True  # False: the lock does not record the field (made before locks did)
 
 
 def _plan_pin(pin: Pin) -> Pinned:
@@ -39,7 +40,7 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         b, v = plan.base, plan.vllm
         out += [("variant", plan.variant), ("base.repository", b.repository), ("base.tag", b.tag),
                 ("base.digest", _plan_pin(b.digest)), ("vllm.source", v.source), ("vllm.version", v.version),
-                ("vllm.repo", v.repo if v.source == "git" else None), ("vllm.ref", v.ref),
+                ("vllm.repo", v.repo), ("vllm.ref", v.ref),
                 ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
                 ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
                 ("components", [c.name for c in plan.components])]
@@ -110,12 +111,12 @@ def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
             same = (a.value if isinstance(a, Pinned) else a) == (b.value if isinstance(b, Pinned) else b)
         else:
             same = a == b
-        if not same:
-            out.append(Mismatch(name, _show(a), OLDER_LOCK if name == "vllm.repo" and b is None else _show(b)))
+        if name == "vllm.repo" and b is None and a is not None:
+            out.append(Mismatch(name, _show(a), "nothing (the lock was made before locks named vLLM's repository)",
+                                recipe_changed=False))
+        elif not same:
+            out.append(Mismatch(name, _show(a), _show(b)))
     return out
-
-
-OLDER_LOCK = "nothing (the lock was made before locks named vLLM's repository)"
 
 
 def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
@@ -124,7 +125,7 @@ def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
     if diffs:
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        why = "" if first.lock == OLDER_LOCK else "; the recipe changed after it was locked"
+        why = "; the recipe changed after it was locked" if first.recipe_changed else ""
         raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}{why}", path=path,
                           field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
 
@@ -199,7 +200,7 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         base=LockedBase(plan.base.repository, plan.base.tag, pins.get("base.digest", _plan_pin(plan.base.digest))),
         vllm=LockedVllm(v.source, v.version, v.ref,
                         pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps,
-                        v.wheel.sha256 if v.wheel else None, v.repo if v.source == "git" else None),
+                        v.wheel.sha256 if v.wheel else None, v.repo),
         components=tuple(comps),
         mods=tuple((m.name, m.digest) for m in plan.mods),
         protect=plan.protect,
