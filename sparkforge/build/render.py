@@ -107,7 +107,7 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         source_mods=plan.mods_in("source"),
         install_mods=plan.mods_in("install"),
         # What the kernel scan reads: the installed distributions' libraries, and the git components' trees.
-        scan_dists=list(dict.fromkeys(["vllm"]
+        scan_dists=list(dict.fromkeys([plan.vllm.package]
                                       + [str(c.package).split("[")[0] for c in plan.components if c.kind == "pip"]
                                       + list(plan.kernels_scan))),
         scan_roots=[c.dest for c in plan.components if c.kind == "git"],
@@ -157,7 +157,7 @@ def plan_document(plan: Plan) -> PlanDoc:
         variant=plan.variant, chain=plan.chain, tag=plan.tag, plan_hash=plan.plan_hash,
         base=BaseDoc(repository=plan.base.repository, tag=plan.base.tag, digest=_pin(plan.base.digest)),
         vllm=VllmDoc(source=VllmSource(v.source), version=v.version, repo=v.repo, ref=v.ref, commit=_pin(v.commit),
-                     install_deps=v.install_deps, wheel=wheel),
+                     install_deps=v.install_deps, wheel=wheel, package=v.package),
         components=tuple(ComponentDoc(name=c.name, kind=ComponentKind(c.kind), package=c.package,
                                       version=_pin(c.version), repo=c.repo, ref=c.ref, commit=_pin(c.commit),
                                       dest=c.dest, pip_install=c.pip_install) for c in plan.components),

@@ -1,20 +1,19 @@
 """Smoke stage: run checks inside a built image before any moving tag points at it.
 
 Tiers: `static` needs no GPU (versions, mods, protected packages, build record, entry points);
-`gpu` checks CUDA and the device's arch; `serve` starts vLLM with a small model and asks for
-one completion. Tiers that need a GPU run only where the host has one and the image holds a CUDA
-build of torch; elsewhere they are skipped with the reason.
+`gpu` checks CUDA and the device's arch; `serve` starts the image's own `vllm serve` with a model (by
+default a tiny one made offline) and asks it for an exact number of greedy tokens. An image built for
+the CPU (device: cpu) runs the serve tier without a GPU; for a CUDA image the tiers that need a GPU run
+only where the host has one and the image holds a CUDA build of torch, and are skipped with the reason
+elsewhere.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
 import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +21,10 @@ from ..errors import BuildError
 from ..files import name_path
 from ..inimage.contract import ContractError, SmokeCheck
 from ..proc import CommandError, run
+from ..serve import TOKENS, Model, ServeError, ask, cache_dir, log_summary, model_of, wait_ready
 from . import dockercli
 
 TIERS = ("static", "gpu", "serve")
-DEFAULT_SERVE_MODEL = "Qwen/Qwen3-0.6B"
 
 
 @dataclass(frozen=True)
@@ -119,82 +118,89 @@ def free_port() -> int:
         return int(sock.getsockname()[1])  # (host, port) for AF_INET
 
 
-def _running(name: str) -> bool:
-    proc = dockercli.run(["container", "inspect", "--format", "{{.State.Running}}", name], check=False)
-    return proc.stdout.strip() == "true"
+def _ended(name: str) -> str | None:
+    """Why the server's container can no longer answer (it exited, with its code), or None while it runs."""
+    proc = dockercli.run(["container", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name],
+                         what="docker container inspect", check=False)
+    status, _, code = proc.stdout.strip().partition(" ")
+    if proc.returncode != 0:
+        return "the server's container is gone"
+    return None if status in ("created", "running") else f"the server exited (code {code or '?'})"
 
 
-def _wait_healthy(name: str, port: int, timeout: float) -> str | None:
-    """None once /health answers 200; else why not (the container died, or the time ran out)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return None
-        except OSError:
-            pass
-        if not _running(name):
-            return "the server's container exited"
-        time.sleep(3)
-    return f"no answer on /health within {timeout:.0f} s"
+def serve_command(image: str, name: str, model: Model, port: int, *, cpu: bool) -> list[str]:
+    """`docker run` of the image's own `vllm serve` on 127.0.0.1:port, host network, the model read-only."""
+    cmd = ["run", "-d", "--name", name, "--network", "host", "--ipc", "host", *model.mount()]
+    if cpu:  # a small KV cache: the CPU attention's default takes far more memory than a check needs
+        cmd += ["-e", "VLLM_CPU_KVCACHE_SPACE=1"]
+    else:
+        cmd += ["--gpus", "all"]
+    cmd += ["--entrypoint", "vllm", image, "serve", model.arg, "--served-model-name", model.served,
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256"]
+    return cmd + (["--enforce-eager"] if cpu else ["--gpu-memory-utilization", "0.3"])
 
 
-def _complete(model: str, port: int) -> Check:
-    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 8}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            text = json.loads(resp.read())["choices"][0]["text"]
-    except (OSError, ValueError, KeyError) as exc:
-        return Check("one completion", "failed", str(exc))
-    return Check("one completion", "ok" if text.strip() else "failed", repr(text))
-
-
-def run_serve(image: str, model: str = DEFAULT_SERVE_MODEL, timeout: float = 900,
+def run_serve(image: str, model: Model, *, cpu: bool = False, timeout: float = 900,
               log_dir: Path = Path("build/logs")) -> TierResult:
-    """Start `vllm serve` with a small model on a free port, ask for one completion, then stop it.
+    """Start the image's own `vllm serve` (on the GPU, or on the CPU for an image built for it), wait for
+    /health, ask /v1/completions and /v1/chat/completions for greedy tokens, then stop and remove it.
 
-    The container is not started with --rm: when the tier fails, its log is kept in log_dir.
+    Passes only on the exact number of tokens asked, ended by the length limit. Load time and time to first
+    token are in the checks' details. When it fails, the server's log is kept in log_dir and its last lines
+    are in the failed check; nothing is left running either way.
     """
-    reason = _gpu_tier_reason(image)
+    reason = None if cpu else _gpu_tier_reason(image)
     if reason:
         return TierResult("serve", (), skipped=reason)
     port = free_port()
     name = f"sparkforge-serve-{os.getpid()}-{port}"
-    start = dockercli.run(["run", "-d", "--name", name, "--gpus", "all", "--network", "host", "--ipc", "host",
-                           "--entrypoint", "vllm", image, "serve", model, "--host", "127.0.0.1", "--port", str(port),
-                           "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"],
-                          what="docker run vllm serve", timeout=120, check=False)
-    if start.returncode != 0:
-        return TierResult("serve", (Check("start vllm serve", "failed", dockercli.last_line(start.stderr, "")),))
+    base = f"http://127.0.0.1:{port}"
+    checks: list[Check] = []
+    start = dockercli.run(serve_command(image, name, model, port, cpu=cpu), what="docker run vllm serve",
+                          timeout=120, check=False)
     try:
-        problem = _wait_healthy(name, port, timeout)
-        checks = [Check("server healthy", "failed" if problem else "ok", problem or f"{model} on 127.0.0.1:{port}")]
-        if not problem:
-            checks.append(_complete(model, port))
+        if start.returncode != 0:
+            return TierResult("serve", (Check("start vllm serve", "failed", dockercli.last_line(start.stderr, "")),))
+        try:
+            loaded = wait_ready(base, lambda: _ended(name), timeout)
+            checks.append(Check("server ready", "ok", f"{model.served} on {base}, /health after {loaded:.1f} s"))
+            first = ask(base, model.served, "completion", tokens=1)
+            checks.append(Check("time to first token", "ok", f"{first.seconds:.2f} s"))
+            for kind in ("completion", "chat"):
+                answer = ask(base, model.served, kind)
+                problem = answer.problem(TOKENS)
+                checks.append(Check(f"{kind}: {TOKENS} greedy tokens", "failed" if problem else "ok",
+                                    problem or f"{answer.text!r} in {answer.seconds:.2f} s"))
+        except ServeError as exc:
+            checks.append(Check("server answers", "failed", str(exc)))
         if any(c.state == "failed" for c in checks):
-            log_dir.mkdir(parents=True, exist_ok=True)
-            log = log_dir / f"{name}.log"
-            logs = dockercli.run(["logs", name], what="docker logs", timeout=60, check=False)
-            try:
-                log.write_text(logs.stdout + logs.stderr, encoding="utf-8")
-            except OSError as exc:  # a full disk names no file of its own
-                name_path(exc, log)
-                raise
-            checks.append(Check("server log kept", "failed", str(log)))
+            checks.append(_keep_log(name, log_dir))
     finally:
-        dockercli.run(["stop", "-t", "10", name], what="docker stop", timeout=60, check=False)
         dockercli.run(["rm", "-f", name], what="docker rm", timeout=60, check=False)
     return TierResult("serve", tuple(checks))
 
 
-def run_tier(tier: str, image: str, model: str = DEFAULT_SERVE_MODEL) -> TierResult:
+def _keep_log(name: str, log_dir: Path, lines: int = 3) -> Check:
+    """The server's log into log_dir; a check naming it, with its last lines."""
+    logs = dockercli.run(["logs", name], what="docker logs", timeout=60, check=False)
+    text = logs.stdout + logs.stderr
+    log = log_dir / f"{name}.log"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log.write_text(text, encoding="utf-8")
+    except OSError as exc:  # a full disk names no file of its own
+        name_path(exc, log)
+        raise
+    return Check("server log", "failed", f"{log}: {log_summary(text, lines)}")
+
+
+def run_tier(tier: str, image: str, model: Model | None = None, *, cpu: bool = False) -> TierResult:
     if tier == "static":
         return run_static(image)
     if tier == "gpu":
+        if cpu:
+            return TierResult("gpu", (), skipped="the image is built for the CPU (device: cpu)")
         return run_gpu(image)
     if tier == "serve":
-        return run_serve(image, model)
+        return run_serve(image, model or model_of(None, cache_dir()), cpu=cpu)
     raise BuildError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")

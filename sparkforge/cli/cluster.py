@@ -14,10 +14,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
-from ..errors import ConfigError, visible
+from ..errors import ConfigError, DistributeError, visible
 from ..imageref import ImageRef
 from . import views
-from .app import Base, Variant, app, emit, err, next_step, out, plan_of, say, write
+from .app import DEFAULT_LOG_DIR, Base, Variant, app, emit, err, next_step, out, plan_of, say, write
 
 if TYPE_CHECKING:
     from ..distribute.deploy import ProgressFn
@@ -260,3 +260,108 @@ def history(
         table.add_row(escape(shown + (f"  <- {plan.variant}" if b.moving else "")), b.tagged, escape(b.vllm),
                       escape(b.mods), ", ".join(b.nodes) or "-")
     out.print(table)
+
+
+@app.command()
+def launch(
+    variant: Variant,
+    vllm_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- VLLM_ARGS...]", help="More arguments for "
+                                                             "vLLM on every rank, after --, e.g. -- --max-model-len "
+                                                             "8192 --enforce-eager.", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="The model: a folder at the same "
+                                                 "path on every node (mounted read-only), or a Hugging Face name. "
+                                                 "Required, but with --stop.")] = None,
+    nodes: Nodes = None,
+    cluster: Cluster = None,
+    base: Base = None,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Rank 0's HTTP port.")] = 8011,
+    master_port: Annotated[int, typer.Option("--master-port", min=1, max=65535, help="The port the ranks meet at, "
+                                             "on the first node.")] = 29500,
+    master_addr: Annotated[Optional[str], typer.Option("--master-addr", metavar="ADDRESS", help="The first node's "
+                                                       "address as the others reach it (default: its host in the "
+                                                       "cluster file).")] = None,
+    env: Annotated[Optional[list[str]], typer.Option("--env", metavar="NAME=VALUE", help="An environment variable "
+                                                     "for every rank; repeat for several.", show_default=False)]
+    = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=1, help="How long rank 0 may take to "
+                                           "load the model and answer.")] = 1800,
+    check: Annotated[bool, typer.Option("--check", help="Before leaving the server running, compare its greedy "
+                                        "tokens for a fixed prompt with a single-node run (the model must fit on "
+                                        "one node) and with VLLM_UF_EAGER_ALLREDUCE=1; fail naming the first token "
+                                        "that differs.")]
+    = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the variant's server on every node.")] = False,
+) -> None:
+    """Start the variant's server on every node: one container each, tensor parallel across the nodes.
+
+    One node runs the image's `vllm serve`; several run the torchrun server (serve-torchrun mod), rank 0 on the
+    first node, which serves the OpenAI API. Every node must hold the image `status` calls current and the model
+    folder at the same path. Launch waits for rank 0's first token and prints the endpoint, the load time and
+    the time to first token. If a rank exits during start-up, a node fails, the time runs out or you press
+    Ctrl-C, every rank on every node is stopped. Exits 1 when the server did not start.
+
+    Examples:
+
+      ./build.py launch ng17e --cluster cluster.yaml --model /models/Qwen3-Coder-30B-A3B-Instruct
+
+      ./build.py launch ng17e --cluster cluster.yaml --model /models/tiny --check -- --enforce-eager
+
+      ./build.py launch ng17e --cluster cluster.yaml --stop
+    """
+    from ..distribute.cluster import resolve_cluster
+    from ..distribute.launch import LaunchSpec
+    from ..distribute.launch import check as check_launch
+    from ..distribute.launch import launch as launch_nodes
+    from ..distribute.launch import stop as stop_nodes
+    from ..recipe.fields import ENV_NAME_RE
+    from ..serve import ServeError, cache_dir, model_of
+
+    plan = plan_of(variant, base)
+    target = resolve_cluster(_cluster_path(cluster), nodes, None)
+    if stop:
+        done = stop_nodes(plan, target.nodes)
+        for name, what in done.items():
+            say(f"{name}: {what}")
+        if any(what.startswith("failed") for what in done.values()):
+            raise typer.Exit(1)
+        return
+    if model is None:
+        raise ConfigError("give the model: a folder at the same path on every node, or a Hugging Face name "
+                          "(make-model DIR makes a tiny one offline)", field="--model")
+    pairs = []
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_NAME_RE.fullmatch(key):
+            raise ConfigError(f"{item!r} is not NAME=VALUE", field="--env")
+        pairs.append((key, value))
+    try:
+        served = model_of(model, cache_dir())
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc.strerror), path=model, field="--model") from None
+    spec = LaunchSpec(served, port, master_port, master_addr, tuple(pairs), tuple(vllm_args or ()), timeout,
+                      DEFAULT_LOG_DIR)
+    world = len(target.nodes)
+    out.print(f"launching {plan.moving_tag} on {world} node{'s' if world > 1 else ''}"
+              + (f" (tensor parallel {world} over torchrun)" if world > 1 else " (vllm serve)"), markup=False)
+
+    def progress(line: str) -> None:
+        err.print(f"  {line}", markup=False)
+
+    try:
+        if check:
+            launched, result = check_launch(plan, target.nodes, spec, progress)
+        else:
+            launched, result = launch_nodes(plan, target.nodes, spec, progress), None
+    except ServeError as exc:
+        raise DistributeError(str(exc)) from None
+    if result is not None:
+        for label, answer in result.answers:
+            say(f"check: {label}: {list(answer.token_ids or [])} {answer.text!r}")
+        if result.difference:
+            raise DistributeError(f"check failed, every rank stopped: {result.difference}")
+        say(f"check passed: the {len(result.answers)} runs generated the same {len(result.answers[0][1].token_ids or [])}"
+            " tokens")
+    say(f"serving {served.served} at {launched.endpoint}/v1 (ranks: "
+        f"{', '.join(f'{r.rank} on {r.node.name}' for r in launched.ranks)}); loaded in {launched.load_seconds:.1f} s, "
+        f"first token in {launched.first_token.seconds:.2f} s")
+    say(next_step("stop it with", "launch", plan.variant, "--stop"))

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..build import pipeline
-from ..build.smoke import DEFAULT_SERVE_MODEL
+from ..errors import BuildError, ConfigError
 from ..recipe import archlist
 from ..recipe.config import list_variants
 from ..repro import verbs
@@ -193,10 +193,19 @@ def test_cmd(
     image: Annotated[Optional[str], typer.Option("--image", metavar="IMAGE", help="Test this image instead of the "
                                                  "variant's tag.")] = None,
     base: Base = None,
-    model: Annotated[str, typer.Option("--model", metavar="MODEL", help="Small model for the serve tier.")]
-    = DEFAULT_SERVE_MODEL,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="The serve tier's model: a folder "
+                                                 "(mounted read-only) or a Hugging Face name. Default: a tiny "
+                                                 "random-weight model made offline (see make-model).")] = None,
 ) -> None:
-    """Run smoke tiers inside a built image. GPU tiers skip, with the reason, where there is no GPU."""
+    """Run smoke tiers inside a built image.
+
+    static: versions, mods, protected packages, kernels. gpu: one CUDA op on the device. serve: the image's own
+    `vllm serve`, asked for an exact number of greedy tokens on /v1/completions and /v1/chat/completions, with
+    its load time and time to first token. An image built for the CPU (device: cpu) runs the serve tier without
+    a GPU; otherwise the GPU tiers skip, with the reason, where there is no GPU.
+
+    Example: ./build.py test ng17e --tier static --tier serve --model /models/Qwen3-0.6B
+    """
     plan = plan_of(variant, base)
     tiers = [t.value for t in tier]
     results = pipeline.test_variant(plan, tiers, image=image, model=model)
@@ -207,8 +216,34 @@ def test_cmd(
         kernels = read_record(image or plan.tag)[0].kernels
         if kernels:
             out.print(views.kernels_table(kernels))
+    served = next((r for r in results if r.tier == "serve" and not r.ok), None)
+    if served is not None:  # a server that did not start or answer: why, and its log's last lines, in one line
+        why = "; ".join(f"{c.name}: {c.detail}" for c in served.checks if c.state == "failed")
+        raise BuildError(f"the serve tier failed: {why}", field=plan.variant)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+@app.command("make-model")
+def make_model_cmd(
+    folder: Annotated[Path, typer.Argument(metavar="DIR", help="The folder to write (must not exist, or hold this "
+                                           "very model).", show_default=False)],
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="The seed of the random weights.")] = 0,
+) -> None:
+    """Make a tiny random-weight model and its tokenizer, offline: a Llama of 2 layers (head_dim 64), a
+    byte-level BPE of 512 tokens and a chat template, in Hugging Face's layout. The same seed gives the same
+    bytes on every machine. Its words mean nothing; it is for checking that an image serves (`test --tier serve
+    --model DIR`, `launch --model DIR`) without downloading weights.
+
+    Example: ./build.py make-model /srv/models/sparkforge-tiny
+    """
+    from ..inimage.tinymodel import make_model
+
+    try:
+        made = make_model(folder, seed)
+    except FileExistsError as exc:  # a folder the user named that holds something else: bad input
+        raise ConfigError(str(exc.strerror), path=folder, field="DIR") from None
+    say(f"made {made} (seed {seed}): serve it with `vllm serve {made}`, or pass --model {made}")
 
 
 @app.command()

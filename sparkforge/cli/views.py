@@ -69,13 +69,15 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     elif v.source == "base":
         src = f"the vLLM that {plan.base.repository}:{plan.base.tag} carries, kept"
     else:
-        src = "pypi release"
+        src = "pypi release" if v.package == "vllm" else f"pypi release of {v.package}"
     deps = "" if v.install_deps or v.source == "base" else ", --no-deps"
     lines.append(_line(f"  vllm        {v.version}  ({src}{deps})"))
     if plan.python:
         wheels = (f"{len(plan.wheel_set)} wheels pinned by sha256, {download_bytes(plan.wheel_set) / 1e9:.2f} GB to "
                   "download" if plan.wheel_set else "not locked yet")
         lines.append(_line(f"  python      {plan.python.version} on {plan.python.platform}; wheel set: {wheels}"))
+        lines += [_line(f"  left out    {name}: {reason}")
+                  for name, reason in zip(plan.python.leave_out, plan.python.reasons)]
     for c in plan.components:
         if c.kind == "pip":
             lines.append(_line(f"  {c.name:<11} pip {c.requirement}"))
@@ -84,7 +86,9 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
                        f"NVCC_THREADS={b.nvcc_threads}"))
     lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
-    if plan.gpus:
+    if plan.on_cpu:
+        lines.append(_line("  device      cpu: vLLM runs on the CPU (serve tier and launch without a GPU); no kernel check"))
+    elif plan.gpus:
         lines.append(_line(f"  gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"))
     else:
         lines.append(_line("  gpus        none: the recipe says the image runs no CUDA code, so no kernel check"))

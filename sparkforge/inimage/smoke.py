@@ -38,8 +38,8 @@ def smoke_static(home: Path) -> Checks:
     except (OSError, ContractError) as exc:
         return [("build record present", CheckState.FAILED, str(exc))]
     add("build record present", record.plan_hash == plan.plan_hash, str(home / "build-record.json"))
-    want, have = plan.vllm.version, installed("vllm")
-    add(f"vllm {want} installed", (have if "+" in want else _public(have)) == want, f"installed: {have}")
+    want, have = plan.vllm.version, installed(plan.vllm.package)
+    add(f"{plan.vllm.package} {want} installed", (have if "+" in want else _public(have)) == want, f"installed: {have}")
     for comp in plan.components:
         if comp.kind == ComponentKind.PIP:
             name = (comp.package or comp.name).split("[")[0]
@@ -94,8 +94,25 @@ def smoke_static(home: Path) -> Checks:
     return checks
 
 
+# One of vLLM's own kernels on the device, against torch's own arithmetic: vllm._custom_ops.rms_norm (the same
+# signature in every release sparkforge builds) loads vLLM's CUDA extension and runs its RMSNorm kernel.
+RMS_NORM = """
+import json, torch
+from vllm import _custom_ops as ops
+x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+w = torch.rand(256, device="cuda", dtype=torch.float16) + 0.5
+out = torch.empty_like(x)
+ops.rms_norm(out, x, w, 1e-6)
+torch.cuda.synchronize()
+ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+print(json.dumps({"max_error": float((out.float() - ref).abs().max())}))
+"""
+RMS_NORM_TOLERANCE = 0.05  # float16 rounding of values near 1 to 4
+
+
 def smoke_gpu(home: Path, limit: float = CUDA_TIMEOUT) -> Checks:
-    """The gpu smoke tier: CUDA works and the device's capability is covered by the arch list."""
+    """The gpu smoke tier: CUDA works, the device's capability is covered by the arch list, and one of vLLM's
+    kernels (rms_norm) runs on the device and gives torch's result."""
     try:
         plan = read_plan(home / "plan.json")
     except ContractError as exc:
@@ -118,4 +135,18 @@ def smoke_gpu(home: Path, limit: float = CUDA_TIMEOUT) -> Checks:
         covered = any(a.rstrip("afPTX+").rstrip(".") == f"{major}.{minor}" for a in arches)
         checks.append((f"sm_{major}{minor} in TORCH_CUDA_ARCH_LIST", CheckState.OK if covered else CheckState.FAILED,
                        plan.build.torch_cuda_arch_list))
+        checks.append(_rms_norm(limit))
     return checks
+
+
+def _rms_norm(limit: float) -> tuple[str, CheckState, str]:
+    name = "vLLM rms_norm on the device"
+    try:
+        proc = run([sys.executable, "-c", RMS_NORM], limit=limit, what="vLLM's rms_norm")
+    except TimeLimit as exc:
+        return name, CheckState.FAILED, str(exc)
+    if proc.returncode != 0:
+        return name, CheckState.FAILED, last_line(text(proc.stderr))
+    error = float(json.loads(text(proc.stdout).strip().splitlines()[-1])["max_error"])
+    ok = error <= RMS_NORM_TOLERANCE
+    return name, CheckState.OK if ok else CheckState.FAILED, f"largest difference from torch's: {error:.4f}"

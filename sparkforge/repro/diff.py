@@ -158,7 +158,10 @@ def _kernels(gpus: Any, not_needed: Any) -> Entries:
 
 def _wheels(python: PythonTarget | None, pins: tuple[WheelPin, ...], unresolved: str | None = None) -> Entries:
     """The image's Python and its locked wheel set: one entry per distribution, by version and sha256s."""
-    out: list[tuple[str, str | None]] = [("python", f"{python.version} on {python.platform}" if python else "none")]
+    shown = f"{python.version} on {python.platform}" if python else "none"
+    if python and python.leave_out:
+        shown += f", leaving out {', '.join(python.leave_out)}"
+    out: list[tuple[str, str | None]] = [("python", shown)]
     if unresolved:
         return (*out, ("wheel set", f"unresolved: {unresolved}"))
     out.append(("wheel set", f"{len(pins)} wheels" if pins else "none"))
@@ -197,7 +200,7 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         base=(("base", base),),
         os_packages=_os_packages(plan.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, v.commit.value)), ("repo", v.repo or "none"),
-              ("install_deps", _yes(v.install_deps)),
+              ("package", v.package), ("install_deps", _yes(v.install_deps)),
               ("wheel", " ".join(x for x in (v.wheel.filename, v.wheel.url, v.wheel.path, f"sha256:{v.wheel.sha256}")
                                  if x) if v.wheel else "none")) + _wheels(plan.python, plan.wheel_set),
         components=tuple(comps),
@@ -238,7 +241,8 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
         base=(("base", base),),
         os_packages=_os_packages(lock.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
-              ("repo", "none" if v.source != "git" else v.repo), ("install_deps", _yes(v.install_deps)),
+              ("repo", "none" if v.source != "git" else v.repo), ("package", v.package or "vllm"),
+              ("install_deps", _yes(v.install_deps)),
               ("wheel", None))
         + (_wheels(lock.wheels.python, lock.wheels.packages, lock.wheels.unresolved) if lock.wheels else _wheels(None, ())),
         components=tuple(comps),
@@ -283,7 +287,7 @@ def from_record(image: str, record: BuildRecord) -> Snapshot:
         base=(("base", base),),
         os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
-              ("install_deps", _yes(bool(v.get("install_deps")))), ("python", None), ("wheel set", None)),
+              ("package", v.get("package") or "vllm"), ("install_deps", _yes(bool(v.get("install_deps")))), ("python", None), ("wheel set", None)),
         components=tuple(comps),
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),

@@ -111,5 +111,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng030" \
       io.sparkforge.chain="ng030" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.1a" \
-      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f,serve-torchrun@d2aff1a389cb" \
+      io.sparkforge.mods="uf17-eager-allreduce@3c6bd3b8967f,serve-torchrun@7247f77f2993" \
       io.sparkforge.tool-version="0.1.0"

@@ -116,5 +116,5 @@ LABEL org.opencontainers.image.title="sparkforge vLLM ng17" \
       io.sparkforge.chain="ng17" \
       io.sparkforge.plan-hash="<plan hash>" \
       io.sparkforge.arch-list="12.0a;12.1a" \
-      io.sparkforge.mods="marlin-sm12x-fp8@8bd16ef033b8,mtp-nvfp4-exclusion@15c2aa2e7cb3,uf17-eager-allreduce@3c6bd3b8967f,fix-qwen35-tp4-marlin@6fa6f1a9b64b,serve-torchrun@d2aff1a389cb" \
+      io.sparkforge.mods="marlin-sm12x-fp8@8bd16ef033b8,mtp-nvfp4-exclusion@15c2aa2e7cb3,uf17-eager-allreduce@3c6bd3b8967f,fix-qwen35-tp4-marlin@6fa6f1a9b64b,serve-torchrun@7247f77f2993" \
       io.sparkforge.tool-version="0.1.0"

@@ -4,9 +4,10 @@
 
 - gpu: torch sees the device (by the name nvidia-smi gives it), and the device's compute capability is in
   the image's TORCH_CUDA_ARCH_LIST;
-- serve: `vllm serve` of the small default model on a free port of 127.0.0.1 answers /health and one
-  completion with text; the container is removed and the port free afterwards; when the server dies, its
-  log is kept and named.
+- gpu: one of vLLM's own ops (rms_norm) runs on the device and matches torch's;
+- serve: `vllm serve` of the tiny model made offline, on a free port of 127.0.0.1, answers /health and gives
+  exactly the 8 greedy tokens asked on /v1/completions and /v1/chat/completions; the container is removed and
+  the port free afterwards; when the server dies, its log is kept and named.
 
 Elsewhere they skip, with the reason (tests/support/needs.py: gpu, gpu-runtime, cuda-driver).
 """
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge.build.smoke import DEFAULT_SERVE_MODEL
 from tests.support.cli import run_cli
 from tests.support.cuda import VARIANT, devices, recipe, smoke_rows
 from tests.support.docker import BASE, build_args, image_id
@@ -90,10 +90,11 @@ def test_the_gpu_tier_sees_the_device_and_finds_its_arch_in_the_list(cuda: Cuda,
     proc = cuda.test("gpu", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = smoke_rows(proc.stdout)
-    assert len(rows) == 2, rows
+    assert len(rows) == 3, rows
     state, name = rows["gpu", "torch.cuda.is_available()"]
     assert state == "ok" and name in cuda.names, (name, cuda.names)
     assert arch_row(rows, cuda.capabilities) == ("ok", cuda.arch_list)
+    assert rows["gpu", "vLLM rms_norm on the device"][0] == "ok", rows
 
 
 def test_the_gpu_tier_fails_on_an_arch_list_without_the_device(cuda: Cuda, tmp_path: Path) -> None:
@@ -122,12 +123,12 @@ def test_the_serve_tier_answers_one_completion_and_leaves_nothing_running(cuda: 
     proc = cuda.test("serve", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = smoke_rows(proc.stdout)
-    assert sorted(rows) == [("serve", "one completion"), ("serve", "server healthy")], rows
-    state, detail = rows["serve", "server healthy"]
-    assert state == "ok" and detail.startswith(f"{DEFAULT_SERVE_MODEL} on 127.0.0.1:"), detail
-    port = int(detail.rsplit(":", 1)[1])
-    state, text = rows["serve", "one completion"]
-    assert state == "ok" and text.strip("'\"").strip(), text  # the model's words, shown as repr
+    assert sorted(rows) == [("serve", "chat: 8 greedy tokens"), ("serve", "completion: 8 greedy tokens"),
+                            ("serve", "server ready"), ("serve", "time to first token")], rows
+    state, detail = rows["serve", "server ready"]
+    assert state == "ok" and detail.startswith("sparkforge-tiny on http://127.0.0.1:"), detail
+    port = int(detail.split("127.0.0.1:", 1)[1].split(",", 1)[0])
+    assert all(state == "ok" for state, _ in rows.values()), rows
     assert _containers_on(port) == [] and not _listening(port)
     assert not (tmp_path / "build" / "logs").exists()  # a log is kept only when the tier fails
 
@@ -138,9 +139,11 @@ def test_the_serve_tier_keeps_the_log_of_a_server_that_dies(cuda: Cuda, tmp_path
                                 {"vllm": f"#!/bin/sh\necho '{DIES}' >&2\nexit 3\n"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = smoke_rows(proc.stdout)
-    assert rows["serve", "server healthy"] == ("failed", "the server's container exited")
-    state, log = rows["serve", "server log kept"]
+    assert rows["serve", "server answers"] == ("failed", "the server exited (code 3)"), rows
+    state, detail = rows["serve", "server log"]
+    log = detail.split(": ", 1)[0]
     assert state == "failed" and log.startswith("build/logs/sparkforge-serve-") and log.endswith(".log"), log
+    assert DIES in detail
     assert DIES in (tmp_path / log).read_text()
     assert _containers_on(int(log.removesuffix(".log").rsplit("-", 1)[1])) == []
     assert image_id(cuda.tag) is not None  # the variant's own image is untouched

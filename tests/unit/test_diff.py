@@ -107,16 +107,18 @@ def test_a_lock_does_not_know_the_image_and_says_so(images: Path) -> None:
 # ------------------------------------------------------------------ every field of the plan
 
 
-# Fields that name the variant, describe it, or are covered by another field: the mod's digest
+# Fields that name the variant, describe it (a description, why a distribution is left out), or are covered
+# by another field: the mod's digest
 # is a hash over its folder, mod.yaml included, so `spec` and `folder` never change alone; a wheel's
 # `local` is where its `path` lies on this host, not part of the plan.
-SKIP = {"variant", "chain", "recipe_files", "description", "plan_hash", "spec", "folder", "local", "unknown"}
+SKIP = {"variant", "chain", "recipe_files", "description", "plan_hash", "spec", "folder", "local", "unknown",
+        "reasons"}
 # What a component of the other kind does not have (resolve refuses a recipe that sets them).
 NOT_OF_PYPI = {"repo", "ref", "commit"}
 # Tuples of the plan, by what they hold.
 ITEMS = {"components", "mods", "wheel_set"}
 PAIRS = {"env", "pins", "kernels_not_needed"}
-NAMES = {"os_packages", "protect", "gpus", "kernels_scan"}
+NAMES = {"os_packages", "protect", "gpus", "kernels_scan", "leave_out"}
 NOT_OF_KIND = {"pip": {"repo", "ref", "commit", "dest", "pip_install"}, "git": {"package", "version"}}
 
 

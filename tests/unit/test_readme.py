@@ -40,6 +40,9 @@ SKIP = [
     (r"^sudo make base-local$", "root and debootstrap (tests/conftest.py, base_image)"),
     (r"^make registry$", "the registry of a cluster file (tests/cluster)"),
     (r"^\./build\.py (push|deploy|status) ", "a cluster (tests/cluster/test_cluster.py, test_user_path.py)"),
+    (r"^\./build\.py launch ", "a cluster whose nodes hold the image (tests/cluster/test_launch.py)"),
+    (r"^\./build\.py make-model /srv/", "a folder outside the checkout (tests/unit/test_tinymodel.py makes the model; "
+                                        "the serving tests use it)"),
     (r"^\./build\.py lock ng17e$", "a GB10 machine that reaches nvcr.io and GitHub"),
     (r"^\./build\.py build ng17e --locked$", "a GB10 machine that reaches nvcr.io"),
     (r"^\./build\.py --images tests/variants verify-repro ", "a dockerd on the containerd image store "

@@ -89,7 +89,8 @@ PLAN_CASES = {
     "wrong-state": (dict(path="vllm.source", value="svn"), "vllm.source 'svn' is not one of git, pypi, wheel, base"),
     "newer": (dict(path="schema", value=PLAN_VERSION + 1),
               f"schema {PLAN_VERSION + 1} is not one this sparkforge reads ({PLAN_VERSION}); it was written by a newer"),
-    "older": (dict(path="schema", value=1), "schema 1 is not one this sparkforge reads (2); it was written by an older"),
+    "older": (dict(path="schema", value=PLAN_VERSION - 1),
+              f"schema {PLAN_VERSION - 1} is not one this sparkforge reads ({PLAN_VERSION}); it was written by an older"),
     "no-version": (dict(path="schema"), "field 'schema' is missing: a document without a version"),
 }
 

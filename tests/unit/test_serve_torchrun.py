@@ -169,6 +169,7 @@ def test_parse_completion_good():
         "model": "qwen3-coder",
         "prompt": {"prompt": "Hello"},
         "sampling": {"max_tokens": 8, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "stop": ["\n"], "seed": 7},
+        "return_token_ids": False,
     }
     json.dumps(req)  # JSON-able, so it can cross the control plane
 
@@ -182,6 +183,20 @@ def test_parse_completion_prompt_forms_and_nulls():
         "top_k": -1,
         "temperature": 0.0,
     }
+
+
+def test_vllms_own_extensions_exact_tokens_and_their_ids():
+    req = st.parse_completion_request({"prompt": "x", "max_tokens": 8, "ignore_eos": True, "return_token_ids": True})
+    assert req["sampling"] == {"max_tokens": 8, "ignore_eos": True} and req["return_token_ids"] is True
+    chat = st.parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": False})
+    assert chat["sampling"] == {} and chat["return_token_ids"] is False
+    for field, value in (("ignore_eos", "yes"), ("return_token_ids", 1)):
+        try:
+            st.parse_completion_request({"prompt": "x", field: value})
+        except st.RequestError as exc:
+            assert exc.status == 400 and field in exc.message
+        else:
+            raise AssertionError(f"{field}={value!r} was taken")
 
 
 def test_parse_chat_good():
@@ -331,7 +346,8 @@ def test_prepare_prompt_renders_chat_template():
 def test_summarize_and_format_completion():
     out = FakeOutput("cmpl-1", [1, 2, 3], FakeCompletion("world", [9, 9], "stop"))
     result = st.summarize_output(out)
-    assert result == {"text": "world", "finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 2}
+    assert result == {"text": "world", "finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 2,
+                      "token_ids": [9, 9]}
     body = st.format_completion_response("cmpl-1", "m", result, created=123)
     assert body == {
         "id": "cmpl-1",
@@ -412,7 +428,7 @@ def test_lockstep_two_ranks_same_broadcast_sequence():
     assert first[0].future.result(0)["text"] == "<ba>"
     assert first[1].future.result(0)["text"] == "<zyx>"
     assert late.future.result(0) == {"text": "<etal>", "finish_reason": "length", "prompt_tokens": 4,
-                                     "completion_tokens": 1}
+                                     "completion_tokens": 1, "token_ids": [0]}
     err = bad.future.exception(0)
     assert isinstance(err, st.RequestError) and err.status == 400 and "4242" in err.message
 
