@@ -6,6 +6,7 @@ Only flags and printing live here; what to do on the nodes is decided in the dis
 from __future__ import annotations
 
 import enum
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -313,7 +314,7 @@ def launch(
     from ..distribute.launch import check as check_launch
     from ..distribute.launch import launch as launch_nodes
     from ..distribute.launch import stop as stop_nodes
-    from ..recipe.fields import ENV_NAME_RE
+    from ..recipe.fields import ENV_NAME_RE, HOST, host_problem
     from ..serve import ServeError, cache_dir, model_of
 
     plan = plan_of(variant, base)
@@ -328,6 +329,8 @@ def launch(
     if model is None:
         raise ConfigError("give the model: a folder at the same path on every node, or a Hugging Face name "
                           "(make-model DIR makes a tiny one offline)", field="--model")
+    if master_addr is not None and (not re.fullmatch(HOST, master_addr) or host_problem(master_addr)):
+        raise ConfigError(f"{master_addr!r} is not a host name or an IPv4 address", field="--master-addr")
     pairs = []
     for item in env or []:
         key, sep, value = item.partition("=")

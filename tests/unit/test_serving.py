@@ -18,6 +18,7 @@ from sparkforge.recipe.layout import Layout
 from sparkforge.recipe.planner import plan_variant
 from sparkforge.recipe.wheelset import overrides, requirements
 from sparkforge.serve import Answer, Model, first_difference, log_summary, model_of
+from tests.support.cli import assert_one_line, run_cli
 from tests.support.paths import ROOT, VARIANTS
 from tests.support.serving import merged_mods
 
@@ -153,3 +154,19 @@ def test_cpu_fields_that_do_not_fit_are_one_line_naming_the_field(tmp_path: Path
     with pytest.raises(ConfigError) as err:
         plan_variant(Layout.default(ROOT, images_dir=tmp_path, mods_dir=mods), "testcpu")
     assert field in str(err.value) and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--master-addr", "a_b"], "--master-addr: 'a_b' is not a host name or an IPv4 address"),
+    (["--master-addr", "010.0.0.1"], "--master-addr: '010.0.0.1' is not a host name"),
+    (["--env", "1X=2"], "--env: '1X=2' is not NAME=VALUE"),
+    (["--env", "NOVALUE"], "--env: 'NOVALUE' is not NAME=VALUE"),
+    (["--model", "/nonexistent/model"], "--model: is not a model folder"),
+])
+def test_launch_refuses_bad_options_in_one_line_before_any_node_is_asked(mods: Path, tmp_path: Path,
+                                                                          args: list[str], words: str) -> None:
+    model = tmp_path / "tiny"
+    model.mkdir()
+    argv = ["launch", "testcpu", "--nodes", "ssh://nobody@192.0.2.1", "--model", str(model), *args]
+    proc = run_cli(*argv, images=VARIANTS, mods=mods)
+    assert_one_line(proc, words)
