@@ -113,8 +113,9 @@ def test_a_node_whose_sshd_is_down_fails_in_one_line_and_nothing_starts(cluster,
 
 def test_a_port_in_use_on_the_first_node_fails_in_one_line_and_nothing_starts(cluster, cluster_file, cli, deployed):
     node1 = cluster.nodes[0]
-    code = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 8011)); s.listen(); print(1, flush=True); " \
-           "time.sleep(600)"
+    # SO_REUSEADDR, as a server binds: the connections of the test before may still be closing on that port.
+    code = "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); " \
+           "s.bind(('0.0.0.0', 8011)); s.listen(); print(1, flush=True); time.sleep(600)"
     holder = subprocess.Popen(["ip", "netns", "exec", node1.netns, sys.executable, "-c", code],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -133,7 +134,9 @@ def test_ctrl_c_while_the_ranks_start_stops_every_rank(cluster, cluster_file, cp
     argv = [sys.executable, str(ROOT / "build.py"), "--images", str(cpu_images.images), "--mods",
             str(cpu_images.mods), "launch", CPU, "--base", cpu_images.base, "--cluster", str(cluster_file),
             "--nodes", "node1,node2", "--model", str(deployed), *VLLM_ARGS]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a shell leaves it for a command: a test worker may run with it ignored, which a child inherits.
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # the progress lines, until both ranks run
