@@ -159,8 +159,7 @@ def log_summary(text: str, lines: int = 3) -> str:
 
 def first_difference(name: str, got: Answer, want: Answer, want_name: str) -> str | None:
     """None when both answers hold the same tokens; else the first token that differs, named."""
-    a = got.token_ids if got.token_ids is not None else None
-    b = want.token_ids if want.token_ids is not None else None
+    a, b = got.token_ids, want.token_ids
     if a is None or b is None:
         if got.text == want.text:
             return None

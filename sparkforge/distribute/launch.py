@@ -112,8 +112,7 @@ def _preflight(node: Node, image: str, master: str, spec: LaunchSpec, rank: int,
     return Rank(node, rank, image, str(address), str(ifname))
 
 
-def rank_command(plan: Plan, r: Rank, world: int, master: str, spec: LaunchSpec, name: str,
-                 env: tuple[tuple[str, str], ...]) -> list[str]:
+def rank_command(plan: Plan, r: Rank, world: int, master: str, spec: LaunchSpec, name: str) -> list[str]:
     """The `docker run -d` of one rank: the host's network, an IPC namespace of its own with a large /dev/shm, the
     model read-only, the GPUs unless the image is built for the CPU."""
     cmd = ["run", "-d", "--name", name, "--label", f"{LABEL}={plan.variant}", "--network", "host",
@@ -121,7 +120,7 @@ def rank_command(plan: Plan, r: Rank, world: int, master: str, spec: LaunchSpec,
     if not plan.on_cpu:  # as NVIDIA runs its NGC containers: NCCL over RDMA pins memory
         cmd += ["--gpus", "all", "--ulimit", "memlock=-1"]
     for key, value in (("GLOO_SOCKET_IFNAME", r.ifname), ("NCCL_SOCKET_IFNAME", r.ifname),
-                       ("VLLM_HOST_IP", r.address), *env):
+                       ("VLLM_HOST_IP", r.address), *spec.env):
         cmd += ["-e", f"{key}={value}"]
     served = ["--served-model-name", spec.model.served, "--host", "0.0.0.0", "--port", str(spec.port)]
     if world == 1:
@@ -185,7 +184,7 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
     ok = False
     try:
         for r in ready:
-            done = run_docker(r.node, *rank_command(plan, r, len(ready), master, spec, name, spec.env),
+            done = run_docker(r.node, *rank_command(plan, r, len(ready), master, spec, name),
                               timeout=START_TIMEOUT)
             if done.returncode != 0:
                 raise DistributeError(f"rank {r.rank} on {r.node.name} did not start: "

@@ -86,7 +86,7 @@ def test_each_rank_runs_on_its_host_network_with_its_interface_and_the_model_rea
     master = master_of(NODES, spec)
     assert master == "192.0.2.10" and master_of(NODES, replace(spec, master_addr="10.0.0.1")) == "10.0.0.1"
     rank1 = Rank(NODES[1], 1, "sha256:abc", "192.0.2.11", "enp1s0f1np1")
-    cmd = rank_command(plan, rank1, 2, master, spec, "sparkforge-launch-testcpu", spec.env)
+    cmd = rank_command(plan, rank1, 2, master, spec, "sparkforge-launch-testcpu")
     assert cmd[:8] == ["run", "-d", "--name", "sparkforge-launch-testcpu", "--label",
                        "io.sparkforge.launch=testcpu", "--network", "host"]
     assert cmd[cmd.index("--shm-size") + 1] == "16g" and "--ipc" not in cmd
@@ -100,9 +100,9 @@ def test_each_rank_runs_on_its_host_network_with_its_interface_and_the_model_rea
                     "--node-rank", "1", "--master-addr", "192.0.2.10", "--master-port", "29500",
                     "/opt/sparkforge/serve_torchrun.py", "--model", "/models/tiny", "--tensor-parallel-size", "2",
                     "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8011", "--enforce-eager"]
-    one = rank_command(plan, replace(rank1, rank=0), 1, master, spec, "n", ())
+    one = rank_command(plan, replace(rank1, rank=0), 1, master, replace(spec, env=()), "n")
     assert one[one.index("--entrypoint"):][:5] == ["--entrypoint", "vllm", "sha256:abc", "serve", "/models/tiny"]
-    cuda = rank_command(replace(plan, device="cuda"), rank1, 2, master, spec, "n", ())
+    cuda = rank_command(replace(plan, device="cuda"), rank1, 2, master, spec, "n")
     assert cuda[cuda.index("--gpus") + 1] == "all" and cuda[cuda.index("--ulimit") + 1] == "memlock=-1"
 
 
