@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal, overload
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL: git removes its lock files on SIGTERM
@@ -62,6 +64,28 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = GRACE) -> None:
             pipe.close()
 
 
+@contextmanager
+def held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while the body runs, and are raised as it ends. A child is started inside
+    it: between the fork and Popen's return nothing knows the child yet, so a signal there would leave it
+    running. Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before: dict[int, Any] = {}
+    for wanted in (signal.SIGINT, signal.SIGTERM):
+        if callable(signal.getsignal(wanted)):  # the default action and SIG_IGN are left as they are
+            before[wanted] = signal.signal(wanted, lambda signum, _frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+        for number in came:
+            signal.raise_signal(number)  # its handler runs here: KeyboardInterrupt, or the CLI's SystemExit
+
+
 # The output is bytes, or str with text=True.
 @overload
 def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
@@ -84,18 +108,22 @@ def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: 
         kw.setdefault("stderr", subprocess.PIPE)
     if input is not None:
         kw["stdin"] = subprocess.PIPE
+    proc: subprocess.Popen[Any] | None = None
     try:
-        proc = subprocess.Popen(list(argv), start_new_session=True, text=text, **kw)
-    except FileNotFoundError:
-        raise CommandError(what, f"{argv[0]} is not installed") from None
-    except OSError as exc:
-        raise CommandError(what, f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-    try:
+        with held():  # a signal that comes while the child starts is raised once `proc` names it
+            proc = subprocess.Popen(list(argv), start_new_session=True, text=text, **kw)
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
+        assert proc is not None
         stop_group(proc)
         raise TimedOut(what, timeout) from None
-    except BaseException:  # Ctrl-C, SIGTERM's SystemExit: nothing of it is left running
-        stop_group(proc)
+    except BaseException as exc:  # Ctrl-C, SIGTERM's SystemExit: nothing of it is left running
+        if proc is not None:
+            stop_group(proc)
+            raise
+        if isinstance(exc, FileNotFoundError):
+            raise CommandError(what, f"{argv[0]} is not installed") from None
+        if isinstance(exc, OSError):
+            raise CommandError(what, f"cannot start {argv[0]}: {exc.strerror or exc}") from None
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

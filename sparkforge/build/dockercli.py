@@ -205,7 +205,8 @@ def start(args: Sequence[str], *, host: str | None = None, **kw: Any) -> subproc
     """Start `docker ARGS` in the background; it is stopped with the CLI if the CLI is interrupted."""
     if shutil.which("docker") is None:
         raise EngineError("the docker CLI is not installed", field="docker " + " ".join(args[:2]))
-    return track(subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw))
+    with proc.held():  # tracked before a Ctrl-C can leave it unknown
+        return track(subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw))
 
 
 def _named(child: subprocess.Popen[Any]) -> str:

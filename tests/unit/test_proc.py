@@ -118,6 +118,50 @@ def test_ctrl_c_and_sigterm_stop_the_child_and_its_group(tmp_path: Path, sig: in
     assert gone(pids)  # sleep 300 ends only when stopped
 
 
+# The signal lands while Popen is returning: the child runs, but proc.run has no name for it yet.
+LATE = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from sparkforge import proc
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    real = subprocess.Popen
+    class Popen(real):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            while not os.path.exists(sys.argv[2]):
+                time.sleep(0.01)
+            os.kill(os.getpid(), int(sys.argv[4]))
+    subprocess.Popen = Popen
+    proc.run(["sh", "-c", sys.argv[3], "sh", sys.argv[2]], timeout=300)
+""")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_a_signal_while_the_child_starts_still_stops_its_group(tmp_path: Path, sig: int, code: int) -> None:
+    pidfile = tmp_path / "pids"
+    python = subprocess.Popen([sys.executable, "-c", LATE, str(ROOT), str(pidfile), FOREVER, str(int(sig))],
+                              stderr=subprocess.PIPE)
+    try:
+        assert python.wait(timeout=60) == code
+    finally:
+        if python.poll() is None:
+            python.kill()
+            python.wait()
+    assert gone(pids_in(pidfile))
+
+
+def test_held_raises_a_signal_that_came_inside_it_as_it_ends() -> None:
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        with proc.held():
+            signal.raise_signal(signal.SIGINT)
+            seen.append("went on")  # not interrupted inside
+    assert seen == ["went on"]
+
+
 def test_a_streaming_child_that_goes_silent_is_stopped_at_its_stall_limit() -> None:
     """The build's bound (dockercli.lines_until_stall): lines pass on; silence past the limit stops the child."""
     from sparkforge.build import dockercli
