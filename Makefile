@@ -13,7 +13,7 @@ STAMP := $(VENV)/.requirements.lock
 BUILD := $(PY) build.py --images $(IMAGES)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv image render show list check-mods test test-unit golden lint base-local test-bases registry registry-stop bench-rebuild bench-first-build bench-distribute
+.PHONY: help venv image render show list check-mods test test-unit golden lint base-local test-bases registry registry-stop bench-rebuild bench-first-build bench-distribute check-arm64
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -72,8 +72,11 @@ bench-rebuild: $(STAMP) ## the two image stores side by side (bench/stores.py), 
 	$(PY) bench/stores.py
 	$(PY) bench/rebuild.py
 
-bench-first-build: $(STAMP) ## time the first build of pypi033's x86-64 counterpart (no compile) against the git-source variant (a compile), both cold; print the ratio and the bytes each downloads
+bench-first-build: $(STAMP) ## time the first build of pypi033's x86-64 counterpart (no compile) against the git-source variant (a compile), both cold, then testarm64 for arm64 under QEMU against amd64 natively; print the ratios and the bytes each downloads
 	$(PY) bench/firstbuild.py
+
+check-arm64: $(STAMP) ## install vLLM 0.33.0's whole aarch64 wheel set (4.3 GB, every dependency) for linux/arm64 under QEMU, cold: lock, build --locked, kernel scan for 12.1, import; prints each phase and the image size
+	$(PY) bench/checkarm64.py
 
 bench-distribute: $(STAMP) ## cold deploys to a namespace cluster (root, sshd) from a containerd-store and a classic-store head, side by side: stream vs gzip/zstd/none pushes, a one-mod change, 3 vs 1 node
 	$(PY) bench/distribute.py

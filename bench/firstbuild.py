@@ -4,6 +4,10 @@ gitsource.py: vLLM 0.17.0 from git, compiled with VLLM_TARGET_DEVICE=empty), on 
 `--no-cache`, which also starts BuildKit's cache mounts (pip, git, ccache) afresh. It prints each time, the
 bytes each build downloads and the ratio.
 
+Then the cost of emulation: tests/variants/testarm64 built cold for linux/arm64 (a Spark's platform) on the
+local arm64 base, its RUN steps under QEMU, against the same recipe built for linux/amd64 (`--platform`) on
+the same Debian release for this machine, natively. Each installs its architecture's vLLM 0.20.0 wheel.
+
 The bytes are what pip reports in the build log ("Downloading FILE (SIZE)", to a tenth of a unit), plus, for
 the git-source variant, the served vLLM repository's objects (a loopback git server here, GitHub for a real
 variant; the blob-less fetch of one commit takes at most that). The counterpart's lock gives its exact bytes
@@ -15,8 +19,10 @@ Run with `make bench-first-build` (needs Docker, the network to PyPI and the loc
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
 
+from tests.support.bases import ensure_arm64_base  # noqa: E402
 from tests.support.cli import run_cli  # noqa: E402
+from tests.support.docker import image_id  # noqa: E402
 from tests.support.gitsource import VARIANT as GIT_VARIANT  # noqa: E402
 from tests.support.gitsource import GitSource, ensure_torch_base  # noqa: E402
 
@@ -36,6 +44,8 @@ from sparkforge.recipe.layout import Layout  # noqa: E402
 from sparkforge.recipe.wheelset import download_bytes  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
+X86_TRIXIE = "sparkforge/base-local:trixie"  # the arm64 base's release, for this machine
+ARM64_VARIANT = "testarm64"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
 VARIANT = "testvllm033"
 UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
@@ -60,6 +70,21 @@ def cold_build(layout: Layout, variant: str, opts: BuildOptions, work: Path, **k
 
 def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def emulation(opts: BuildOptions, work: Path) -> dict[str, float]:
+    """testarm64 built cold for linux/arm64 under QEMU, and for linux/amd64 natively; both times and the ratio."""
+    ensure_arm64_base()
+    if not image_id(X86_TRIXIE):
+        subprocess.run(["bash", str(ROOT / "scripts" / "base-local.sh"), X86_TRIXIE], check=True, timeout=3600,
+                       env=dict(os.environ, BASE_SUITE="trixie"))
+    layout = Layout.default(images_dir=ROOT / "tests" / "variants")
+    arm_s, _ = cold_build(layout, ARM64_VARIANT, opts, work)
+    x86_s, _ = cold_build(layout, ARM64_VARIANT, opts, work, base=X86_TRIXIE, platform="linux/amd64")
+    print(f"  {ARM64_VARIANT} for linux/arm64 under QEMU {arm_s:7.1f} s; for linux/amd64 natively {x86_s:7.1f} s")
+    print(f"ratio first build, emulated arm64 / native amd64: {arm_s / x86_s:6.3f}")
+    return {"arm64_emulated_s": round(arm_s, 1), "amd64_native_s": round(x86_s, 1),
+            "emulation_ratio": round(arm_s / x86_s, 3)}
 
 
 def main() -> None:
@@ -94,9 +119,10 @@ def main() -> None:
         print(f"ratio first build, no compile / compile: {wheel_s / git_s:6.3f}  (the compile here is "
               "VLLM_TARGET_DEVICE=empty, a small part of a CUDA compile; its users report 20 min to 3 h for a CUDA "
               "one on a Spark)")
+        figures = emulation(opts, work)
         print(json.dumps({"no_compile_s": round(wheel_s, 1), "compile_s": round(git_s, 1),
                           "no_compile_bytes": wheel_bytes, "compile_bytes": pip_bytes + served,
-                          "ratio": round(wheel_s / git_s, 3)}))
+                          "ratio": round(wheel_s / git_s, 3)} | figures))
     finally:
         if git is not None:
             git.stop()

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Make a local Python base image without pulling anything (no container registry is reachable):
-# debootstrap a minimal bookworm rootfs and `docker import` it.
+# debootstrap a minimal Debian rootfs and `docker import` it.
 #
 # Usage: scripts/base-local.sh [NAME:TAG]      (default sparkforge/base-local:bookworm)
+#   env BASE_SUITE         the Debian release (default bookworm)
+#   env BASE_ARCH          its architecture, as dpkg names it (default this machine's). Another one is
+#                          made with mmdebstrap, whose package scripts run under QEMU (binfmt_misc must
+#                          run that architecture's programs: .ci/provision registers arm64), and is
+#                          imported as linux/BASE_ARCH
 #   env SPARKFORGE_CACHE   cache root (default $HOME/.cache/sparkforge); the rootfs tarball
 #                          is kept in $SPARKFORGE_CACHE/base/ so a later run only re-imports
 #   env DEBIAN_MIRROR      debootstrap mirror (default http://deb.debian.org/debian)
@@ -13,7 +18,7 @@
 set -euo pipefail
 
 IMAGE="${1:-sparkforge/base-local:bookworm}"
-SUITE=bookworm
+SUITE="${BASE_SUITE:-bookworm}"
 VARIANT=minbase
 INCLUDE=python3,python3-pip,python3-venv,git,patch,ca-certificates
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -33,14 +38,15 @@ if [[ "${BASE_FORCE:-0}" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&
   exit 0
 fi
 
-ARCH="$(dpkg --print-architecture)"
+HOST_ARCH="$(dpkg --print-architecture)"
+ARCH="${BASE_ARCH:-$HOST_ARCH}"
 # The cache key covers everything that changes the rootfs content.
 KEY="$(printf '%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$MIRROR" "$ARCH" "$EPOCH" | sha256sum | cut -c1-12)"
 TARBALL="$CACHE_DIR/rootfs-$SUITE-$ARCH-$KEY.tar"
 mkdir -p "$CACHE_DIR"
 
 # One builder at a time per cache dir: a second concurrent run waits and then reuses the tarball.
-exec 9>"$CACHE_DIR/.lock"
+exec 9>"$CACHE_DIR/.lock-$SUITE-$ARCH"
 flock 9
 
 if [[ ! -s "$TARBALL" ]]; then
@@ -53,12 +59,19 @@ if [[ ! -s "$TARBALL" ]]; then
     rm -rf --one-file-system "$ROOTFS" "$TARBALL.tmp"
   }
   trap cleanup EXIT
-  log "debootstrap $SUITE ($VARIANT, $INCLUDE) from $MIRROR; log: $CACHE_DIR/debootstrap.log"
+  log "debootstrap $SUITE $ARCH ($VARIANT, $INCLUDE) from $MIRROR; log: $CACHE_DIR/debootstrap-$SUITE-$ARCH.log"
   t0=$SECONDS
-  if ! debootstrap --variant="$VARIANT" --include="$INCLUDE" "$SUITE" "$ROOTFS" "$MIRROR" \
-    >"$CACHE_DIR/debootstrap.log" 2>&1; then
-    tail -n 20 "$CACHE_DIR/debootstrap.log" >&2
-    die "debootstrap failed (full log: $CACHE_DIR/debootstrap.log)"
+  if [[ $ARCH == "$HOST_ARCH" ]]; then
+    make_root=(debootstrap --variant="$VARIANT" --include="$INCLUDE" "$SUITE" "$ROOTFS" "$MIRROR")
+  else
+    # mmdebstrap runs the package scripts of a foreign root through QEMU in a third of debootstrap's
+    # second stage (measured here: 6 min against 15 for trixie arm64, most of it byte-compiling Python).
+    command -v mmdebstrap >/dev/null || die "mmdebstrap not found (on Debian: apt-get install mmdebstrap arch-test)"
+    make_root=(mmdebstrap --mode=root --arch="$ARCH" --variant="$VARIANT" --include="$INCLUDE" "$SUITE" "$ROOTFS" "$MIRROR")
+  fi
+  if ! "${make_root[@]}" >"$CACHE_DIR/debootstrap-$SUITE-$ARCH.log" 2>&1; then
+    tail -n 20 "$CACHE_DIR/debootstrap-$SUITE-$ARCH.log" >&2
+    die "debootstrap failed (full log: $CACHE_DIR/debootstrap-$SUITE-$ARCH.log)"
   fi
   log "debootstrap took $((SECONDS - t0))s"
   # Drop downloaded .debs, logs and host-specific leftovers: size, and less run-to-run noise.
@@ -80,7 +93,7 @@ fi
 SHA="$(cat "$TARBALL.sha256" 2>/dev/null || sha256sum "$TARBALL" | cut -d' ' -f1)"
 t0=$SECONDS
 # Fixed config so the image looks the same wherever it is imported (only `created` differs).
-docker import \
+docker import --platform "linux/$ARCH" \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' \
   --change 'CMD ["/bin/bash"]' \

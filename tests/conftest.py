@@ -101,11 +101,14 @@ USER_GROUP = ("tests/cluster/test_user_path.py",)
 HOSTS_GROUP = ("tests/cluster/", "tests/infra/", "tests/docker/test_distribute.py", "tests/docker/test_containerd_head.py",
                "tests/docker/test_serve.py")
 GROUPS = {"tests/docker/test_git_source.py": "engine-git", "tests/docker/test_variants.py": "engine-variants",
-          "tests/docker/test_wheel_builds.py": "engine-variants"}
+          "tests/docker/test_wheel_builds.py": "engine-variants",
+          "tests/cluster/test_arm64.py": "engine-arm64"}  # its steps wait on QEMU: beside the others' disk
 
 
 def _engine_group(item) -> str:
     path = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else str(item.path)
+    if path in GROUPS:
+        return GROUPS[path]
     if path.startswith(USER_GROUP):
         return "engine-user"
     if path.startswith(HOSTS_GROUP):

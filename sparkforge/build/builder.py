@@ -104,7 +104,7 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
                    target: str | None = None) -> list[str]:
     """The exact `docker buildx build` command for a rendered context (of one stage, with target)."""
     cmd = ["docker", "buildx", "build", "--progress=plain", *(["--output", opts.output] if opts.output else ["--load"]),
-           "--provenance=false", "--file", str(context.dockerfile)]
+           "--provenance=false", "--platform", plan.platform, "--file", str(context.dockerfile)]
     if target:
         cmd += ["--target", target]
     for name, folder in opts.contexts:
@@ -135,6 +135,35 @@ def require_engine(host: str | None) -> None:
     problem = dockercli.engine_problem(host)
     if problem:
         raise BuildError(problem, field="docker")
+
+
+# What registers the emulator an engine runs another architecture's build steps with (binfmt_misc, the F flag).
+EMULATION_HINT = ("register QEMU's binfmt handlers on the engine's machine (Debian, Ubuntu: apt-get install "
+                  "qemu-user-static; or docker run --privileged --rm tonistiigi/binfmt --install all)")
+
+
+def engine_arch(host: str | None) -> str:
+    """The engine's own architecture, as Docker names it (amd64, arm64)."""
+    return dockercli.run(["version", "--format", "{{.Server.Arch}}"], what="docker version", host=host).stdout.strip()
+
+
+def builder_platforms(opts: BuildOptions) -> tuple[str, ...]:
+    """The platforms the builder runs build steps for (`docker buildx inspect`: its own, and what binfmt emulates)."""
+    inspect = dockercli.run(["buildx", "inspect", *(["--builder", opts.builder] if opts.builder else [])],
+                            what="docker buildx inspect", host=opts.docker_host).stdout
+    listed = next((line.partition(":")[2] for line in inspect.splitlines() if line.strip().startswith("Platforms:")), "")
+    return tuple(p.strip().rstrip("*") for p in listed.split(",") if p.strip())
+
+
+def require_platform(plan: Plan, opts: BuildOptions) -> None:
+    """Raise BuildError, in one line, when the builder can run no build step of the plan's platform."""
+    own = engine_arch(opts.docker_host)
+    if own == plan.arch:
+        return
+    platforms = builder_platforms(opts)
+    if plan.platform not in platforms:
+        raise BuildError(f"the engine is {own} and its builder runs no {plan.platform} steps (it runs "
+                         f"{', '.join(platforms) or 'none'}): {EMULATION_HINT}", field="platform")
 
 
 def check_engine() -> None:
@@ -232,6 +261,7 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
     if opts.ca_cert and not opts.ca_cert.is_file():
         raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
     require_engine(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
+    require_platform(plan, opts)
     reader = _BuildLog(progress)
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     try:

@@ -67,14 +67,14 @@ class LoadedPlan:
     unresolved: tuple[tuple[str, str], ...] = ()  # (field, why) the applied lock leaves open
 
 
-def load_plan(layout: Layout, variant: str, *, base: str | None = None,
+def load_plan(layout: Layout, variant: str, *, base: str | None = None, platform: str | None = None,
               lock_policy: LockPolicy = LockPolicy.AUTO) -> LoadedPlan:
-    """The one way from a variant name to its plan: recipe chain, `--base`, then the lock.
+    """The one way from a variant name to its plan: recipe chain, `--base` and `--platform`, then the lock.
 
     Raises ConfigError when the recipe is bad, or (LOCKED) when there is no lock or the recipe
     changed after it was locked.
     """
-    plan = plan_variant(layout, variant, base=base)
+    plan = plan_variant(layout, variant, base=base, platform=platform)
     path = lock_path(layout.images_dir, variant)
     if lock_policy is LockPolicy.IGNORE:
         return LoadedPlan(plan, None)

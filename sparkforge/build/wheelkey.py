@@ -41,19 +41,14 @@ def _content_digest(data: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
 
 
-def engine_arch(host: str | None = None) -> str:
-    """The build engine's CPU architecture: a base digest may name a multi-arch index, whose wheels differ by it."""
-    return dockercli.run(["version", "--format", "{{.Server.Os}}/{{.Server.Arch}}"], host=host,
-                         what="docker version").stdout.strip()
-
-
-def key_inputs(plan: Plan, base: str | None, arch: str) -> tuple[dict[str, Any] | None, str]:
+def key_inputs(plan: Plan, base: str | None) -> tuple[dict[str, Any] | None, str]:
     """What decides the compiled wheel's content, or None and why the cache cannot be used.
 
     Everything the compile stages read: the source and its source-phase mods, the compile's
     environment and arch list, the base and the OS packages and protected builds added to it, the
     git components copied in, the template and the tools that run in those stages (tooling_digest),
-    the engine's architecture, and SOURCE_DATE_EPOCH (it sets the times inside the wheel)."""
+    the platform it is built for (a base digest may name a multi-arch index, whose wheels differ by it),
+    and SOURCE_DATE_EPOCH (it sets the times inside the wheel)."""
     v = plan.vllm
     if v.source != "git":
         return None, "the variant compiles no vLLM"
@@ -76,7 +71,7 @@ def key_inputs(plan: Plan, base: str | None, arch: str) -> tuple[dict[str, Any] 
         "protect": list(plan.protect),
         "git_components": {c.name: c.commit.value for c in gits},
         "tooling": plan.tooling_digest,
-        "platform": arch,
+        "platform": plan.platform,
         "source_date_epoch": plan.source_date_epoch,
     }, ""
 

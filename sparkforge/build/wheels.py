@@ -24,7 +24,7 @@ from ..inimage.contract import JsonError, parse_json
 from ..recipe import download
 from ..recipe.plan import Plan
 from ..recipe.sources import cache_dir
-from .wheelkey import CACHE_FORMAT, base_identity, cache_key, differences, engine_arch, key_inputs
+from .wheelkey import CACHE_FORMAT, base_identity, cache_key, differences, key_inputs
 
 CONTEXT = "vllm-wheel"  # the named build context the Dockerfile reads a wheel from
 ENTRY_WHEEL_RE = re.compile(r"\Awheels/vllm-[A-Za-z0-9._+-]+\.whl\Z")  # where an entry keeps its wheel
@@ -175,7 +175,7 @@ def lookup(plan: Plan, root: Path, host: str | None = None) -> Lookup:
     """Find this build's wheel in the cache; the wheel is hash-checked before it is offered."""
     if plan.vllm.source != "git":
         return Lookup(None, None, None, "the variant compiles no vLLM")
-    inputs, why = key_inputs(plan, base_identity(plan, host), engine_arch(host))
+    inputs, why = key_inputs(plan, base_identity(plan, host))
     if inputs is None:
         return Lookup(None, None, None, why)
     key = cache_key(inputs)

@@ -151,6 +151,7 @@ err = _console(stderr=True)
 
 class State:
     layout: Layout = Layout.default()
+    platform: Optional[str] = None  # --platform: every plan built for it instead of the recipe's
 
 
 def program() -> str:
@@ -172,6 +173,9 @@ def main(
                                                    help="Folder of variant recipes (default: images/).")] = None,
     mods: Annotated[Optional[Path], typer.Option("--mods", metavar="DIR", help="Folder of mods (default: mods/).")]
     = None,
+    platform: Annotated[Optional[str], typer.Option(
+        "--platform", metavar="OS/ARCH", help="Build for, and look for images of, this platform instead of the "
+        "recipe's (linux/arm64 for a Spark): linux/amd64 for a test on an x86-64 machine. Changes the tag.")] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
                                           callback=_print_version)] = False,
 ) -> None:
@@ -179,6 +183,7 @@ def main(
         if folder is not None and folder.exists() and not folder.is_dir():
             raise ConfigError("is not a folder", path=folder, field=option)
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
+    State.platform = platform
 
 
 # ------------------------------------------------------------------ what several verbs take, defined once
@@ -223,7 +228,7 @@ def ca_bundle(path: Optional[Path]) -> Optional[Path]:
 def load(variant: str, base: Optional[str] = None, *, locked: bool = False,
          policy: Optional[LockPolicy] = None) -> LoadedPlan:
     """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
-    return warned(load_plan(State.layout, variant, base=base,
+    return warned(load_plan(State.layout, variant, base=base, platform=State.platform,
                             lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
 
 

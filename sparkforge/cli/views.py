@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..build.pipeline import LoadedPlan
 from ..inimage.contract import BuildRecord, WheelOrigin
-from ..recipe.plan import Plan
+from ..recipe.plan import Plan, platform_of
 from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
 
@@ -61,6 +61,7 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         _line(f"  tag         {plan.tag}  (moving: {plan.moving_tag})"),
         _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
         _line(f"  base        {plan.base.ref}", *_digest_origin(loaded)),
+        _line(f"  platform    {plan.platform}"),
     ]
     if v.source == "git":
         src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
@@ -76,6 +77,8 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         wheels = (f"{len(plan.wheel_set)} wheels pinned by sha256, {download_bytes(plan.wheel_set) / 1e9:.2f} GB to "
                   "download" if plan.wheel_set else "not locked yet")
         lines.append(_line(f"  python      {plan.python.version} on {plan.python.platform}; wheel set: {wheels}"))
+        if plan.python.venv:
+            lines.append(_line(f"  venv        {plan.python.venv} (python3 on PATH; sees the base's own packages)"))
         lines += [_line(f"  left out    {name}: {reason}")
                   for name, reason in zip(plan.python.leave_out, plan.python.reasons)]
     for c in plan.components:
@@ -200,6 +203,8 @@ def record_lines(image: str, record: BuildRecord, labels: dict[str, str]) -> lis
         _line(f"  tag          {record.tag}"),
         _line(f"  built        {record.built_at} by sparkforge {record.tool_version}"),
         _line(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}"),
+        _line(f"  platform     {platform_of(record.machine) or 'not recorded'}"
+              + (f" (its Python ran as {record.machine})" if record.machine else "")),
         _line(f"  vllm         {v['version']} ({v['source']}) commit "
               f"{v['commit']['value'] or v.get('built_commit') or '-'}; installed {installed.get('vllm')}"),
     ]

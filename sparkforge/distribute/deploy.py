@@ -30,7 +30,7 @@ from ..errors import DistributeError
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
 from .images import (DeployRecord, HeadImage, NodeImage, check_node, deployed_tag, image_on_head, inspect,
-                     registry_ref, same_image, update_state)
+                     registry_ref, require_arch, same_image, update_state)
 from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_dockers,
                     run_nodes)
 
@@ -247,6 +247,7 @@ def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeRes
     run, told = NodeRun(node, time.monotonic()), False  # told: the transfer heard whether this node moves
     try:
         progress(Progress(node.name, "check"))
+        require_arch(node, transfer.image)
         before, have = check_node(node, transfer.image)
         run.previous = before.id if before else None
         told = True
@@ -336,6 +337,8 @@ def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = N
 
     def one(node: Node) -> NodeStatus:
         try:
+            if image is not None:
+                require_arch(node, image)  # a node of another architecture cannot run it, whatever its tags say
             found = inspect(node, plan.moving_tag, tag)
             moving, tagged = found[plan.moving_tag], found[tag]
         except DistributeError as exc:

@@ -25,7 +25,7 @@ from ..recipe.layout import PROJECT_ROOT
 from ..recipe.plan import Plan
 from ..recipe.fields import DIGEST_RE, REPOSITORY_RE, TAG_RE
 from .cluster import Node
-from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker
+from .nodes import CONTROL_TIMEOUT, NodeFailure, one_line, run_docker
 
 STATE_DIR = PROJECT_ROOT / "build" / "distribute"
 
@@ -72,6 +72,7 @@ class HeadImage:
     image_id: str
     size: int  # as the engine reports it: unpacked (classic store) or compressed (containerd); about a save's
     identity: ImageIdentity
+    arch: str = ""  # the architecture it is built for, as Docker names it (arm64, amd64); "" when not known
 
     @property
     def repository(self) -> str:
@@ -195,7 +196,7 @@ def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> H
     learnt = (state.get("configs") or {}).get(tag) or {}
     config = learnt.get("config") if learnt.get("head_id") == own.id else None
     identity = ImageIdentity(config or own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
-    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity)
+    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity, str(data.get("Architecture") or ""))
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,24 @@ def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
         return {ref: None if data is None else NodeImage.from_inspect(data) for ref, data in seen.items()}
     except (ValueError, LookupError, TypeError) as exc:  # also an image without an ID or with odd digests
         raise NodeFailure(f"inspect of {' '.join(refs)} failed: {exc}") from None
+
+
+def node_arch(node: Node) -> str:
+    """The architecture of a node's engine, as Docker names it (arm64, amd64)."""
+    proc = run_docker(node, "version", "--format", "{{.Server.Arch}}", timeout=CONTROL_TIMEOUT)
+    if proc.returncode != 0:
+        raise NodeFailure(f"docker version failed: {one_line(proc.stderr.decode(errors='replace'))}")
+    return proc.stdout.decode(errors="replace").strip()
+
+
+def require_arch(node: Node, image: HeadImage) -> None:
+    """Refuse, as this node's one-line failure, a node whose engine runs another architecture than the image's."""
+    if not image.arch:
+        return
+    arch = node_arch(node)
+    if arch != image.arch:
+        raise NodeFailure(f"its engine runs {arch} images, and {image.tag} is built for linux/{image.arch}; "
+                          "nothing was sent to it")
 
 
 def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:

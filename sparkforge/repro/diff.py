@@ -21,7 +21,7 @@ from ..inimage.contract import BuildRecord
 from ..recipe.config import list_variants
 from ..recipe.lockfile import LOCK_SUFFIX, Lock, Pinned, read_lock
 from ..recipe.layout import Layout
-from ..recipe.plan import Plan, PythonTarget, WheelPin
+from ..recipe.plan import Plan, PythonTarget, WheelPin, platform_of
 
 SECTIONS = ("image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods", "tooling",
             "packages")
@@ -30,7 +30,7 @@ SECTIONS = ("image", "base", "os_packages", "vllm", "components", "protect", "bu
 Entries = tuple[tuple[str, "str | None"], ...]
 
 # The fields of a plan's identity that the named sections above show; `other` shows the rest.
-_SHOWN = {"image", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods",
+_SHOWN = {"image", "platform", "base", "os_packages", "vllm", "components", "protect", "build", "env", "mods",
           "tooling_digest", "tool_version", "source_date_epoch", "pins", "gpus", "kernels_not_needed", "python",
           "wheel_set"}
 # What names the variant rather than what is in it: every two variants differ there.
@@ -196,13 +196,14 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
     base = plan.base.ref + ("" if plan.base.digest.value else " (digest unknown)")
     return Snapshot(
         label=f"variant {plan.variant}",
-        image=(("image", plan.image),),
+        image=(("image", plan.image), ("platform", plan.platform)),
         base=(("base", base),),
         os_packages=_os_packages(plan.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, v.commit.value)), ("repo", v.repo or "none"),
               ("package", v.package), ("install_deps", _yes(v.install_deps)),
               ("wheel", " ".join(x for x in (v.wheel.filename, v.wheel.url, v.wheel.path, f"sha256:{v.wheel.sha256}")
-                                 if x) if v.wheel else "none")) + _wheels(plan.python, plan.wheel_set),
+                                 if x) if v.wheel else "none")) + _wheels(plan.python, plan.wheel_set)
+        + (("venv", plan.python.venv if plan.python and plan.python.venv else "none"),),
         components=tuple(comps),
         protect=_names(plan.protect),
         build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch)
@@ -244,7 +245,8 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
               ("repo", "none" if v.source != "git" else v.repo), ("package", v.package or "vllm"),
               ("install_deps", _yes(v.install_deps)),
               ("wheel", None))
-        + (_wheels(lock.wheels.python, lock.wheels.packages, lock.wheels.unresolved) if lock.wheels else _wheels(None, ())),
+        + (_wheels(lock.wheels.python, lock.wheels.packages, lock.wheels.unresolved) if lock.wheels else _wheels(None, ()))
+        + (("venv", None),),
         components=tuple(comps),
         protect=_names(lock.protect),
         build=_build(None, None, None, None, lock.source_date_epoch) + _kernels(None, None),
@@ -283,11 +285,13 @@ def from_record(image: str, record: BuildRecord) -> Snapshot:
         unknown.append(("packages", "the image's build record predates package lists; rebuild it"))
     return Snapshot(
         label=f"image {image}",
-        image=(("image", ImageRef.parse(record.tag).repository),),
+        image=(("image", ImageRef.parse(record.tag).repository),
+               ("platform", platform_of(record.machine))),
         base=(("base", base),),
         os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
-              ("package", v.get("package") or "vllm"), ("install_deps", _yes(bool(v.get("install_deps")))), ("python", None), ("wheel set", None)),
+              ("package", v.get("package") or "vllm"), ("install_deps", _yes(bool(v.get("install_deps")))), ("python", None), ("wheel set", None),
+              ("venv", None)),
         components=tuple(comps),
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),

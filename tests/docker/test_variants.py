@@ -43,8 +43,9 @@ def locked033(base_image: str, tmp_path_factory) -> Path:
     return images
 
 
-def test_the_counterpart_carries_pypi033s_mods_and_kernel_entries() -> None:
-    ours, shipped = _plan(VARIANTS, V033), _plan(IMAGES, "pypi033")
+@pytest.mark.parametrize("variant", [V033, "testarm033"])
+def test_the_counterparts_carry_pypi033s_mods_and_kernel_entries(variant: str) -> None:
+    ours, shipped = _plan(VARIANTS, variant), _plan(IMAGES, "pypi033")
     for key in ("kernels_not_needed", "gpus", "env"):
         assert ours[key] == shipped[key], key
     assert [m["name"] for m in ours["mods"]] == [m["name"] for m in shipped["mods"]]

@@ -118,6 +118,7 @@ def wheel_recipe(server: dict, *, version: str = "", name: str | None = None, sh
     version = version or server["name"].split("-")[1]
     return f"""description: the vLLM wheel compiled by the git-source test, as a prebuilt wheel over HTTPS
 image: sparkforge-test/vllm
+platform: linux/amd64
 base:
   repository: sparkforge-test/base-torch
   tag: bookworm

@@ -11,8 +11,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # Versions of OS packages come from the pinned base image's apt sources.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git python3 python3-dev python3-pip \
+ && apt-get install -y --no-install-recommends git python3 python3-dev python3-venv \
  && rm -rf /var/lib/apt/lists/*
+# The image's packages go into a venv, its python3 first on PATH: pip installs the wheel set's versions there,
+# beside what the distribution's apt put in the system Python (which it does not let pip replace), and the
+# venv still sees the base's own packages.
+RUN python3 -m venv --system-site-packages /opt/venv
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH}
 COPY sparkforge/inimage/ /opt/sparkforge/inimage/
 # Record the base's own builds of these packages; every later pip install is constrained to them.
 RUN python3 -I -B /opt/sparkforge/inimage protect --out /opt/sparkforge/protect

@@ -10,6 +10,7 @@ is compiled. It runs where the driver runs CUDA 13.0 (tests/support/needs.py: cu
 
 from __future__ import annotations
 
+import platform
 import subprocess
 
 VARIANT = "testcuda"
@@ -22,6 +23,7 @@ def recipe(capabilities: list[str]) -> str:
     return f"""# Written by tests/support/cuda.py for the gpu tests: the gpu and serve smoke tiers on this host's GPUs.
 description: vLLM {VLLM} release wheel with its dependencies (a CUDA 13.0 torch from PyPI), for {arch_list}
 image: sparkforge-test/vllm
+platform: linux/{"arm64" if platform.machine() == "aarch64" else "amd64"}
 base:
   repository: sparkforge/base-local
   tag: bookworm

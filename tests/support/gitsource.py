@@ -65,6 +65,7 @@ def recipe(server: Served, vllm_commit: str) -> str:
     return f"""# Written by tests/support/gitsource.py: the git-source path over HTTPS.
 description: vLLM 0.17.0 compiled from git (VLLM_TARGET_DEVICE=empty), a git component, a source-phase mod
 image: sparkforge-test/vllm
+platform: linux/amd64
 base:
   repository: sparkforge-test/base-torch
   tag: bookworm

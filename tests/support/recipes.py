@@ -10,6 +10,7 @@ from sparkforge.recipe.layout import Layout
 from tests.support.paths import IMAGES, ROOT
 
 _PYPI = """\
+platform: linux/amd64
 base:
   repository: example.org/base
   tag: "1.0"

@@ -158,7 +158,7 @@ LONG = "v" * 116  # its tag, v...v-<12 hex>, would be 129 characters
 # Bad input found by trying the tool as a new user (issue 11): same contract, and nothing written.
 NEW_CASES = {
     "recipe not utf-8": (lambda p: write_bytes(p, "images/good.yaml", b"base:", b"# caf\xe9\nbase:"), "good",
-                         "images/good.yaml", "not UTF-8 text: byte 0xe9 on line 1"),
+                         "images/good.yaml", "not UTF-8 text: byte 0xe9 on line 2"),
     "mod.yaml not utf-8": (lambda p: write_bytes(p, "mods/good-mod/mod.yaml", b"a test mod\ndescription",
                                                  b"a test mod\ndescription: \xff\xfe\nfoo"), "good",
                            "mods/good-mod/mod.yaml", "not UTF-8 text: byte 0xff on line 3"),

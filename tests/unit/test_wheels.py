@@ -158,7 +158,7 @@ def _git_plan():
 def test_the_key_covers_what_decides_the_wheel_and_says_why_it_cannot_be_made() -> None:
     layout = Layout.default(ROOT)
     plan = _git_plan()
-    inputs, why = wheelkey.key_inputs(plan, "sha256:" + "1" * 64, "linux/arm64")
+    inputs, why = wheelkey.key_inputs(plan, "sha256:" + "1" * 64)
     assert why == "" and inputs is not None
     assert set(inputs) == {"format", "vllm", "source_mods", "build_env", "torch_cuda_arch_list", "base",
                            "os_packages", "protect", "git_components", "tooling", "platform", "source_date_epoch"}
@@ -172,19 +172,18 @@ def test_the_key_covers_what_decides_the_wheel_and_says_why_it_cannot_be_made() 
         assert [d.split(" ")[0] for d in wheelkey.differences(other, inputs)] == list(change)
     # Each of them is read from the plan: a plan that differs in it gives another key.
     for field, value in (("os_packages", plan.os_packages + ("zz",)), ("protect", plan.protect + ("zz",)),
-                         ("tooling_digest", "sha256:0"),
+                         ("tooling_digest", "sha256:0"), ("platform", "linux/amd64"),
                          ("source_date_epoch", 1)):
-        other_inputs, _ = wheelkey.key_inputs(replace(plan, **{field: value}), "sha256:" + "1" * 64, "linux/arm64")
+        other_inputs, _ = wheelkey.key_inputs(replace(plan, **{field: value}), "sha256:" + "1" * 64)
         assert wheelkey.cache_key(other_inputs) != key, field
-    assert wheelkey.key_inputs(plan, None, "linux/arm64")[1].endswith("has no digest and is not on this engine")
+    assert wheelkey.key_inputs(plan, None)[1].endswith("has no digest and is not on this engine")
     loose = replace(plan, components=plan_variant(layout, "ng17").components)
-    assert "commit is not pinned (lock the variant)" in wheelkey.key_inputs(loose, "x", "a")[1]
-    assert wheelkey.key_inputs(plan_variant(layout, "ng16"), "x", "a")[1] == "vllm.commit is not pinned (lock the variant)"
+    assert "commit is not pinned (lock the variant)" in wheelkey.key_inputs(loose, "x")[1]
+    assert wheelkey.key_inputs(plan_variant(layout, "ng16"), "x")[1] == "vllm.commit is not pinned (lock the variant)"
 
 
 def test_lookup_offers_a_stored_wheel_only_while_its_hash_holds(tmp_path: Path, monkeypatch) -> None:
     root = tmp_path / "cache"
-    monkeypatch.setattr(wheels, "engine_arch", lambda host=None: "linux/arm64")  # the one engine question
     plan = _git_plan()
     plan = replace(plan, base=replace(plan.base, digest=Pin("sha256:" + "1" * 64)))
     miss = wheels.lookup(plan, root)
