@@ -17,8 +17,7 @@ from `nvcc -rdc -shared` output, tests/fixtures/kernels/rdc.so, and torch's libt
 
 The kernel names an entry holds are a cubin's ELF sections `.text.<mangled name>` and PTX's
 `.entry <mangled name>`. A payload may be compressed: LZ4 block format (flag 0x2000, CUDA 12.x)
-or zstd (flag 0x8000, CUDA 13's default), each decoded by the system's library when there is
-one, else in Python (decompress.py, zstd.py).
+or zstd (flag 0x8000, CUDA 13's default), each decoded by the system's library (decompress.py).
 
 Everything the file says is checked before it is used: every offset and length against the
 file, the number of entries, each decoded size and the bytes a file's check may decode (the

@@ -4,7 +4,6 @@ limit, and the check of the other files goes on."""
 
 from __future__ import annotations
 
-import re
 import struct
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from sparkforge.inimage import fatbin, kernels
 from sparkforge.inimage.fatbin import FATBIN_MAGIC, FatbinError
-from tests.support.fatbins import fuzz, limited, python_decoders
+from tests.support.fatbins import fuzz, limited
 from tests.support.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -97,8 +96,6 @@ def test_a_payload_that_decodes_to_more_than_its_header_says_stops_there(tmp_pat
     struct.pack_into("<Q", section, at + 56, plain // 2)
     path = with_fatbin((FIXTURES / name).read_bytes(), tmp_path / "more.so", [bytes(section)])
     assert "the size its header says" in _one_line_error(path)
-    with python_decoders():
-        assert re.search("size its header says|past the limit|more than its limit", _one_line_error(path))
 
 
 def test_more_entries_than_a_real_library_holds(tmp_path):
