@@ -196,7 +196,8 @@ def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> H
     learnt = (state.get("configs") or {}).get(tag) or {}
     config = learnt.get("config") if learnt.get("head_id") == own.id else None
     identity = ImageIdentity(config or own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
-    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity, str(data.get("Architecture") or ""))
+    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity,
+                     str(data.get("Architecture") or ""))
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ def write_record(home: Path) -> BuildRecord:
         build=plan.build.to_dict(), env=[list(pair) for pair in plan.env],
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
-        python=sys.version.split()[0], machine=platform.machine(), tool_version=plan.tool_version, unpinned=[u.to_dict() for u in plan.unpinned],
+        python=sys.version.split()[0], machine=platform.machine(), tool_version=plan.tool_version,
+        unpinned=[u.to_dict() for u in plan.unpinned],
         kernels=parse_json(kernels_file.read_text()) if kernels_file.exists() else None,
     )
     (home / "build-record.json").write_text(record.to_json(indent=2))
