@@ -178,14 +178,28 @@ class GitServer:
         self._server.server_close()
 
 
+class _TLSServer(http.server.ThreadingHTTPServer):
+    """A threading HTTPS server for many clients at once (a run's builds and tests fetch together): a long listen
+    queue, and each TLS handshake in its request's own thread, so that a slow client holds up no other."""
+
+    request_queue_size = 128
+    daemon_threads = True
+    HANDSHAKE_TIMEOUT = 60.0
+
+    def finish_request(self, request, client_address) -> None:  # runs in the request's thread
+        request.settimeout(self.HANDSHAKE_TIMEOUT)
+        request.do_handshake()
+        request.settimeout(None)
+        super().finish_request(request, client_address)
+
+
 def serve_https(handler: type, certs: Path, host: str = "127.0.0.1") -> tuple[http.server.ThreadingHTTPServer, str, Path]:
     """Run handler over HTTPS on a free port of host, in a thread: (the server, its URL, the test CA made in certs)."""
     ca, crt, key = make_ca(certs, host)
-    server = http.server.ThreadingHTTPServer((host, 0), handler)
-    server.daemon_threads = True
+    server = _TLSServer((host, 0), handler)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(crt, key)
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"https://{host}:{server.server_address[1]}", ca
 
