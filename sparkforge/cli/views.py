@@ -325,7 +325,8 @@ def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
     """`lock`: what was pinned, and what could not be resolved from here."""
     lines = [
         _line(f"locked {variant} -> {path}"),
-        _line(f"  base      {lock.base.repository}:{lock.base.tag} @ {lock.base.digest.show()}"),
+        _line(f"  base      {lock.base.repository}:{lock.base.tag} @ "
+              f"{lock.base.digest.value or 'unresolved (below)'}"),
         _line(f"  packages  {len(lock.packages)} installed" if lock.packages_unresolved is None
               else "  packages  unresolved"),
         _line(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in lock.mods) or '-'}"),
