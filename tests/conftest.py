@@ -45,11 +45,16 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (xdist starts its workers later, with this environment)
         os.environ[gitsource.RUN_FOLDER] = tempfile.mkdtemp(prefix="sparkforge-tests-run-")
         os.environ[gitsource.RUN_OWNER] = str(os.getpid())
+        config.stash[_RUN_FOLDER] = os.environ[gitsource.RUN_FOLDER]
 
 
 def pytest_unconfigure(config):
-    if not hasattr(config, "workerinput") and os.environ.get(gitsource.RUN_FOLDER):
-        gitsource.stop_shared(Path(os.environ.pop(gitsource.RUN_FOLDER)))
+    # Only the folder this run made: a run whose configure stopped early (a bad SPARKFORGE_REQUIRED_TIERS, say)
+    # holds the folder of the run that started it in its environment, and must leave that run's server alone.
+    folder = config.stash.get(_RUN_FOLDER, None)
+    if folder is not None:
+        os.environ.pop(gitsource.RUN_FOLDER, None)
+        gitsource.stop_shared(Path(folder))
 
 
 def pytest_report_header(config):
@@ -82,6 +87,7 @@ def pytest_sessionfinish(session, exitstatus):
 # ------------------------------------------------------------------ tiers
 
 _REQUIRED = pytest.StashKey[needs.Required]()
+_RUN_FOLDER = pytest.StashKey[str]()  # the folder of the shared git server this controller made
 ENGINE_TIERS = ("gpu", "cluster", "docker", "root")
 
 

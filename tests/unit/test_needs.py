@@ -129,7 +129,8 @@ def pytest_run(tmp_path: Path, *args: str, **env: str) -> tuple[int, str]:
         (tmp_path / "bin").mkdir()
         (tmp_path / "bin" / "docker").symlink_to(shutil.which("docker") or "/nonexistent")
     environ = {k: v for k, v in os.environ.items()
-               if not k.startswith("PYTEST_") and k not in ("CI", "SPARKFORGE_REQUIRED_TIERS", "DOCKER_CONTEXT")}
+               if not k.startswith("PYTEST_") and k not in ("CI", "SPARKFORGE_REQUIRED_TIERS", "DOCKER_CONTEXT",
+                                                           "SPARKFORGE_TESTS_RUN", "SPARKFORGE_TESTS_OWNER")}
     environ.update(env, PYTHONPATH=str(ROOT), PATH=str(tmp_path / "bin"), COLUMNS="300",
                    DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-rA", "-p", "no:cacheprovider",
