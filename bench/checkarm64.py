@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,14 +27,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
 
+from sparkforge import proc  # noqa: E402
 from tests.support.bases import ensure_arm64_base  # noqa: E402
-from tests.support.cli import run_cli  # noqa: E402
 
 VARIANT = "testarm033"
 CA = "/etc/ssl/certs/ca-certificates.crt"
 STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
 LINE = re.compile(r"^#(\d+) ([0-9.]+) (.*)$")
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The real command line, in a process group of its own that Ctrl-C and SIGTERM stop with this script."""
+    return proc.run([sys.executable, str(ROOT / "build.py"), *args], timeout=timeout, capture_output=True, text=True,
+                    cwd=ROOT)
 
 
 def step_times(log: Path) -> dict[str, tuple[float, float | None]]:
@@ -57,6 +64,7 @@ def step_times(log: Path) -> dict[str, tuple[float, float | None]]:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))  # proc.run stops the build then
     work = Path(tempfile.mkdtemp(prefix="sparkforge-check-arm64-"))
     try:
         t0 = time.monotonic()
