@@ -165,10 +165,12 @@ def test_diff_of_two_builds_that_differ_by_one_mod(test_image, tmp_path: Path) -
     images = tmp_path / "images"
     images.mkdir()
     text = (VARIANTS / "testvllm.yaml").read_text().replace("  - fix-qwen35-tp4-marlin\n", "")
-    (images / "testvllm.yaml").write_text(text)
-    proc = sparkforge(*build_args("testvllm", images=images))
+    # A name of its own: a build named testvllm would move the moving tag the build tests check.
+    (images / "testvllm-nofix.yaml").write_text(text)
+    proc = sparkforge(*build_args("testvllm-nofix", images=images))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    other = json.loads(sparkforge("--images", str(images), "show", "testvllm", "--base", BASE, "--json").stdout)["tag"]
+    other = json.loads(sparkforge("--images", str(images), "show", "testvllm-nofix", "--base", BASE,
+                                  "--json").stdout)["tag"]
     assert image_id(other) and image_id(other) != test_image.image_id
     proc = sparkforge("diff", test_image.tag, other)
     print(proc.stdout)

@@ -23,6 +23,7 @@ Stdlib only.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -299,8 +300,11 @@ class NetnsCluster:
     def leftovers(self) -> list[str]:
         """What of this cluster still exists (empty after close)."""
         found = [ns for ns in run("ip", "netns", "list").stdout.split() if ns.startswith(f"sf{self.subnet}-")]
-        links = run("ip", "-o", "link", "show").stdout
-        found += [f"link {name}" for name in (self.bridge, f"sfv{self.subnet}") if f" {name}" in links]
+        # Whole names: another cluster's subnet may begin with this one's digits (sfbr1 and sfbr142).
+        names = {line.split(":")[1].strip().split("@")[0] for line in run("ip", "-o", "link", "show").stdout.splitlines()
+                 if line.count(":") >= 2}
+        found += [f"link {name}" for name in sorted(names)
+                  if name == self.bridge or re.fullmatch(rf"sfv{self.subnet}[a-z]\d+p?", name)]
         found += [f"pid {p}" for h in self.nodes if h.engine for p in h.engine.processes() if _alive(p)]
         return found
 
