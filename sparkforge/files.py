@@ -88,6 +88,25 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
+def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Put data at path whole, where no file is: like write_atomic, but the temporary file is linked to path,
+    which fails when another process made path first (FileExistsError, naming path); nothing is replaced."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, mode)
+        os.link(tmp, path)
+    except OSError as exc:
+        exc.filename, exc.filename2 = str(path), None
+        raise
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 @contextlib.contextmanager
 def locked(lock_file: Path, *, timeout: float, what: str,
            on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:

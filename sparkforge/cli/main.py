@@ -106,6 +106,10 @@ def check_mods(
     until: Annotated[Optional[str], typer.Option("--until", metavar="VERSION", help="Last vLLM release of --matrix "
                                                  "(default: the newest).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail also when a source could not be fetched.")] = False,
+    changed_since: Annotated[Optional[str], typer.Option(
+        "--changed-since", metavar="COMMIT", help="Check the variants that the changes since this git commit touch: "
+        "their recipes (or what they extend), locks or mods; a change of sparkforge itself touches all. For CI: "
+        "the commit a push or pull request starts from.")] = None,
     ca_cert: CaCert = None,
 ) -> None:
     """Prove that each mod applies to the real source it targets.
@@ -119,7 +123,25 @@ def check_mods(
     """
     verbs.release_range(since, until)  # bad bounds are refused with or without --matrix
     ca_bundle(ca_cert)
-    plans = [plan_of(n) for n in verbs.variants_to_check(State.layout, list(variants or []), all_variants)]
+    if changed_since is not None:
+        if variants or all_variants:
+            raise ConfigError("--changed-since chooses the variants itself: name none, and leave out --all",
+                              field="--changed-since")
+        plans = [plan_of(n) for n in verbs.variants_to_check(State.layout, [], True)]
+        if changed_since.strip("0") == "":
+            err.print(f"--changed-since {changed_since}: no commit to compare with (a new branch); checking every "
+                      "variant", markup=False)
+        else:
+            touched = dict(verbs.touched_variants(State.layout, plans,
+                                                  verbs.changed_files(changed_since, State.layout.images_dir)))
+            for name, why in touched.items():
+                err.print(f"{name}: touched by {why}", markup=False)
+            plans = [p for p in plans if p.variant in touched]
+            if not plans:
+                say(f"no variant is touched by the changes since {changed_since}; nothing to check")
+                return
+    else:
+        plans = [plan_of(n) for n in verbs.variants_to_check(State.layout, list(variants or []), all_variants)]
     report = verbs.check_mods(plans, matrix_range=(since, until) if show_matrix else None,
                               say=lambda line: err.print(line, markup=False), ca_cert=ca_cert)
     out.print(views.check_table(report.rows, plans))

@@ -5,6 +5,8 @@ Registered after the cluster and wheels verbs, keeping the order of --help.
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,6 +33,7 @@ from .app import (
     plan_of,
     progress_printer,
     say,
+    write,
 )
 
 Epoch = Annotated[Optional[int], typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH, max=MAX_EPOCH,
@@ -151,6 +154,8 @@ def outdated(
     = True,
     until: Annotated[Optional[str], typer.Option("--until", metavar="VERSION", help="Last vLLM release to try the "
                                                  "mods on.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON: each component's pin and newer "
+                                          "releases, and where each mod applies.")] = False,
 ) -> None:
     """Show which pinned components have newer releases on PyPI, and which mods apply to them.
 
@@ -166,5 +171,57 @@ def outdated(
     """
     report = verbs.outdated_variant(plan_of(variant), try_mods=mods, until=until,
                                     progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
+    if as_json:
+        write(json.dumps({
+            "variant": report.plan.variant,
+            "components": [{"component": c.component, "project": c.project, "pinned": c.pinned, "newer": list(c.newer),
+                            "newest": c.newest, "checked": c.checked, "note": c.note} for c in report.components],
+            "mods": {m: [list(run) for run in report.applies_to(m)] for m in report.mods} if report.cells else {},
+        }, indent=2) + "\n")
+        return
     emit(views.outdated_lines(report, tried_mods=mods))
 
+
+
+@app.command()
+def bump(
+    variant: Variant,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="The vLLM release to bump to.")] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="Bump to the newest vLLM release on PyPI.")] = False,
+    name: Annotated[Optional[str], typer.Option("--name", metavar="NAME", help="The new variant's name (default: "
+                                                "VARIANT-X-Y-Z for release X.Y.Z).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the new recipe; write "
+                                          "nothing.")] = False,
+    lock: Annotated[bool, typer.Option("--lock/--no-lock", help="After writing, lock the new variant without a "
+                                       "build (lock --no-build: commits, the base digest, a wheel set).")] = True,
+    ca_cert: CaCert = None,
+) -> None:
+    """Write a variant for a newer vLLM release, with the mods that apply to its real source.
+
+    The new recipe `extends` VARIANT and says only what differs: the vLLM pin (a git source
+    follows the release's tag vX.Y.Z), the mods it drops and the env names it stops setting.
+    Each vLLM mod is applied, in the build's order, to the release's source from PyPI (as
+    check-mods does); one that fails there, or whose change the release already holds, is
+    dropped with the reason. A mod that applies outside its declared targets is kept and its
+    targets widened, but only after it also applied to every release the wider range takes in.
+    Nothing is written unless the new variant passes check-mods. Then `lock --no-build` runs
+    (--no-lock skips it), and the diff against VARIANT is printed.
+
+    Examples:
+
+      ./build.py bump ng17 --to 0.18.0 --name ng18
+
+      ./build.py bump pypi033 --latest --dry-run
+    """
+    from ..repro.diff import SECTIONS, diff_snapshots, from_plan, summary
+
+    plan = plan_of(variant, policy=LockPolicy.IGNORE)
+    opts = pipeline.build_options(ca_cert=ca_bundle(ca_cert))
+    command = shlex.join(["./build.py", "bump", variant, *(["--to", to] if to else ["--latest"])]
+                         + (["--name", name] if name else []))
+    result = verbs.bump_variant(plan, State.layout, opts, to=to, latest=latest, name=name, dry_run=dry_run, lock=lock,
+                                command=command, say=lambda line: err.print(line, markup=False))
+    emit(views.bump_lines(result))
+    if result.lock is not None:
+        emit(views.lock_lines(result.bump.recipe.stem, result.lock_path, result.lock))
+    emit(views.diff_lines(diff_snapshots(from_plan(plan), from_plan(result.bump.new)), SECTIONS, summary))

@@ -17,6 +17,7 @@ from ..inimage.contract import BuildRecord, WheelOrigin
 from ..recipe.plan import Plan, platform_of
 from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
+from ..repro.verbs import BumpResult
 
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
                RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
@@ -319,6 +320,25 @@ def dry_run_lines(d: Any) -> list[Text]:
     if d.note:
         lines.append(_line(f"vllm wheel  {d.note}"))
     return lines + [_line(shlex.join(d.command))]
+
+
+def bump_lines(result: BumpResult) -> list[Text]:
+    """`bump`: each mod kept or dropped with the reason, what the new recipe leaves open, and what was written."""
+    b = result.bump
+    lines = [_line(f"bump {b.old.variant} -> {b.recipe.stem}: vllm {b.old.vllm.version} -> {b.version}")]
+    for v in b.verdicts:
+        lines.append(_line("  ", ("kept   ", "green") if v.kept else ("dropped", "yellow"), f" {v.mod}: {v.reason}"))
+    lines += [_line("  ", ("not set", "yellow"), f" {name}: {why}") for name, why in b.env_dropped]
+    lines += [_line("  ", ("open   ", "yellow"), f" {what}") for what in b.unresolved]
+    widened = ", ".join(str(path) for path, _ in b.edits)
+    if not result.written:
+        lines.append(_line(f"dry run: nothing written; {b.recipe} would read:"))
+        lines += [_line(f"    {row}") for row in b.text.splitlines()]
+        if widened:
+            lines.append(_line(f"and these mods' targets would widen: {widened}"))
+    else:
+        lines.append(_line(f"wrote {b.recipe}" + (f"; widened the targets of {widened}" if widened else "")))
+    return lines
 
 
 def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:

@@ -1,4 +1,4 @@
-"""The library entries of the checking verbs: check-mods, verify-repro and outdated.
+"""The library entries of the checking verbs: check-mods, verify-repro, outdated and bump.
 
 Like build.pipeline (whose plan loading, wheel and context steps they reuse), the command line and the
 tests call these.
@@ -26,6 +26,8 @@ from ..recipe.sources import SourceUnavailable, release_versions
 from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, source_of
 
 if TYPE_CHECKING:  # imported where they run: their modules load only for their verbs
+    from ..recipe.lockfile import Lock
+    from .bump import Bump
     from .outdated import Report
     from .repro import ReproResult
 
@@ -82,6 +84,50 @@ def variants_to_check(layout: Layout, names: list[str], all_variants: bool) -> l
     if not names:
         raise ConfigError("name at least one variant, or use --all", field="check-mods")
     return names
+
+
+def changed_files(since: str, folder: Path) -> list[Path]:
+    """The files git sees changed since the commit `since` (committed, staged, in the work tree, or new and
+    not ignored), as absolute paths, in the repository that holds folder."""
+    from ..proc import CommandError, run
+
+    def git(*args: str) -> str:
+        try:
+            proc = run(["git", "-C", str(folder), *args], timeout=120, capture_output=True, text=True)
+        except CommandError as exc:
+            raise ConfigError(f"git: {exc}", field="--changed-since") from None
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or [f"no commit {since!r} in this clone"])[-1]
+            raise ConfigError(f"git cannot compare with {since!r}: {tail.removeprefix('fatal: ')} (a shallow clone "
+                              "needs its history: fetch-depth: 0)", field="--changed-since") from None
+        return proc.stdout
+
+    top = Path(git("rev-parse", "--show-toplevel").strip())
+    git("rev-parse", "--verify", "--quiet", f"{since}^{{commit}}")
+    names = git("diff", "--name-only", "-z", since, "--").split("\0")
+    names += git("ls-files", "--others", "--exclude-standard", "-z").split("\0")
+    return sorted({(top / n).resolve() for n in names if n})
+
+
+def touched_variants(layout: Layout, plans: list[Plan], changed: list[Path]) -> list[tuple[str, str]]:
+    """The variants a change touches, each with the first changed file that touches it: one of its recipes
+    (itself or what it extends), its lock, or a file of one of its mods. A change of the checker itself (the
+    package or the template) touches every variant."""
+    from ..recipe.lockfile import lock_path
+
+    def inside(path: Path, folder: Path) -> bool:
+        return path == folder or folder in path.parents
+
+    tool = [p for p in changed if inside(p, layout.inimage.parent) or p == layout.template.resolve()]
+    out = []
+    for plan in plans:
+        mine = {(layout.images_dir / Path(f).name).resolve() for f in plan.recipe_files}
+        mine.add(lock_path(layout.images_dir, plan.variant).resolve())
+        folders = [Path(m.folder).resolve() for m in plan.mods]
+        hit = next((p for p in changed if p in mine or any(inside(p, f) for f in folders)), None)
+        if hit is not None or tool:
+            out.append((plan.variant, str(hit or tool[0])))
+    return out
 
 
 def check_mods(plans: list[Plan], workdir: Path | None = None, *,
@@ -186,3 +232,33 @@ def save_local_mod(layout: Layout, name: str) -> tuple[scaffold.WorkTree, scaffo
     """`mod save NAME`: the patch from the work tree `mod new` made, written into the mod."""
     work = scaffold.read_work_tree(name)
     return work, scaffold.save_patch(layout.mods_dir, work)
+
+
+# ------------------------------------------------------------------ bump
+
+
+@dataclass(frozen=True)
+class BumpResult:
+    bump: Bump
+    written: bool  # False: --dry-run
+    lock_path: Path | None = None
+    lock: Lock | None = None
+
+
+def bump_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, to: str | None, latest: bool, name: str | None,
+                 dry_run: bool, lock: bool, command: str, say: Callable[[str], None] = lambda line: None) -> BumpResult:
+    """`bump`: a new variant for a newer vLLM release (repro.bump), written unless dry_run; then, with lock,
+    `lock --no-build` of it (what a lock can resolve without building: commits, the base digest, a wheel set)."""
+    from ..build.pipeline import lock_variant
+    from ..recipe.planner import plan_variant
+    from .bump import prepare, write
+
+    bump = prepare(plan, layout, to=to, latest=latest, name=name, command=command, say=say)
+    if dry_run:
+        return BumpResult(bump, written=False)
+    write(bump)
+    if not lock:
+        return BumpResult(bump, written=True)
+    say(f"lock --no-build {bump.recipe.stem}")
+    path, locked = lock_variant(plan_variant(layout, bump.recipe.stem), layout, opts, no_build=True, say=say)
+    return BumpResult(bump, written=True, lock_path=path, lock=locked)
