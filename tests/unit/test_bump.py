@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import gitserver
 from tests.support.cli import assert_one_line, run_cli
 from tests.support.paths import MODS, VARIANTS
 
@@ -91,3 +92,35 @@ def test_dry_run_and_bad_input_write_nothing(project) -> None:
     before = snapshot(images, mods)
     assert_one_line(run_cli("bump", "wheel", "--latest", images=images, mods=mods), "wheel.yaml", "vllm.source")
     assert snapshot(images, mods) == before
+
+
+@pytest.mark.needs("git")
+def test_a_git_source_follows_the_release_tag_and_refuses_a_remote_whose_tag_is_not_the_release(
+        project, tmp_path: Path) -> None:
+    """The tag's commit must start with the commit the release's sdist records; a remote that does not answer
+    leaves the commit open, with the reason, for lock."""
+    images, mods = project
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tmp_path / "repos").mkdir()
+    gitserver.init_repo(tmp_path / "repos", "vllm", tree, tag=f"v{NEW}")
+    srv = gitserver.start(tmp_path / "repos", tmp_path / "certs")
+    url = srv.repo_url("vllm")
+    (images / "gitold.yaml").write_text(f"extends: old\nvllm:\n  source: git\n  repo: {url}\n  ref: v{OLD}\n"
+                                        f"  commit:\n    unknown: not locked\n  version: \"{OLD}\"\n")
+    env = {"GIT_SSL_CAINFO": str(srv.ca)}
+    try:
+        before = snapshot(images, mods)
+        assert_one_line(run_cli("bump", "gitold", "--to", NEW, "--no-lock", images=images, mods=mods, env=env),
+                        "gitold.yaml: vllm.repo", f"tag v{NEW} is commit", "the remote is not vLLM's release",
+                        progress=("vllm ", "applying ", "fix-qwen35", "uf17"))
+        assert snapshot(images, mods) == before
+    finally:
+        srv.stop()
+    proc = run_cli("bump", "gitold", "--to", NEW, "--no-lock", images=images, mods=mods, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "open    vllm.commit: bump could not ask" in proc.stdout, proc.stdout
+    vllm = yaml.safe_load((images / "gitold-0-19-0.yaml").read_text())["vllm"]
+    assert vllm["ref"] == f"v{NEW}" and vllm["version"] == NEW and "`lock` asks again" in vllm["commit"]["unknown"]
+    assert not (images / "gitold-0-19-0.lock.json").exists()

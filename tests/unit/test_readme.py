@@ -48,6 +48,8 @@ SKIP = [
     (r"^\./build\.py --images tests/variants verify-repro ", "a dockerd on the containerd image store "
                                                              "(tests/docker/test_repro.py)"),
     (r"^\./build\.py outdated ", "every newer vLLM release's source from PyPI (tests/unit/test_lock.py)"),
+    (r"^\./build\.py bump ", "a newer vLLM release's source from PyPI, and GitHub for a git source's tag "
+     "(tests/unit/test_bump.py bumps a test variant between real releases)"),
     (r"^\./build\.py mod new \S+ (--pr|--from-url) ", "GitHub, or the URL's server (tests/unit/test_remote_patch.py "
                                                      "serves the diff itself)"),
     (r"^\./build\.py (mod new \S+ --variant|mod save|check-mods) ", "the vLLM release source from PyPI "

@@ -73,3 +73,25 @@ def test_the_check_mods_job_runs_as_written_on_a_push_and_checks_only_the_varian
     assert f"pypi033: touched by {recipe.resolve()}" in last.stderr, last.stderr
     assert "checking pypi033" in last.stderr and "checking ng17" not in last.stderr, last.stderr
     assert re.search(r"\d+ results: \d+ ok, 0 failed", last.stdout), last.stdout
+
+
+def test_a_change_touches_the_variants_of_its_recipe_lock_or_mods_and_a_change_of_sparkforge_touches_all() -> None:
+    from sparkforge.recipe.config import list_variants
+    from sparkforge.recipe.layout import Layout
+    from sparkforge.recipe.planner import plan_variant
+    from sparkforge.repro.verbs import touched_variants
+
+    layout = Layout.default()
+    plans = [plan_variant(layout, name) for name in list_variants(layout.images_dir)]
+    users = {p.variant for p in plans if "mtp-nvfp4-exclusion" in [m.name for m in p.mods]}
+    assert users and users != {p.variant for p in plans}
+
+    def touched(*paths: str) -> set[str]:
+        return {name for name, _ in touched_variants(layout, plans, [(ROOT / p).resolve() for p in paths])}
+
+    assert touched("mods/mtp-nvfp4-exclusion/mod.yaml") == users
+    assert touched("README.md", "tests/variants/testvllm.yaml") == set()
+    assert touched("images/ng17.lock.json") == {"ng17"}
+    # ng17e extends ng17: a change of ng17's recipe touches both.
+    assert touched("images/ng17.yaml") == {p.variant for p in plans if "ng17" in p.chain}
+    assert touched("sparkforge/inimage/patch.py") == {p.variant for p in plans}
