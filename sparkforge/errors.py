@@ -36,6 +36,8 @@ class SparkforgeError(Exception):
         self.field = field
         self.detail = message
         self.hint = hint
+        # Lines the command line shows above the error (a failed build step's last output), each as it was written.
+        self.context: tuple[str, ...] = ()
         super().__init__(message)
 
     def __str__(self) -> str:

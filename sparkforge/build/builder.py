@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -37,6 +38,8 @@ _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 _CACHED = re.compile(r"^#(\d+) CACHED$")
 _DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
 _ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+_OUTPUT = re.compile(r"^#(\d+) [0-9.]+ (.*)$")  # a line a step's command wrote, after its time
+SHOWN_LINES = 12  # of a failed step's output, printed above the error
 _MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
 _FETCH_FAILED = re.compile(r"gitfetch: (\S+ \S+: .*)$")  # gitfetch.py's one line when a ref cannot be fetched
 _BASE_FAILED = re.compile(r"failed to resolve source metadata for (\S+?):? (.*)$")  # BuildKit cannot get FROM
@@ -186,6 +189,7 @@ class _BuildLog:
     mod_failures: list[tuple[str, str]] = field(default_factory=list)
     fetch_failures: list[str] = field(default_factory=list)
     base_failures: list[tuple[str, str]] = field(default_factory=list)
+    outputs: dict[int, deque[str]] = field(default_factory=dict)  # each step's last lines
 
     def feed(self, line: str) -> None:
         if m := _STEP.match(line):
@@ -199,6 +203,8 @@ class _BuildLog:
             self.steps[int(m.group(1))].seconds = float(m.group(2))
         elif (m := _ERROR.match(line)) and int(m.group(1)) in self.steps:
             self.steps[int(m.group(1))].error = m.group(2)
+        elif (m := _OUTPUT.match(line)) and int(m.group(1)) in self.steps:
+            self.outputs.setdefault(int(m.group(1)), deque(maxlen=SHOWN_LINES)).append(m.group(2))
         if m := _MOD_FAILED.search(line):
             self.mod_failures.append((m.group(1), m.group(2)))
         elif m := _FETCH_FAILED.search(line):
@@ -207,7 +213,15 @@ class _BuildLog:
             self.base_failures.append((m.group(1), m.group(2)))
 
     def failure(self, plan: Plan, code: int, log_path: Path) -> BuildError:
-        """The one line that explains a failed build best."""
+        """The one line that explains a failed build best, with the failing step's last lines to show above it."""
+        error = self._failure(plan, code, log_path)
+        failed = next((s for s in self.steps.values() if s.error), None)
+        if failed is not None:
+            error.context = (f"step [{failed.name}] {failed.command[:100]}, its last lines:",
+                             *self.outputs.get(failed.number, ()))
+        return error
+
+    def _failure(self, plan: Plan, code: int, log_path: Path) -> BuildError:
         tail = f"(build log: {log_path})"
         if self.mod_failures:
             name, reason = self.mod_failures[0]

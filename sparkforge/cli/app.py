@@ -346,6 +346,8 @@ def _run_app() -> int:
     except UsageError as exc:
         return _report(f"error: {usage_error_line(exc, program())}", exc.exit_code)
     except SparkforgeError as exc:
+        for line in exc.context:
+            _report(f"  | {mask_secrets(visible(line, keep_newlines=False))}", 0)
         return _report(f"error: {exc.render(command_line)}", exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         return _report("interrupted", INTERRUPTED)

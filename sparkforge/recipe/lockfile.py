@@ -364,8 +364,16 @@ def _wheels(data: _Wheels | None, path: Path) -> LockedWheels | None:
     return LockedWheels(target, data.resolver, packages)
 
 
-def write_lock(path: Path, lock: Lock) -> None:
-    write_atomic(path, lock.to_json().encode())
+def write_lock(path: Path, lock: Lock) -> bool:
+    """Write the lock; a file that holds these bytes already is left alone (its time too). True: written."""
+    data = lock.to_json().encode()
+    try:
+        if path.read_bytes() == data:
+            return False
+    except OSError:
+        pass  # none yet, or unreadable: written whole below (where that fails, it says why)
+    write_atomic(path, data)
+    return True
 
 
 def existing_lock(path: Path) -> Lock | None:

@@ -145,6 +145,10 @@ def test_a_broken_mod_fails_the_build_and_keeps_the_tags(test_image, tmp_path: P
     assert lines[-1].startswith("error: mods: uf17-eager-allreduce: mod uf17-eager-allreduce failed: "
                                 "vllm/config/compilation.py: hunk @@"), lines[-1]
     assert f"{test_image.moving_tag} still points to {test_image.image_id[:19]}" in lines[-1]
+    # Above the error, the failing step's own last lines.
+    shown = [line for line in lines if line.startswith("  | ")]
+    assert shown and shown[0].startswith("  | step [") and "its last lines:" in shown[0], proc.stderr
+    assert any("uf17-eager-allreduce" in line for line in shown[1:]), proc.stderr
     assert "Traceback" not in proc.stderr
     assert image_id(test_image.moving_tag) == test_image.image_id
     assert image_id(test_image.tag) == test_image.image_id

@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import shutil
 import tarfile
 import struct
@@ -482,3 +483,20 @@ def test_locking_again_where_the_remote_does_not_answer_keeps_the_lock_and_its_p
     other = lock()
     assert other.returncode == 0, other.stdout + other.stderr
     assert "unresolved" in json.loads(path.read_text())["components"]["probe"]["commit"]
+
+
+def test_locking_again_with_nothing_changed_leaves_the_file_alone(tmp_path: Path) -> None:
+    """Same pins, same bytes: the file is not rewritten (its time stays), so a lock changes only with a pin."""
+    images = tmp_path / "images"
+    images.mkdir()
+    text = (VARIANTS / "testsmall.yaml").read_text()
+    assert "repository: nvcr.io/nvidia/pytorch" in text
+    # A base on a loopback port nothing listens on: the digest stays unresolved, asked of this machine only.
+    (images / "testsmall.yaml").write_text(text.replace("nvcr.io/", "127.0.0.1:9/"))
+    path = images / "testsmall.lock.json"
+    first = run_cli("lock", "testsmall", "--no-build", images=images, mods=TEST_MODS, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    again = run_cli("lock", "testsmall", "--no-build", images=images, mods=TEST_MODS, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert path.stat().st_mtime_ns == 1_000_000_000
