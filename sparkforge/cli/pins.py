@@ -170,7 +170,7 @@ def outdated(
       ./build.py outdated ng17e --no-mods
     """
     report = verbs.outdated_variant(plan_of(variant), try_mods=mods, until=until,
-                                    progress=lambda v: err.print(f"mods: vllm {v}", markup=False))
+                                    progress=lambda line: err.print(line, markup=False))
     if as_json:
         write(json.dumps({
             "variant": report.plan.variant,

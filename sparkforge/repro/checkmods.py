@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -218,6 +219,29 @@ class MatrixCell:
     state: RowState
     detail: str
     declared: bool  # whether the mod's targets include this release
+
+
+def release_progress(say: Callable[[str], None], label: str, total: int,
+                     clock: Callable[[], float] = time.monotonic) -> Callable[[str], None]:
+    """A progress callback for a run over releases: a line each, with its place (n/N) and, from the second on,
+    the time left at the pace so far."""
+    start = clock()
+    seen = 0
+
+    def tick(version: str) -> None:
+        nonlocal seen
+        seen += 1
+        left = ""
+        if seen > 1:
+            per = (clock() - start) / (seen - 1)
+            left = f", about {_duration(per * (total - seen + 1))} left"
+        say(f"{label} {version} ({seen}/{total}{left})")
+    return tick
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 def matrix(mods: list[Mod], versions: list[str], workdir: Path,

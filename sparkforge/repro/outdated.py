@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..recipe import sources
 from ..recipe.plan import Mod, Plan
-from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix
+from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix, release_progress
 
 # Git components whose releases PyPI also carries, by component name.
 ON_PYPI = {"transformers": "transformers"}
@@ -106,7 +106,8 @@ def check_components(plan: Plan, releases: Callable[[str], list[str]] = sources.
 def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | None = None,
              releases: Callable[[str], list[str]] = sources.release_versions,
              progress: Callable[[str], None] = lambda _: None) -> Report:
-    """The newer releases of each pinned component and, for vLLM, which mods apply to them."""
+    """The newer releases of each pinned component and, for vLLM, which mods apply to them; progress gets a line
+    per release the mods are tried on."""
     comps = check_components(plan, releases)
     mods = [m for m in plan.mods if m.spec.component in ("vllm", "image")]
     vllm_mods = [m for m in mods if m.spec.component == "vllm"]
@@ -115,7 +116,8 @@ def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | N
     cells: list[MatrixCell] = []
     if try_mods and mods and newer_vllm:
         if vllm_mods:
-            cells = matrix(vllm_mods, newer_vllm, workdir, progress=progress)
+            cells = matrix(vllm_mods, newer_vllm, workdir,
+                           progress=release_progress(progress, "mods: vllm", len(newer_vllm)))
         cells += image_cells(image_mods, newer_vllm, workdir)
     return Report(plan, tuple(comps), tuple(cells), tuple(m.name for m in mods))
 

@@ -23,7 +23,7 @@ from ..recipe.config import list_variants
 from ..recipe.layout import PROJECT_ROOT, Layout
 from ..recipe.plan import Mod, Plan
 from ..recipe.sources import SourceUnavailable, release_versions
-from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, source_of
+from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, release_progress, source_of
 
 if TYPE_CHECKING:  # imported where they run: their modules load only for their verbs
     from ..recipe.lockfile import Lock
@@ -150,8 +150,8 @@ def check_mods(plans: list[Plan], workdir: Path | None = None, *,
         return ModsReport(tuple(rows))
     mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}
     versions = [v for v in release_versions("vllm") if Version(v) >= low and (high is None or Version(v) <= high)]
-    cells = matrix(list(mods.values()), versions, workdir, progress=lambda v: say(f"matrix: vllm {v}"),
-                   ca_cert=ca_cert)
+    cells = matrix(list(mods.values()), versions, workdir,
+                   progress=release_progress(say, "matrix: vllm", len(versions)), ca_cert=ca_cert)
     return ModsReport(tuple(rows), tuple(mods.values()), tuple(versions), tuple(cells))
 
 

@@ -45,3 +45,4 @@ def test_only_the_last_lines_of_a_long_step_are_kept() -> None:
 
 def test_a_failure_without_a_failed_step_shows_nothing_above_it() -> None:
     assert failure("#1 [internal] load build definition\n").context == ()
+
