@@ -117,9 +117,16 @@ def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None) -
                   on_wait=lambda: say(f"waiting for another build of {plan.tag} to finish (lock {lock})"))
 
 
-def list_plans(layout: Layout) -> list[LoadedPlan]:
-    """Every variant of the recipe folder, as `show` sees it."""
-    return [load_plan(layout, name) for name in list_variants(layout.images_dir)]
+def list_plans(layout: Layout) -> tuple[list[LoadedPlan], list[ConfigError]]:
+    """Every variant of the recipe folder, as `show` sees it; a recipe that does not load is one error of the
+    list, so that one broken recipe hides none of the others."""
+    plans, errors = [], []
+    for name in list_variants(layout.images_dir):
+        try:
+            plans.append(load_plan(layout, name))
+        except ConfigError as exc:
+            errors.append(exc)
+    return plans, errors
 
 
 def render_variant(plan: Plan, layout: Layout, output: Path | None = None, *,

@@ -30,6 +30,7 @@ from .app import (
     WheelCache,
     app,
     ca_bundle,
+    command_line,
     emit,
     err,
     load,
@@ -57,7 +58,12 @@ def list_cmd(names: Annotated[bool, typer.Option("--names", help="Print only the
         for name in list_variants(State.layout.images_dir):
             say(name)
         return
-    out.print(views.variants_table([warned(loaded).plan for loaded in pipeline.list_plans(State.layout)]))
+    loaded, broken = pipeline.list_plans(State.layout)
+    out.print(views.variants_table([warned(one).plan for one in loaded]))
+    if broken:
+        for exc in broken:
+            err.print(f"error: {exc.render(command_line)}", markup=False)
+        raise typer.Exit(2)
 
 
 @app.command()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.build.dockercli import QUICK
-from tests.support.paths import BASE, ROOT, VARIANTS
+from tests.support.paths import BASE, ROOT, VARIANTS, shipped_files
 from tests.support.wedged import wedged
 
 pytestmark = pytest.mark.needs("docker-cli")
@@ -42,7 +42,12 @@ def _project_copy(dest: Path) -> Path:
     for name in ("build.py", "Dockerfile.j2", "sparkforge", "mods", "images", "tests/variants"):
         src = ROOT / name
         if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shipped = shipped_files(src)  # not a lock or recipe the user made there
+
+            def ignore(folder: str, names: list[str]) -> list[str]:
+                return [n for n in names if n == "__pycache__" or (
+                    shipped is not None and (Path(folder) / n).is_file() and Path(folder) / n not in shipped)]
+            shutil.copytree(src, dest / name, ignore=ignore)
         else:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
@@ -79,10 +84,13 @@ def test_stopped_engine_is_one_line_at_once(command: str, tmp_path: Path) -> Non
 def test_wedged_engine_is_one_line_after_one_wait_of_its_limit(tmp_path: Path) -> None:
     """Every command at once, each on an engine of its own that takes connections and never answers: each
     waits out its limit on the engine's answer (10 s) once, and stops."""
+    project = _project_copy(tmp_path / "project")
     with contextlib.ExitStack() as stack:
         engines = {name: stack.enter_context(wedged(tmp_path / f"{name}.sock")) for name in COMMANDS}
         with ThreadPoolExecutor(len(COMMANDS)) as pool:
-            runs = {name: pool.submit(_run, args, engines[name].host, tmp_path) for name, args in COMMANDS.items()}
+            runs = {name: pool.submit(_run, [str(project / "tests" / "variants") if a == str(VARIANTS) else a
+                                             for a in args], engines[name].host, tmp_path, project)
+                    for name, args in COMMANDS.items()}
             done = {name: run.result() for name, run in runs.items()}
     for name, (proc, seconds) in sorted(done.items()):
         sock = engines[name].path

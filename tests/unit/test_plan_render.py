@@ -170,3 +170,18 @@ def test_list_shows_every_variant_with_parent(cli) -> None:
 def test_loading_a_variant_reads_its_whole_chain() -> None:
     recipe = load_variant(IMAGES, "ng17e")
     assert recipe.files == ("images/ng17e.yaml", "images/ng17.yaml")
+
+
+def test_list_shows_every_recipe_that_loads_and_one_line_for_each_that_does_not(tmp_path: Path) -> None:
+    from tests.support.cli import run_cli
+
+    for name in ("ng17", "ng17e"):
+        shutil.copy(IMAGES / f"{name}.yaml", tmp_path / f"{name}.yaml")
+    (tmp_path / "aaa.yaml").write_text("extends: nope\n")
+    (tmp_path / "zzz.yaml").write_text("vllm: [\n")
+    proc = run_cli("list", images=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines()[1:]] == ["ng17", "ng17e"], proc.stdout
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 2 and errors[0].startswith(f"error: {tmp_path / 'aaa.yaml'}: extends: ") \
+        and errors[1].startswith(f"error: {tmp_path / 'zzz.yaml'}"), proc.stderr
