@@ -83,14 +83,20 @@ def load_plan(layout: Layout, variant: str, *, base: str | None = None, platform
             raise ConfigError("no lock file", path=path, field="--locked", hint=Hint("write one with", ("lock", variant)))
         return LoadedPlan(plan, None)
     lock = read_lock(path)
+    # What the plan has from the command line rather than the recipe: a difference there is the option's.
+    given = {"base.": "--base"} if base is not None else {}
+    if platform is not None:
+        given["platform"] = "--platform"
     if lock_policy is LockPolicy.LOCKED:
-        check_lock(plan, lock, path)
+        check_lock(plan, lock, path, given)
     else:
         stale = compare(plan, lock)
         if stale:
             first = stale[0]
-            return LoadedPlan(plan, None, (f"{path.name} not used: {first.field}: recipe says {first.recipe}, lock "
-                                           f"says {first.lock} (lock again, or pass --locked to refuse)",))
+            said = next((option for prefix, option in given.items() if first.field.startswith(prefix)), "recipe")
+            again = "lock again with the same option" if said != "recipe" else "lock again"
+            return LoadedPlan(plan, None, (f"{path.name} not used: {first.field}: {said} says {first.recipe}, lock "
+                                           f"says {first.lock} ({again} to use a lock)",))
     return LoadedPlan(apply_lock(plan, lock), path, (), tuple(lock.unresolved()))
 
 

@@ -121,14 +121,16 @@ def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
     return out
 
 
-def check_lock(plan: Plan, lock: Lock, path: Path) -> None:
-    """Refuse, naming the first field, when the recipe was changed after it was locked."""
+def check_lock(plan: Plan, lock: Lock, path: Path, given: dict[str, str] | None = None) -> None:
+    """Refuse, naming the first field, when the recipe was changed after it was locked. given: the fields (by
+    prefix) that a command-line option set instead of the recipe, and the option (`{"base.": "--base"}`)."""
     diffs = compare(plan, lock)
     if diffs:
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        why = "; the recipe changed after it was locked" if first.recipe_changed else ""
-        raise ConfigError(f"recipe says {first.recipe}, lock says {first.lock}{more}{why}", path=path,
+        said = next((option for prefix, option in (given or {}).items() if first.field.startswith(prefix)), None)
+        why = "; the recipe changed after it was locked" if first.recipe_changed and said is None else ""
+        raise ConfigError(f"{said or 'recipe'} says {first.recipe}, lock says {first.lock}{more}{why}", path=path,
                           field=first.field, hint=Hint("lock it again with", ("lock", plan.variant)))
 
 

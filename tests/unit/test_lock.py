@@ -171,6 +171,18 @@ def test_a_recipe_moved_to_a_fork_at_the_same_ref_is_not_built_from_the_locked_c
     assert shown.returncode == 0 and f"warning: ng17.lock.json not used: {older}" in shown.stderr, shown.stderr
 
 
+def test_a_base_given_on_the_command_line_is_named_as_the_difference_not_the_recipe(images: Path, cli) -> None:
+    locked(images, "ng17")
+    other = "127.0.0.1:9/someone/base:1"
+    shown = cli("--images", str(images), "show", "ng17", "--base", other)
+    assert shown.returncode == 0, shown.stderr
+    assert (f"warning: ng17.lock.json not used: base.repository: --base says 127.0.0.1:9/someone/base, lock says "
+            "nvcr.io/nvidia/vllm (lock again with the same option to use a lock)") in shown.stderr, shown.stderr
+    line = assert_one_line(cli("--images", str(images), "build", "ng17", "--locked", "--base", other),
+                           "ng17.lock.json: base.repository: --base says 127.0.0.1:9/someone/base")
+    assert "recipe changed" not in line
+
+
 def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
     proc = cli("--images", str(images), "build", "ng16", "--locked")
     assert proc.returncode == 2
