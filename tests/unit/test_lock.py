@@ -176,7 +176,7 @@ def test_a_base_given_on_the_command_line_is_named_as_the_difference_not_the_rec
     other = "127.0.0.1:9/someone/base:1"
     shown = cli("--images", str(images), "show", "ng17", "--base", other)
     assert shown.returncode == 0, shown.stderr
-    assert (f"warning: ng17.lock.json not used: base.repository: --base says 127.0.0.1:9/someone/base, lock says "
+    assert ("warning: ng17.lock.json not used: base.repository: --base says 127.0.0.1:9/someone/base, lock says "
             "nvcr.io/nvidia/vllm (lock again with the same option to use a lock)") in shown.stderr, shown.stderr
     line = assert_one_line(cli("--images", str(images), "build", "ng17", "--locked", "--base", other),
                            "ng17.lock.json: base.repository: --base says 127.0.0.1:9/someone/base")
