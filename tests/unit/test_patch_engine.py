@@ -98,7 +98,7 @@ def own_place(text: bytes, diff: bytes) -> str | None:
 
 
 def git_state(text: bytes, diff: bytes, tmp: Path) -> tuple[str, bytes | None]:
-    """The documented rule (README, "Mods"), with git run directly: forward alone -> applied (git's file),
+    """The documented rule (docs/mods.md), with git run directly: forward alone -> applied (git's file),
     reverse alone -> already, neither -> failed; both -> the direction whose hunks stand nearer their
     lines, or for a context-free diff where its hunks' lines stand at their own places, else failed
     as ambiguous."""

@@ -1,10 +1,16 @@
-"""The README's command lines, taken out of it and run as written on a fresh clone, after its one set-up
-command (`make venv`), as root and as a non-root member of the `docker` group.
+"""The command lines of README.md and of every docs/*.md page, taken out of them and run as written on a
+fresh clone, after the README's one set-up command (`make venv`), as root and as a non-root member of the
+`docker` group; and the links between those pages.
 
 A command line is a line of a code block that starts with `./build.py`, `make`, `sudo`, `python` or `git`
 (a line ending in `\\` goes on). Each one is either run here (RUN: what needs no GPU, NGC, cluster, build or
 download of its own), or named in SKIP with what it needs and the test that runs it instead. A line that is
-neither fails the pure tier at once, naming its line in README.md, so a new line cannot go unchecked.
+neither fails the pure tier at once, naming its page and line (`README.md:LINE`, `docs/x.md:LINE`), so a
+new line cannot go unchecked.
+
+Every docs/*.md page is linked from README.md exactly once, and every relative link of these pages names a
+file that exists and, with `#anchor`, a heading of that file (GitHub's anchors: lowercase, spaces to `-`,
+punctuation dropped).
 
 The runs share one clone per test session (`make venv` takes minutes): it belongs to the user
 (`sparkforge-user`, which `.ci/provision` adds; SPARKFORGE_TEST_USER names another), and root's runs give
@@ -27,6 +33,8 @@ from tests.support.paths import ROOT
 from tests.support.users import USER, docker_user, login_env
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
 COMMAND = re.compile(r"^(\./build\.py|make|sudo|python3?|git)( |$)")
 
 # Lines that run here: the set-up command, help, and the verbs that read recipes and write only build/.
@@ -59,17 +67,26 @@ SKIP = [
 
 @dataclass(frozen=True)
 class Line:
-    number: int  # its first line in README.md
+    number: int  # its first line in its page
     text: str  # as the shell gets it, continuation lines joined
+    page: str = "README.md"  # the page, relative to the project's folder
 
     @property
     def command(self) -> str:
         """The command without its trailing comment."""
         return re.sub(r"\s+#.*$", "", self.text).strip()
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.number}"
 
-def command_lines(text: str) -> list[Line]:
-    """Every command line of the README's code blocks (indented by four spaces, or fenced)."""
+
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def command_lines(text: str, page: str = "README.md") -> list[Line]:
+    """Every command line of a page's code blocks (indented by four spaces, or fenced)."""
     found: list[Line] = []
     fenced = False
     pending: tuple[int, str] | None = None
@@ -83,14 +100,14 @@ def command_lines(text: str) -> list[Line]:
             joined = joined[:-1].rstrip() + " " + (code or raw).strip()
             pending = (start, joined) if joined.endswith("\\") else None
             if pending is None:
-                found.append(Line(start, joined))
+                found.append(Line(start, joined, page))
             continue
         if code is None or not COMMAND.match(code.strip()):
             continue
         if code.rstrip().endswith("\\"):
             pending = (number, code.strip())
         else:
-            found.append(Line(number, code.strip()))
+            found.append(Line(number, code.strip(), page))
     return found
 
 
@@ -98,16 +115,16 @@ def why_skipped(line: Line) -> str | None:
     return next((reason for pattern, reason in SKIP if re.search(pattern, line.command)), None)
 
 
-LINES = command_lines(README.read_text())
+LINES = [line for page in PAGES for line in command_lines(page.read_text(), page_name(page))]
 RUNS = [line for line in LINES if RUN.match(line.command)]
 
 
-def test_every_command_line_of_the_readme_is_run_or_says_why_not() -> None:
-    unclassified = [f"README.md:{line.number}: {line.text}" for line in LINES
+def test_every_command_line_of_the_pages_is_run_or_says_why_not() -> None:
+    unclassified = [f"{line.where}: {line.text}" for line in LINES
                     if not RUN.match(line.command) and why_skipped(line) is None]
     assert not unclassified, "no rule says whether these run in tests/unit/test_readme.py:\n" + "\n".join(unclassified)
-    both = [line.number for line in RUNS if why_skipped(line)]
-    assert not both, f"README.md lines both run and skipped: {both}"
+    both = [line.where for line in RUNS if why_skipped(line)]
+    assert not both, f"lines both run and skipped: {both}"
     assert [line.command for line in RUNS][:5] == ["make venv", "./build.py --help", "./build.py list",
                                                    "./build.py show ng17e", "./build.py build ng17e --dry-run"]
 
@@ -116,6 +133,85 @@ def test_the_reader_finds_continued_and_fenced_lines() -> None:
     text = "para\n\n    ./build.py a \\\n        --b c   # note\n\n```sh\nmake x\n```\n    not a command\n"
     assert command_lines(text) == [Line(3, "./build.py a --b c   # note"), Line(7, "make x")]
     assert Line(3, "./build.py a --b c   # note").command == "./build.py a --b c"
+    assert [line.where for line in command_lines(text, "docs/x.md")] == ["docs/x.md:3", "docs/x.md:7"]
+
+
+# ------------------------------------------------------------------ the links between the pages
+
+
+def prose(text: str) -> str:
+    """The page without its fenced blocks and inline code, where a link is only text."""
+    kept, fenced = [], False
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("```"):
+            fenced = not fenced
+            kept.append("")
+            continue
+        kept.append("" if fenced else raw)
+    return re.sub(r"(?<!`)(`+)(?!`)[\s\S]*?(?<!`)\1(?!`)", "", "\n".join(kept))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: a link's text kept, lowercase, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a page's headings (a repeated one gets GitHub's -1, -2, ...)."""
+    found: set[str] = set()
+    fenced = False
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", raw)
+        if heading:
+            name, n = anchor(heading.group(1)), 0
+            while (name if n == 0 else f"{name}-{n}") in found:
+                n += 1
+            found.add(name if n == 0 else f"{name}-{n}")
+    return found
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def relative_links(page: Path) -> list[tuple[Path, str]]:
+    """Each relative link of a page: the file it names (the page itself for `#anchor`) and its anchor."""
+    found = []
+    for target in LINK.findall(prose(page.read_text())):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, fragment = target.partition("#")
+        found.append(((page.parent / path).resolve() if path else page, fragment))
+    return found
+
+
+def test_the_link_reader_finds_links_outside_code_and_github_anchors() -> None:
+    text = "# A `b`: c, d\n\n[x](docs/y.md#z) `[no](code.md)` [w](https://e.org)\n```\n[no](fenced.md)\n```\n## A b c d\n"
+    assert LINK.findall(prose(text)) == ["docs/y.md#z", "https://e.org"]
+    assert anchors(text) == {"a-b-c-d", "a-b-c-d-1"}
+    assert anchor("Recipes: `images/<variant>.yaml`") == "recipes-imagesvariantyaml"
+    assert anchor("A new vLLM release: `bump`") == "a-new-vllm-release-bump"
+
+
+def test_every_docs_page_is_linked_from_the_readme_exactly_once() -> None:
+    assert PAGES[1:], "no docs/*.md page"
+    linked = [path for path, _ in relative_links(README)]
+    counts = {page_name(page): linked.count(page.resolve()) for page in PAGES[1:]}
+    wrong = {name: n for name, n in counts.items() if n != 1}
+    assert not wrong, f"README.md must link each docs page once; times linked: {wrong}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_every_relative_link_names_a_file_and_heading_that_exist(page: Path) -> None:
+    broken = []
+    for path, fragment in relative_links(page):
+        if not path.exists():
+            broken.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: no such file")
+        elif fragment and fragment not in (anchors(path.read_text()) if path.suffix == ".md" else set()):
+            broken.append(f"{page_name(path)}#{fragment}: no such heading")
+    assert not broken, f"{page_name(page)} links to what is not there:\n" + "\n".join(broken)
 
 
 # ------------------------------------------------------------------ the runs, on a fresh clone
@@ -151,13 +247,13 @@ def clone(user: pwd.struct_passwd):
 
 @pytest.mark.network  # make venv installs requirements.lock from PyPI
 @pytest.mark.root  # and the lines run as a second user too
-@pytest.mark.parametrize("line", RUNS, ids=lambda line: f"README.md:{line.number}")
+@pytest.mark.parametrize("line", RUNS, ids=lambda line: line.where)
 def test_the_readme_line_runs_as_written_on_a_fresh_clone(line: Line, clone: Path, user: pwd.struct_passwd) -> None:
     for who in (user, pwd.getpwuid(0)):
         proc = _as(who, clone, line.text, timeout=900)
         if who.pw_uid == 0:  # what root wrote (build/, __pycache__) goes back to the user, whose clone it is
             subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(clone)], check=True, timeout=600)
-        said = f"README.md line {line.number}, as {who.pw_name}: `{line.text}` exited {proc.returncode}:\n" \
+        said = f"{line.where}, as {who.pw_name}: `{line.text}` exited {proc.returncode}:\n" \
                f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, said
         assert not any(out.startswith("error:") for out in proc.stderr.splitlines()), said

@@ -51,7 +51,7 @@ BREAKS = ("\n", "\r\n", "\r", "\x00", "\t", " ")
 
 
 # What the validators refuse on top of their patterns, as documented: a path segment that is '.' or '..'
-# (README, "Bad input"), an image repository longer than Docker allows, and a URL's host that no
+# (docs/guarantees.md, "Bad input"), an image repository longer than Docker allows, and a URL's host that no
 # resolver reads as written (over 253 characters; digits and dots that are no IPv4 address).
 MAX_LENGTH = {"Repository": fields.MAX_REPOSITORY}
 
