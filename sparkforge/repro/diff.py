@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,6 +55,7 @@ class Snapshot:
     packages: Entries | None
     other: Entries = ()  # every other field of a plan, as JSON: a field added to Plan is never missed
     unknown: tuple[tuple[str, str], ...] = ()  # (section, why this side does not know it)
+    built: tuple[str, str] | None = None  # an image's (plan hash, image ID): two builds of one plan compare by ID
 
     def section(self, name: str) -> Entries | None:
         return cast("Entries | None", getattr(self, name))  # SECTIONS and `other` are fields of that type
@@ -322,8 +323,10 @@ def snapshot(arg: str, layout: Layout) -> Snapshot:
     if ":" in arg or "/" in arg or "@" in arg:
         from ..build.inspect import read_record
 
+        from ..build.builder import current_image
+
         record, _ = read_record(arg)
-        return from_record(arg, record)
+        return replace(from_record(arg, record), built=(record.plan_hash, current_image(arg) or ""))
     known = ", ".join(list_variants(layout.images_dir)) or "none"
     raise ConfigError(f"{arg!r} is not a variant (known: {known}), a lock file or an image reference",
                       field="diff")
@@ -360,6 +363,13 @@ def diff_snapshots(a: Snapshot, b: Snapshot) -> Diff:
             if common_a != common_b:
                 found.append(Change("mods", "order", "order", ", ".join(common_a), ", ".join(common_b)))
         changes += found
+    if a.built and b.built and a.built[0] == b.built[0]:
+        (plan, id_a), (_, id_b) = a.built, b.built
+        if id_a != id_b:
+            notes.append(f"both are builds of plan {plan[:12]}, yet their images differ: {id_a[:19]} and "
+                         f"{id_b[:19]}; `verify-repro VARIANT` builds it twice and names the files that differ")
+        else:
+            notes.append(f"both name one image, {id_a[:19]}")
     return Diff(a, b, tuple(changes), tuple(notes))
 
 

@@ -208,3 +208,17 @@ def test_a_new_plan_field_shows_up_as_other() -> None:
     d = diff_snapshots(a, b)
     assert [(c.section, c.name) for c in d.changes] == [("other", "cpu_arch")]
     assert "other" in d.sections and "other" not in SECTIONS
+
+
+def test_two_builds_of_one_plan_whose_images_differ_name_both_ids_and_verify_repro(images: Path) -> None:
+    plan = plan_variant(layout(images), "ng17")
+    a = dataclasses.replace(from_plan(plan), built=(plan.plan_hash, "sha256:" + "a" * 64))
+    b = dataclasses.replace(from_plan(plan), built=(plan.plan_hash, "sha256:" + "b" * 64))
+    d = diff_snapshots(a, b)
+    assert not d.changes
+    assert d.notes[-1:] == (f"both are builds of plan {plan.plan_hash[:12]}, yet their images differ: sha256:aaaaaaaaaaaa "
+                       "and sha256:bbbbbbbbbbbb; `verify-repro VARIANT` builds it twice and names the files that "
+                       "differ",)
+    assert diff_snapshots(a, a).notes[-1] == "both name one image, sha256:aaaaaaaaaaaa"
+    other = dataclasses.replace(b, built=("0" * 64, "sha256:" + "b" * 64))
+    assert not any("both" in note for note in diff_snapshots(a, other).notes)
