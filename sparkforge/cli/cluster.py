@@ -207,12 +207,11 @@ def status(
     if st.newest:
         out.print(f"compared with {st.tag}, the build the last deploy set; the newest build here is {st.newest} "
                   f"({next_step('deploy it with', 'deploy', plan.variant)})", markup=False)
-    out.print(views.status_table(st, ImageRef.parse(plan.tag).tag or ""))
+    emit(views.status_lines(st, plan.moving_tag))
     if st.all_match:
         out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
         return
-    out.print(f"[bold red]nodes differ[/]: {len(st.ids)} distinct images across {len(st.nodes)} nodes"
-              + ("" if not any(n.error for n in st.nodes) else "; some nodes did not answer"))
+    emit(views.status_summary(st))
     raise typer.Exit(1)
 
 

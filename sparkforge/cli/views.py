@@ -7,17 +7,21 @@ markup), so a description holding `[bold]` prints as written instead of being ea
 from __future__ import annotations
 
 import shlex
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from rich.table import Table
 from rich.text import Text
 
 from ..build.pipeline import LoadedPlan
+from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord, WheelOrigin
 from ..recipe.plan import Plan, platform_of
 from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
 from ..repro.verbs import BumpResult
+
+if TYPE_CHECKING:  # loaded by the cluster verbs only
+    from ..distribute.deploy import ClusterStatus
 
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
                RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
@@ -413,13 +417,38 @@ def deploy_lines(plan: Plan, result: Any) -> list[Text]:
     return lines
 
 
-def status_table(status: Any, tag_column: str) -> Table:
-    """`status`: a row per node: its moving tag's image, its immutable tag, and whether it is the head's."""
-    table = _table("node", "image ID", tag_column, "matches head", "detail")
+def status_table(status: ClusterStatus) -> Table:
+    """`status`: a row per node: its moving tag's image, the compared build's tag, and whether it is the head's."""
+    table = _table("node", "image ID", ImageRef.parse(status.tag).tag or "tag", "matches head", "detail")
     head_id = status.image.image_id if status.image else None
     for n in status.nodes:
-        match = "-" if head_id is None or n.error else _styled("yes", "green") if n.current else _styled("no", "red")
-        table.add_row(Text(n.node.name), (n.moving_id or "-")[:19], n.tag_state or "-", match,
-                      Text(n.error or n.node.endpoint))
+        if n.error:
+            table.add_row(Text(n.node.name), "-", "-", _styled("no answer", "red"), Text(n.error))
+            continue
+        match = "-" if head_id is None else _styled("yes", "green") if n.current else _styled("no", "red")
+        table.add_row(Text(n.node.name), (n.moving_id or "none")[:19], n.tag_state or "-", match,
+                      Text(n.node.endpoint))
     return table
+
+
+def status_lines(status: ClusterStatus, moving_tag: str) -> list[Table | Text]:
+    """`status`: the table, and what its columns mean."""
+    tag = ImageRef.parse(status.tag).tag or "tag"
+    return [status_table(status), _line(
+        (f"image ID: what {moving_tag} points to on the node (its own ID); {tag}: whether the node holds that "
+         "build under its tag (yes, other: another image, no: absent); matches head: the node's image is the "
+         "head's build, compared by its layers", "dim"))]
+
+
+def status_summary(status: ClusterStatus) -> list[Text]:
+    """`status` when the nodes do not all match: how many match, differ, and did not answer."""
+    answered = [n for n in status.nodes if not n.error]
+    silent = len(status.nodes) - len(answered)
+    matching = sum(1 for n in answered if n.current)
+    parts = [f"{matching} of {len(status.nodes)} match the head" if status.image else "the head has no image"]
+    parts.append(f"{len(status.ids)} distinct image{'s' if len(status.ids) != 1 else ''} among the "
+                 f"{len(answered)} that answered")
+    if silent:
+        parts.append(f"{silent} did not answer")
+    return [_line(("nodes differ", "bold red"), f": {'; '.join(parts)}")]
 

@@ -124,8 +124,10 @@ class ClusterStatus:
     newest: str = ""  # the plan's own tag, when it is not the one compared with
 
     @property
-    def ids(self) -> set[str | None]:
-        return {n.moving_id for n in self.nodes}
+    def ids(self) -> set[str]:
+        """The images the nodes that answered hold under the moving tag (a node without one, or that did not
+        answer, holds no image)."""
+        return {n.moving_id for n in self.nodes if n.moving_id and not n.error}
 
     @property
     def all_match(self) -> bool:

@@ -92,3 +92,26 @@ def test_a_lines_reason_in_a_lock_is_one_line_in_show(tmp_path: Path, cli) -> No
     proc = cli("--images", str(images), "show", "ng17", check=True)
     assert "no build here\\nsparkforge/vllm:ng17-000000000000 FORGED" in proc.stdout
     assert not any(line.startswith("sparkforge/vllm") for line in proc.stdout.splitlines())
+
+
+def test_status_names_the_compared_build_says_what_the_columns_mean_and_counts_a_silent_node_apart(printed) -> None:
+    from sparkforge.cli import views
+    from sparkforge.distribute.cluster import Node
+    from sparkforge.distribute.deploy import ClusterStatus, NodeStatus
+
+    old, new = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    nodes = (NodeStatus(Node("a", "ssh://a"), old, old, None, True, True),
+             NodeStatus(Node("b", "ssh://b"), new, None, None, False, False),
+             NodeStatus(Node("c", "ssh://c"), None, None, "ssh: connect to host c port 22: Connection refused"))
+    status = ClusterStatus(None, "sparkforge/vllm:ng17e-aaaaaaaaaaaa", "sparkforge/vllm:ng17e", nodes,
+                           "sparkforge/vllm:ng17e-bbbbbbbbbbbb")
+    assert status.ids == {old, new} and not status.all_match
+    for line in [*views.status_lines(status, "sparkforge/vllm:ng17e"), *views.status_summary(status)]:
+        printed.print(line)
+    text = printed.file.getvalue()
+    assert "ng17e-aaaaaaaaaaaa" in text.splitlines()[0]  # the build compared with heads its column, not the newest
+    row_c = next(line for line in text.splitlines() if line.startswith("c "))
+    assert "no answer" in row_c and "Connection refused" in row_c
+    assert "matches head: the node's image is the head's build" in " ".join(text.split())
+    assert "nodes differ: the head has no image; 2 distinct images among the 2 that answered; 1 did not answer" \
+        in " ".join(text.split())
