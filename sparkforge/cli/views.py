@@ -6,6 +6,7 @@ markup), so a description holding `[bold]` prints as written instead of being ea
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -29,10 +30,13 @@ CHECK_STYLE = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
 OUTCOME_STYLE = {"updated": "green", "current": "cyan", "failed": "bold red"}  # distribute.deploy's outcomes
 
 
-def _table(*columns: str, title: str | None = None) -> Table:
+def _table(*columns: str, title: str | None = None, names: int = 1) -> Table:
+    """A table for any terminal width: its first `names` columns (what a row is: a variant, a mod, a node) are
+    kept whole, and the others wrap where the terminal is narrow, a long word (a path) folded onto the next
+    line rather than cut."""
     table = Table(box=None, pad_edge=False, title=title)
-    for col in columns:
-        table.add_column(col)
+    for i, col in enumerate(columns):
+        table.add_column(col, overflow="fold", no_wrap=i < names)
     return table
 
 
@@ -127,7 +131,7 @@ def _digest_origin(loaded: LoadedPlan) -> tuple[str, ...]:
 
 def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
     """check-mods: a row per variant and mod."""
-    table = _table("variant", "mod", "result", "checked against", "detail")
+    table = _table("variant", "mod", "result", "checked against", "detail", names=2)
     for row in rows:
         table.add_row(Text(row.variant), Text(row.mod), _styled(row.state, STATE_STYLE[row.state]),
                       Text(row.source), Text(row.detail))
@@ -153,14 +157,19 @@ def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[s
     return table
 
 
+_SITE_PACKAGES = re.compile(r"/\S*/(?:site|dist)-packages/")
+
+
 def smoke_table(results: Iterable[Any]) -> Table:
     """Smoke tiers: a row per check, and one for a tier skipped whole."""
-    table = _table("tier", "check", "result", "detail")
+    table = _table("tier", "check", "result", "detail", names=2)
     for res in results:
         if res.skipped:
             table.add_row(res.tier, "(whole tier)", _styled("skipped", "yellow"), Text(res.skipped))
         for c in res.checks:
-            name = c.name if len(c.name) <= 100 else c.name[:97] + "..."
+            # The site-packages folder is the same in every row: a kernel row names the file below it.
+            name = _SITE_PACKAGES.sub(".../", c.name)
+            name = name if len(name) <= 100 else name[:97] + "..."
             table.add_row(res.tier, Text(name), _styled(c.state, CHECK_STYLE[c.state]), Text(c.detail))
     return table
 

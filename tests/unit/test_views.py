@@ -115,3 +115,29 @@ def test_status_names_the_compared_build_says_what_the_columns_mean_and_counts_a
     assert "matches head: the node's image is the head's build" in " ".join(text.split())
     assert "nodes differ: the head has no image; 2 distinct images among the 2 that answered; 1 did not answer" \
         in " ".join(text.split())
+
+
+def test_at_80_columns_the_names_a_row_is_about_stay_whole() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from sparkforge.cli import views
+    from sparkforge.repro.checkmods import Row, RowState
+
+    long_detail = "vllm/model_executor/models/qwen3_next.py: no in_proj_ba construction found " * 3
+    rows = [Row("ng17e-with-a-long-name", "fix-qwen35-tp4-marlin", RowState.FAILED, long_detail,
+                "vllm 0.17.1rc1.dev158 (git 600a039f572a)"),
+            Row("ng17e-with-a-long-name", "env VLLM_UF_EAGER_ALLREDUCE", RowState.READ, long_detail, "vllm 0.17.0")]
+    site = "/usr/local/lib/python3.11/dist-packages/"
+    checks = [SimpleNamespace(name=f"kernels {site}vllm/vllm_flash_attn/_vllm_fa{n}_C.abi3.so", state="ok",
+                              detail="sm_120 " * 12) for n in (2, 3)]
+    smoke = [SimpleNamespace(tier="static", skipped=None, checks=checks)]
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    console.print(views.check_table(rows, []))
+    console.print(views.smoke_table(smoke))
+    text = console.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for name in ("ng17e-with-a-long-name", "fix-qwen35-tp4-marlin", "env VLLM_UF_EAGER_ALLREDUCE",
+                 "kernels .../vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "_vllm_fa3_C.abi3.so"):
+        assert name in text, text
