@@ -216,7 +216,7 @@ class _BuildLog:
         """The one line that explains a failed build best, with the failing step's last lines to show above it."""
         error = self._failure(plan, code, log_path)
         failed = next((s for s in self.steps.values() if s.error), None)
-        if failed is not None:
+        if failed is not None and not (self.fetch_failures or self.base_failures):  # those say it all
             error.context = (f"step [{failed.name}] {failed.command[:100]}, its last lines:",
                              *self.outputs.get(failed.number, ()))
         return error

@@ -162,7 +162,7 @@ _SITE_PACKAGES = re.compile(r"/\S*/(?:site|dist)-packages/")
 
 def smoke_table(results: Iterable[Any]) -> Table:
     """Smoke tiers: a row per check, and one for a tier skipped whole."""
-    table = _table("tier", "check", "result", "detail", names=2)
+    table = _table("tier", "check", "result", "detail")
     for res in results:
         if res.skipped:
             table.add_row(res.tier, "(whole tier)", _styled("skipped", "yellow"), Text(res.skipped))
