@@ -40,6 +40,7 @@ _DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
 _ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 _OUTPUT = re.compile(r"^#(\d+) [0-9.]+ (.*)$")  # a line a step's command wrote, after its time
 SHOWN_LINES = 12  # of a failed step's output, printed above the error
+STILL_RUNNING = 10.0  # seconds: a step that runs longer has its progress shown again, with its latest line
 _MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
 _FETCH_FAILED = re.compile(r"gitfetch: (\S+ \S+: .*)$")  # gitfetch.py's one line when a ref cannot be fetched
 _BASE_FAILED = re.compile(r"failed to resolve source metadata for (\S+?):? (.*)$")  # BuildKit cannot get FROM
@@ -55,6 +56,7 @@ class Step:
     cached: bool = False
     seconds: float | None = None
     error: str | None = None
+    said: str = ""  # while it runs: the last line it wrote, when progress is shown again for a long step
 
     @property
     def stage(self) -> str:
@@ -184,7 +186,9 @@ class _BuildLog:
     """What the plain-progress output of a build says: its steps and the failures sparkforge explains."""
 
     progress: Callable[[Step, float], None]
+    clock: Callable[[], float] = time.monotonic
     start: float = field(default_factory=time.monotonic)
+    shown: dict[int, float] = field(default_factory=dict)  # when each step's progress was last shown
     steps: dict[int, Step] = field(default_factory=dict)
     mod_failures: list[tuple[str, str]] = field(default_factory=list)
     fetch_failures: list[str] = field(default_factory=list)
@@ -196,7 +200,8 @@ class _BuildLog:
             n = int(m.group(1))
             if n not in self.steps:
                 self.steps[n] = Step(n, m.group(2), m.group(3))
-                self.progress(self.steps[n], time.monotonic() - self.start)
+                self.shown[n] = self.clock()
+                self.progress(self.steps[n], self.shown[n] - self.start)
         elif (m := _CACHED.match(line)) and int(m.group(1)) in self.steps:
             self.steps[int(m.group(1))].cached = True
         elif (m := _DONE.match(line)) and int(m.group(1)) in self.steps:
@@ -204,7 +209,13 @@ class _BuildLog:
         elif (m := _ERROR.match(line)) and int(m.group(1)) in self.steps:
             self.steps[int(m.group(1))].error = m.group(2)
         elif (m := _OUTPUT.match(line)) and int(m.group(1)) in self.steps:
-            self.outputs.setdefault(int(m.group(1)), deque(maxlen=SHOWN_LINES)).append(m.group(2))
+            n = int(m.group(1))
+            self.outputs.setdefault(n, deque(maxlen=SHOWN_LINES)).append(m.group(2))
+            now = self.clock()
+            if now - self.shown.get(n, now) >= STILL_RUNNING:  # a long step: say again what it is doing
+                self.shown[n] = now
+                self.steps[n].said = m.group(2)
+                self.progress(self.steps[n], now - self.start)
         if m := _MOD_FAILED.search(line):
             self.mod_failures.append((m.group(1), m.group(2)))
         elif m := _FETCH_FAILED.search(line):

@@ -266,7 +266,8 @@ def progress_printer(label: str) -> Callable[[Any, float], None]:
         if step.name.startswith(("internal", "context ")):
             return
         mins, secs = divmod(int(elapsed), 60)
-        err.print(f"  {label} {mins:02d}:{secs:02d} [{step.name}] {step.command[:100]}", markup=False)
+        what = f"... {visible(step.said, keep_newlines=False)[:100]}" if step.said else step.command[:100]
+        err.print(f"  {label} {mins:02d}:{secs:02d} [{step.name}] {what}", markup=False)
 
     return show
 

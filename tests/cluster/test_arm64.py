@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from sparkforge.build.builder import STILL_RUNNING
 from tests.cluster.clusterkit import node_docker
 from tests.support.bases import ensure_arm64_base
 from tests.support.cli import run_cli as sparkforge
@@ -33,7 +36,25 @@ def arm_image() -> dict:
     ensure_arm64_base()
     built = cli("build", VARIANT, "--ca-cert", CA, timeout=3600)
     assert built.returncode == 0, built.stdout + built.stderr
-    return json.loads(cli("show", VARIANT, "--json").stdout)
+    return {**json.loads(cli("show", VARIANT, "--json").stdout), "built": built}
+
+
+def test_a_long_step_under_emulation_says_again_what_it_is_doing(arm_image: dict) -> None:
+    """Every step whose own output spans more than STILL_RUNNING seconds (pip's install, under QEMU, in a cold
+    build) shows its progress again with its latest line, so a long wait is never silent."""
+    built = arm_image["built"]
+    log = Path(built.stdout.split("; log: ", 1)[1].split()[0])
+    times: dict[str, list[float]] = {}
+    names = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if m := re.match(r"^#(\d+) \[([^\]]+)\] ", line):
+            names[m.group(1)] = m.group(2)
+        elif (m := re.match(r"^#(\d+) ([0-9.]+) ", line)) and m.group(1) in names:
+            times.setdefault(names[m.group(1)], []).append(float(m.group(2)))
+    long = [name for name, seen in times.items() if max(seen) - min(seen) > 3 * STILL_RUNNING]
+    for name in long:
+        assert re.search(rf"^  {VARIANT} \d\d:\d\d \[{re.escape(name)}\] \.\.\. ", built.stderr, re.M), \
+            (name, built.stderr[-3000:])
 
 
 def test_the_image_is_arm64_with_its_mods_and_the_kernels_of_the_aarch64_wheel(arm_image: dict) -> None:

@@ -14,3 +14,21 @@ def test_a_run_over_releases_says_n_of_n_and_the_time_left() -> None:
         now[0] += took
     assert lines == ["matrix: vllm 0.17.0 (1/4)", "matrix: vllm 0.17.1 (2/4, about 1 min 30 s left)",
                      "matrix: vllm 0.18.0 (3/4, about 1 min 20 s left)", "matrix: vllm 0.18.1 (4/4, about 30 s left)"]
+
+
+def test_a_long_build_step_says_again_what_it_is_doing_every_ten_seconds() -> None:
+    from sparkforge.build.builder import STILL_RUNNING, _BuildLog
+
+    now = [0.0]
+    shown: list[tuple[str, str, float]] = []
+    log = _BuildLog(progress=lambda step, elapsed: shown.append((step.name, step.said, elapsed)),
+                    clock=lambda: now[0], start=0.0)
+    for at, line in ((0, "#7 [runtime 4/9] RUN pip install vllm.whl"), (5, "#7 5.0 Processing vllm.whl"),
+                     (STILL_RUNNING + 1, "#7 11.0 Installing collected packages: vllm"),
+                     (15, "#7 15.0 still installing"), (2 * STILL_RUNNING + 2, "#7 22.0 Successfully installed vllm"),
+                     (23, "#7 DONE 23.0s")):
+        now[0] = at
+        log.feed(line)
+    assert shown == [("runtime 4/9", "", 0.0),
+                     ("runtime 4/9", "Installing collected packages: vllm", STILL_RUNNING + 1),
+                     ("runtime 4/9", "Successfully installed vllm", 2 * STILL_RUNNING + 2)]
