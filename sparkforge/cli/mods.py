@@ -75,7 +75,9 @@ def mod_new(
         work = verbs.new_local_mod(State.layout, plan_of(variant), name, component=component, phase=phase.value,
                                    versions=versions, ca_cert=ca_bundle(ca_cert))
         say(f"wrote {State.layout.mods_dir / name / 'mod.yaml'}: every required field, with what it means")
-        say(f"made {work.path}: {work.source}, pristine, as a git work tree (its paths are the patch's paths)")
+        on = f"with {variant}'s mods {work.applied} applied, as the build hands it to this mod" if work.applied \
+            else "pristine"
+        say(f"made {work.path}: {work.source}, {on}, as a git work tree (its paths are the patch's paths)")
         say("next: " + next_step(f"edit the files in {work.path}, then write the patch with", "mod", "save", name))
         return
     from ..recipe.remote import new_mod

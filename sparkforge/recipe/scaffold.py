@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from .. import inimage
 from ..errors import BuildError, ConfigError, Hint
@@ -53,7 +54,8 @@ class WorkTree:
     component: str
     source: str  # what the tree is, as check-mods names it: "vllm 0.17.0 (PyPI)"
     path: Path
-    pristine: str  # the commit that holds the source as fetched
+    pristine: str  # the commit the patch is written against: the source as fetched, with `applied` on it
+    applied: str = ""  # the variant's mods applied before this one, in the build's order ("" for none)
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,11 @@ def check_new(mods_dir: Path, name: str, versions: str, work_root: Path = WORK_R
 
 
 def new_local_mod(mods_dir: Path, name: str, *, variant: str, component: str, phase: str, versions: str,
-                  tree: Path, source: str, work_root: Path = WORK_ROOT) -> WorkTree:
-    """Write mods/NAME/mod.yaml and the work tree of `tree` (a pristine cached source); all or nothing."""
+                  tree: Path, source: str, work_root: Path = WORK_ROOT,
+                  earlier: Callable[[Path], str] | None = None) -> WorkTree:
+    """Write mods/NAME/mod.yaml and the work tree of `tree` (a pristine cached source); all or nothing.
+    `earlier` applies the variant's mods that the build applies before this one to the tree it is given and
+    says which: the patch is then written against the source as the build hands it to this mod."""
     check_new(mods_dir, name, versions, work_root)
     text = _mod_yaml(name, component=component, phase=phase, versions=versions, source=source,
                      work=work_root / name)
@@ -91,10 +96,16 @@ def new_local_mod(mods_dir: Path, name: str, *, variant: str, component: str, ph
         _git(copy, "init", "--quiet")
         _git(copy, "add", "--all", "--force", ".")  # every pristine file, also those its .gitignore names
         _git(copy, "commit", "--quiet", "--no-verify", "--allow-empty", "-m", f"{source}, as fetched (pristine)")
+        applied = earlier(copy) if earlier is not None else ""
+        if applied:
+            _git(copy, "add", "--all", "--force", ".")
+            _git(copy, "commit", "--quiet", "--no-verify", "--allow-empty", "-m",
+                 f"with the mods {variant} applies before this one: {applied}")
         pristine = _git(copy, "rev-parse", "HEAD").decode().strip()
-        work = WorkTree(name, variant, component, source, work_root / name, pristine)
+        work = WorkTree(name, variant, component, source, work_root / name, pristine, applied)
         (copy / ".git" / META).write_text(json.dumps({"mod": name, "variant": variant, "component": component,
-                                                      "source": source, "pristine": pristine}) + "\n")
+                                                      "source": source, "pristine": pristine,
+                                                      "applied": applied}) + "\n")
         folder.mkdir(parents=True)  # fails when it appeared meanwhile: nothing of another is touched
         try:
             (folder / "mod.yaml").write_text(text, encoding="utf-8")
@@ -148,7 +159,8 @@ def read_work_tree(name: str, work_root: Path = WORK_ROOT) -> WorkTree:
                           hint=Hint("make one with", ("mod", "new", name, "--variant", "VARIANT")))
     try:
         data = json.loads(read_text(meta))
-        return WorkTree(data["mod"], data["variant"], data["component"], data["source"], path, data["pristine"])
+        return WorkTree(data["mod"], data["variant"], data["component"], data["source"], path, data["pristine"],
+                        str(data.get("applied") or ""))
     except (ValueError, KeyError, TypeError):
         raise ConfigError("is not what `mod new` wrote; make the work tree again", path=meta) from None
 

@@ -17,11 +17,13 @@ from packaging.version import InvalidVersion, Version
 from ..build.builder import BuildOptions, Step
 from ..build.pipeline import context_dir, prepare_wheel, same_plan_lock, with_epoch, with_wheel
 from ..build.render import render_context
+from .. import inimage
 from ..errors import ConfigError, DownloadError
 from ..recipe import scaffold
 from ..recipe.config import list_variants
 from ..recipe.layout import PROJECT_ROOT, Layout
 from ..recipe.plan import Mod, Plan
+from ..recipe.remote import materialize
 from ..recipe.sources import SourceUnavailable, release_versions
 from .checkmods import MatrixCell, Row, RowState, check_env, check_variant, matrix, release_progress, source_of
 
@@ -224,8 +226,23 @@ def new_local_mod(layout: Layout, plan: Plan, name: str, *, component: str = "vl
         raise DownloadError(f"cannot fetch {ref.label}, the source the mod patches: {exc}", field=plan.variant) from None
     if tree is None:
         raise ConfigError("an image mod adds files: write a `files` mod (see docs/mods.md)", field="--component")
+    # The mods the build applies to this source before the new one, in the build's order: a source-phase mod
+    # comes after the variant's source-phase mods; an install-phase one after those and the install-phase ones.
+    before = sorted((m for m in plan.mods if m.spec.component == component and (phase == "install" or
+                     m.spec.phase == "source")), key=lambda m: m.spec.phase != "source")
+
+    def earlier(root: Path) -> str:
+        for mod in before:
+            spec, folder = materialize(mod, ca_cert)
+            result = inimage.apply_mod(spec, folder, root)
+            if result.state == inimage.ModState.FAILED:
+                raise ConfigError(f"mod {mod.name}, which {plan.variant} applies before this one, does not apply "
+                                  f"to {ref.label}: {result.detail}; fix it first (check-mods {plan.variant})",
+                                  field="--variant")
+        return ", ".join(m.name for m in before)
+
     return scaffold.new_local_mod(layout.mods_dir, name, variant=plan.variant, component=component, phase=phase,
-                                  versions=versions, tree=tree, source=ref.label)
+                                  versions=versions, tree=tree, source=ref.label, earlier=earlier)
 
 
 def save_local_mod(layout: Layout, name: str) -> tuple[scaffold.WorkTree, scaffold.SavedPatch]:

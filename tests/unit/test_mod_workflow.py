@@ -129,7 +129,11 @@ def test_the_whole_path_through_the_command_line_on_the_real_release_source(tmp_
     try:
         new = run_cli("--images", str(images), "--mods", str(mods), "mod", "new", name, "--variant", "ng17")
         assert new.returncode == 0, new.stderr
-        assert f"made {work}: vllm 0.17.0 (PyPI, commit b31e9326a), pristine, as a git work tree" in new.stdout
+        # The work tree holds the source as the build hands it to a new mod: after ng17's own mods.
+        assert (f"made {work}: vllm 0.17.0 (PyPI, commit b31e9326a), with ng17's mods marlin-sm12x-fp8, "
+                "mtp-nvfp4-exclusion, uf17-eager-allreduce, fix-qwen35-tp4-marlin applied, as the build hands it to this mod, as a git "
+                "work tree") in new.stdout, new.stdout
+        assert "VLLM_UF_EAGER_ALLREDUCE" in (work / "vllm" / "config" / "compilation.py").read_text()  # uf17 is in
         assert f"mod save {name}`" in new.stdout
         envs = work / "vllm" / "envs.py"
         assert git(work, "status", "--porcelain") == "" and envs.is_file()
@@ -148,7 +152,8 @@ def test_the_whole_path_through_the_command_line_on_the_real_release_source(tmp_
         recipe = images / "ng17.yaml"
         text = recipe.read_text()
         assert "\nmods:\n" in text
-        recipe.write_text(text.replace("\nmods:\n", f"\nmods:\n  - {name}\n", 1))
+        assert text.endswith("\n") and text.rstrip().splitlines()[-1].startswith("  - ")  # the mod list ends it
+        recipe.write_text(text + f"  - {name}\n")  # after the variant's mods, where `mod save` checked it
         checked = run_cli("--images", str(images), "--mods", str(mods), "check-mods", "ng17")
         assert checked.returncode == 0, checked.stdout + checked.stderr
         rows = [line.split() for line in checked.stdout.splitlines() if line.startswith("ng17 ")]
