@@ -108,3 +108,31 @@ def test_a_hint_names_this_program_as_it_was_started(monkeypatch) -> None:
     assert program() == "./build.py"
     monkeypatch.setattr("sys.argv", ["/opt/sparkforge/build.py"])
     assert program() == "/opt/sparkforge/build.py"
+
+
+def test_the_readme_command_table_names_every_verb_and_only_options_its_verb_takes() -> None:
+    """The README's words and --help's agree: each verb has a row, and an option a row names is the verb's."""
+    from typer.main import get_command
+
+    from sparkforge.cli import app
+    from tests.support.paths import ROOT
+
+    root = get_command(app)
+    verbs: dict[str, object] = {}
+    for name, command in root.commands.items():  # type: ignore[attr-defined]
+        subs = getattr(command, "commands", None)
+        verbs.update({f"{name} {sub}": c for sub, c in subs.items()} if subs else {name: command})
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| command | what it does |"):]
+    rows = [line.split(" | ", 1)[0] for line in table.splitlines()[2:] if line.startswith("| `")]
+    named: set[str] = set()
+    for cell in rows:
+        for usage in re.findall(r"`([^`]+)`", cell):
+            words = usage.split()
+            verb = next((v for v in (" ".join(words[:2]), words[0]) if v in verbs), None)
+            assert verb is not None, f"README names an unknown verb: {usage}"
+            named.add(verb)
+            takes = {o for p in verbs[verb].params for o in (*p.opts, *p.secondary_opts)}  # type: ignore[attr-defined]
+            stale = sorted(set(re.findall(r"--[a-z][a-z-]*", usage)) - takes)
+            assert not stale, f"README: `{usage}` names {stale}, which `{verb} --help` does not have"
+    assert sorted(set(verbs) - named) == [], "verbs without a row in the README's command table"
