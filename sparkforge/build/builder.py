@@ -85,6 +85,8 @@ class BuildOptions:
     docker_host: str | None = None
     # Named build contexts (--build-context NAME=DIR), e.g. the folder of a wheel to install.
     contexts: tuple[tuple[str, str], ...] = ()
+    # Image labels given on the command line (--label), set on the image without touching a step's cache.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -124,6 +126,8 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
         cmd.append("--no-cache")
     if opts.ca_cert:
         cmd += ["--secret", f"id=ca,src={opts.ca_cert}"]
+    for key, value in opts.labels:
+        cmd += ["--label", f"{key}={value}"]
     build = plan.build
     cmd += ["--build-arg", f"TORCH_CUDA_ARCH_LIST={build.torch_cuda_arch_list}",
             "--build-arg", f"MAX_JOBS={opts.max_jobs or build.max_jobs}",
@@ -249,10 +253,35 @@ class _BuildLog:
         return BuildError(f"build failed at {where} {tail}", field=plan.variant)
 
 
+# The label that says which base image a build started from, where the plan pins no digest: the base's
+# registry digest as the engine knows it (repository@sha256:...), or else its image ID on the engine.
+BASE_LABEL = "io.sparkforge.base.resolved"
+
+
+def base_on_engine(plan: Plan, host: str | None) -> str | None:
+    """The base as the engine holds it now, for a plan whose base has no digest: `REPOSITORY@sha256:...` when
+    the engine knows the image by a registry digest, else its image ID; None when the engine does not have it
+    (BuildKit then resolves it, and the record's base stays unpinned)."""
+    if plan.base.digest.value is not None:
+        return None
+    data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
+    if not data:
+        return None
+    wanted = plan.base.repository
+    digests = [d for d in data.get("RepoDigests") or [] if isinstance(d, str) and d.partition("@")[0] == wanted]
+    return digests[0] if digests else str(data.get("Id") or "") or None
+
+
 def build_image(plan: Plan, context: Context, opts: BuildOptions,
                 progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
-    """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`."""
+    """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`. Where the plan
+    pins no base digest, the image is labelled with the base the engine held (BASE_LABEL)."""
     log_path = _log_path(plan, opts, "")
+    if opts.output is None and not any(key == BASE_LABEL for key, _ in opts.labels):
+        require_engine(opts.docker_host)
+        resolved = base_on_engine(plan, opts.docker_host)
+        if resolved:
+            opts = replace(opts, labels=(*opts.labels, (BASE_LABEL, resolved)))
     loads = opts.output is None  # --load: into the engine, tagged as the candidate; else an exporter's file
     candidate = candidate_tag(plan) if loads else ""
     reader = _buildx(plan, buildx_command(plan, context, opts, tag=candidate or None), opts, log_path, progress)

@@ -31,6 +31,7 @@ from ..recipe.wheelset import Unresolvable, resolve_wheel_set
 from ..serve import cache_dir, model_of
 from . import prebuilt, wheels
 from .builder import (
+    BASE_LABEL,
     BuildOptions,
     BuildResult,
     Step,
@@ -184,6 +185,9 @@ def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
     elif plan.vllm.source == "git" and wheel_cache:
         note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
                 "command of --no-wheel-cache, which compiles inside the image build")
+    if plan.base.digest.value is None:
+        note = "; ".join(filter(None, (note, f"the base has no digest: a build also gives --label {BASE_LABEL}="
+                                              "BASE, the base as the engine holds it then (not asked here)")))
     return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts, tag=candidate_tag(plan))), ctx.path,
                   note)
 

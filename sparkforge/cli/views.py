@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from ..build.builder import BASE_LABEL
 from ..build.pipeline import LoadedPlan
 from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord, WheelOrigin
@@ -216,7 +217,9 @@ def record_lines(image: str, record: BuildRecord, labels: dict[str, str]) -> lis
         _line((image, "bold"), f"  variant {record.variant} ({' <- '.join(record.chain)})"),
         _line(f"  tag          {record.tag}"),
         _line(f"  built        {record.built_at} by sparkforge {record.tool_version}"),
-        _line(f"  base         {base['repository']}:{base['tag']} @ {base['digest']['value'] or 'UNPINNED'}"),
+        _line(f"  base         {base['repository']}:{base['tag']} @ "
+              + (base["digest"]["value"] or (f"{labels[BASE_LABEL]} (not pinned; the base the engine held when it "
+                                             "built)" if labels.get(BASE_LABEL) else "UNPINNED"))),
         _line(f"  platform     {platform_of(record.machine) or 'not recorded'}"
               + (f" (its Python ran as {record.machine})" if record.machine else "")),
         _line(f"  vllm         {v['version']} ({v['source']}) commit "

@@ -259,11 +259,18 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
     )
 
 
-def from_record(image: str, record: BuildRecord) -> Snapshot:
-    """The build record inside an image. It does not list the OS packages or protect."""
+def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None = None) -> Snapshot:
+    """The build record inside an image, and its labels (the base the engine held, where the plan pinned
+    none). It does not list the OS packages or protect."""
+    from ..build.builder import BASE_LABEL
+
     b = record.base
+    resolved = (labels or {}).get(BASE_LABEL)
     base = f"{b['repository']}:{b['tag']}"
-    base += f"@{b['digest']['value']}" if b["digest"].get("value") else " (digest unknown)"
+    if b["digest"].get("value"):
+        base += f"@{b['digest']['value']}"
+    else:
+        base += f" (built from {resolved})" if resolved else " (digest unknown)"
     v = record.vllm
     commit = v["commit"].get("value") or v.get("built_commit")
     installed = record.installed
@@ -325,8 +332,8 @@ def snapshot(arg: str, layout: Layout) -> Snapshot:
 
         from ..build.builder import current_image
 
-        record, _ = read_record(arg)
-        return replace(from_record(arg, record), built=(record.plan_hash, current_image(arg) or ""))
+        record, labels = read_record(arg)
+        return replace(from_record(arg, record, labels), built=(record.plan_hash, current_image(arg) or ""))
     known = ", ".join(list_variants(layout.images_dir)) or "none"
     raise ConfigError(f"{arg!r} is not a variant (known: {known}), a lock file or an image reference",
                       field="diff")

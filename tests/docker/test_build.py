@@ -48,6 +48,10 @@ def test_inspect_shows_every_pin_and_mod(test_image) -> None:
     for needle in ("uf17-eager-allreduce", "fix-qwen35-tp4-marlin", "serve-torchrun", "0.17.0", "12.1a",
                    "UNPINNED", "built"):
         assert needle in text
+    # The recipe pins no base digest (--base names a local image): the image says which base it was built from.
+    base_id = image_id(BASE)
+    assert data["labels"]["io.sparkforge.base.resolved"] == base_id
+    assert (f"  base         {BASE} @ {base_id} (not pinned; the base the engine held when it built)") in text, text
 
 
 def test_static_tier_passes_and_gpu_tiers_say_why_they_skip(test_image) -> None:
