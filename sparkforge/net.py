@@ -215,6 +215,29 @@ def _opener(watch: _Watch, ca_cert: Path | None) -> urllib.request.OpenerDirecto
     return opener
 
 
+def byte_progress(say: Callable[[str], None], label: str, every: float = 5.0,
+                  clock: Callable[[], float] = time.monotonic) -> Callable[[int, int | None], None]:
+    """A progress callback for stream(): a line at most every `every` seconds, with the bytes so far, of how
+    many where the server said, and the time left at the pace so far; and, after such a line, one when the body
+    is whole. A download done within `every` seconds says nothing."""
+    start = clock()
+    last = [start]
+    said = [False]
+
+    def show(done: int, total: int | None) -> None:
+        now = clock()
+        whole = total is not None and done >= total
+        if now - last[0] < every and not (whole and said[0]):
+            return
+        last[0], said[0] = now, True
+        line = f"{label}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB")
+        if total and not whole and done:
+            left = (now - start) * (total - done) / done
+            line += f", about {left:.0f} s left"
+        say(line)
+    return show
+
+
 def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: float = READ_TIMEOUT,
            progress: Callable[[int, int | None], None] = lambda done, total: None) -> Iterator[bytes]:
     """The body of url in chunks, all of it within `deadline` seconds: the headers within HEADERS_TIME,

@@ -184,6 +184,9 @@ def main(
             raise ConfigError("is not a folder", path=folder, field=option)
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
     State.platform = platform
+    from ..recipe import sources
+
+    sources.announce = lambda line: err.print(f"  {line}", markup=False)  # downloads of release sources
 
 
 # ------------------------------------------------------------------ what several verbs take, defined once

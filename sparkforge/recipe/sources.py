@@ -20,7 +20,7 @@ import urllib.parse
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from packaging.utils import (
     InvalidSdistFilename,
@@ -144,8 +144,13 @@ def find_release(project: str, version: str) -> Release:
     return Release(project, version, filename, base, sha)
 
 
+# Where a download's progress goes: the command line sets it to a line on stderr; a library caller sees nothing.
+announce: Callable[[str], None] = lambda line: None
+
+
 def download(release: Release) -> Path:
-    """The release file, downloaded once into the cache and checked against its sha256."""
+    """The release file, downloaded once into the cache and checked against its sha256; its progress goes to
+    `announce`."""
     target = cache_dir() / "sources" / canonicalize_name(release.project) / release.filename
     if target.is_file():
         return target
@@ -156,7 +161,8 @@ def download(release: Release) -> Path:
     digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out:
-            for chunk in net.stream(release.url, deadline=3600):
+            for chunk in net.stream(release.url, deadline=3600,
+                                    progress=net.byte_progress(announce, f"downloading {release.filename}")):
                 digest.update(chunk)
                 out.write(chunk)
         if release.sha256 and digest.hexdigest() != release.sha256:

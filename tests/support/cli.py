@@ -115,11 +115,12 @@ def run_cli(*args: str, images: Path | None = None, mods: Path | None = None, cw
 def assert_one_line(proc: subprocess.CompletedProcess, *needles: str, code: int = 2,
                     progress: tuple[str, ...] = ()) -> str:
     """The command failed with exactly one line on stderr, `error: ...` naming every needle, and no traceback;
-    the line. Besides it, stderr may hold only lines that start with one of the progress prefixes, and right above
+    the line. Besides it, stderr may hold only lines that start with one of the progress prefixes (or say how a
+    download goes), and right above
     it the lines the error shows of its cause (`  | `: a failed build step's last output)."""
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == code, f"exit {proc.returncode}, wanted {code}:\n{proc.stdout}{proc.stderr}"
-    lines = [line for line in proc.stderr.splitlines() if not line.startswith(progress)]
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith((*progress, "  downloading "))]
     while len(lines) > 1 and lines[-2].startswith("  | "):
         del lines[-2]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr

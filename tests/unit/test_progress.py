@@ -32,3 +32,27 @@ def test_a_long_build_step_says_again_what_it_is_doing_every_ten_seconds() -> No
     assert shown == [("runtime 4/9", "", 0.0),
                      ("runtime 4/9", "Installing collected packages: vllm", STILL_RUNNING + 1),
                      ("runtime 4/9", "Successfully installed vllm", 2 * STILL_RUNNING + 2)]
+
+
+def test_a_download_says_its_bytes_of_the_whole_and_the_time_left_at_most_every_few_seconds() -> None:
+    from sparkforge.net import byte_progress
+
+    now = [0.0]
+    lines: list[str] = []
+    show = byte_progress(lines.append, "downloading vllm-0.19.0.tar.gz", every=5.0, clock=lambda: now[0])
+    for at, done in ((1, 1_000_000), (5, 10_000_000), (6, 12_000_000), (10, 20_000_000), (11, 40_000_000)):
+        now[0] = at
+        show(done, 40_000_000)
+    assert lines == ["downloading vllm-0.19.0.tar.gz: 10.0 of 40.0 MB, about 15 s left",
+                     "downloading vllm-0.19.0.tar.gz: 20.0 of 40.0 MB, about 10 s left",
+                     "downloading vllm-0.19.0.tar.gz: 40.0 of 40.0 MB"]
+
+
+def test_a_quick_download_says_nothing() -> None:
+    from sparkforge.net import byte_progress
+
+    lines: list[str] = []
+    show = byte_progress(lines.append, "downloading x", every=5.0, clock=lambda: 1.0)
+    show(10, 20)
+    show(20, 20)
+    assert lines == []
