@@ -54,18 +54,13 @@ if __name__ == "__main__":
         _use_project_env()
         os.environ.pop(AGAIN, None)  # not for the processes this one starts
         try:
-            from sparkforge.build import dockercli
-            from sparkforge.cli import run
+            from sparkforge.cli.app import console
         except ModuleNotFoundError as exc:
             if not exc.name or exc.name.partition(".")[0] == "sparkforge":
                 raise
             _missing(exc)
 
-        dockercli.exit_on_sigterm()
-        try:
-            run()
-        finally:
-            dockercli.stop_all()  # a build or a save still running when the CLI is stopped
+        console()  # as the installed `sparkforge` script runs it
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)

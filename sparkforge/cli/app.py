@@ -324,6 +324,22 @@ def next_step(lead: str, *words: str) -> str:
 
 # ------------------------------------------------------------------ run
 
+def console() -> None:
+    """The `sparkforge` console script of an installed package: run() as build.py runs it, SIGTERM stopping
+    it as Ctrl-C does and whatever build or save it started. (build.py adds the start under .venv.)"""
+    from ..build import dockercli
+
+    try:
+        dockercli.exit_on_sigterm()
+        try:
+            run()
+        finally:
+            dockercli.stop_all()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(INTERRUPTED)
+
+
 def run() -> None:
     """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code; so
     does output that cannot be written (stdout on a full disk, a closed or broken pipe: exit 1)."""

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 
 from sparkforge import __version__
@@ -84,3 +87,28 @@ def test_a_venv_without_the_dependencies_is_one_line_not_a_loop(tmp_path: Path) 
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith(f"error: typer is not installed in the project environment {project / '.venv'}: "
                                "run `make venv`"), lines[0]
+
+
+@pytest.mark.network  # the dependencies from PyPI
+def test_pip_install_of_the_project_gives_a_working_sparkforge_script(tmp_path: Path) -> None:
+    uv = Path(sys.executable).parent / "uv"
+    env = {**os.environ, "VIRTUAL_ENV": ""}
+    made = subprocess.run([str(uv), "venv", "--quiet", "--python", sys.executable, str(tmp_path / "venv")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert made.returncode == 0, made.stderr
+    python = tmp_path / "venv" / "bin" / "python"
+    source = tmp_path / "src"  # what the package is made of, so that its build writes nothing into the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "sparkforge"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    installed = subprocess.run([str(uv), "pip", "install", "--quiet", "--python", str(python), str(source)],
+                               capture_output=True, text=True, timeout=900, env=env)
+    assert installed.returncode == 0, installed.stderr
+    script = tmp_path / "venv" / "bin" / "sparkforge"
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert (version.returncode, version.stdout) == (0, f"sparkforge {__version__}\n"), version.stderr
+    helped = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert helped.returncode == 0 and "bump" in helped.stdout and "check-mods" in helped.stdout, helped.stderr
