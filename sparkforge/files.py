@@ -9,7 +9,8 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
+from collections.abc import Callable, Iterator
 
 from .errors import BuildError, ConfigError
 

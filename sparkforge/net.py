@@ -26,7 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
-from typing import IO, Callable, Iterable, Iterator
+from typing import IO
+from collections.abc import Callable, Iterable, Iterator
 
 from .errors import mask_secrets, mask_url
 

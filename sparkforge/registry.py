@@ -17,7 +17,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from . import net
 from .errors import mask_secrets, mask_url, visible

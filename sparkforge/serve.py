@@ -15,7 +15,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 # The fixed prompt of every check: greedy tokens of it are compared across servers.
 PROMPT = "The capital of France is"

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import BuildError
 from ..files import name_path

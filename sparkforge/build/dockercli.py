@@ -256,7 +256,7 @@ def finish(child: subprocess.Popen[Any], timeout: float | None = None) -> int:
         return child.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop(child)
-        raise EngineError(f"took longer than {timeout:.0f} s and was stopped", field=_named(child))
+        raise EngineError(f"took longer than {timeout:.0f} s and was stopped", field=_named(child)) from None
     finally:
         with _lock:
             _children.discard(child)

@@ -16,7 +16,8 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..errors import BuildError, ConfigError, Hint
 from ..files import locked

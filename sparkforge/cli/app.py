@@ -15,7 +15,8 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable, Iterable, Iterator
 
 import typer
 from rich.console import Console
@@ -151,7 +152,7 @@ err = _console(stderr=True)
 
 class State:
     layout: Layout = Layout.default()
-    platform: Optional[str] = None  # --platform: every plan built for it instead of the recipe's
+    platform: str | None = None  # --platform: every plan built for it instead of the recipe's
 
 
 def program() -> str:
@@ -169,11 +170,11 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def main(
-    images: Annotated[Optional[Path], typer.Option("--images", metavar="DIR",
+    images: Annotated[Path | None, typer.Option("--images", metavar="DIR",
                                                    help="Folder of variant recipes (default: images/).")] = None,
-    mods: Annotated[Optional[Path], typer.Option("--mods", metavar="DIR", help="Folder of mods (default: mods/).")]
+    mods: Annotated[Path | None, typer.Option("--mods", metavar="DIR", help="Folder of mods (default: mods/).")]
     = None,
-    platform: Annotated[Optional[str], typer.Option(
+    platform: Annotated[str | None, typer.Option(
         "--platform", metavar="OS/ARCH", help="Build for, and look for images of, this platform instead of the "
         "recipe's (linux/arm64 for a Spark): linux/amd64 for a test on an x86-64 machine. Changes the tag.")] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
@@ -198,9 +199,9 @@ WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their in
                     "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
 
 Variant = Annotated[str, typer.Argument(metavar="VARIANT", help="The variant (images/VARIANT.yaml), e.g. ng17e.")]
-Base = Annotated[Optional[str], typer.Option("--base", metavar="REF", help=BASE_HELP)]
-CaCert = Annotated[Optional[Path], typer.Option("--ca-cert", metavar="FILE", help=CA_HELP)]
-WheelCache = Annotated[Optional[Path], typer.Option("--wheel-cache", metavar="DIR", envvar="SPARKFORGE_WHEEL_CACHE",
+Base = Annotated[str | None, typer.Option("--base", metavar="REF", help=BASE_HELP)]
+CaCert = Annotated[Path | None, typer.Option("--ca-cert", metavar="FILE", help=CA_HELP)]
+WheelCache = Annotated[Path | None, typer.Option("--wheel-cache", metavar="DIR", envvar="SPARKFORGE_WHEEL_CACHE",
                                                     show_envvar=False, help=WHEEL_CACHE_HELP)]
 LogDir = Annotated[Path, typer.Option("--log-dir", metavar="DIR", help="Where build logs go (default: build/logs).",
                                       show_default=False)]
@@ -219,7 +220,7 @@ NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RU
                                                 "(BuildKit's own).")]
 
 
-def ca_bundle(path: Optional[Path]) -> Optional[Path]:
+def ca_bundle(path: Path | None) -> Path | None:
     if path is not None and not is_regular(path):
         raise ConfigError("CA bundle not found" if not path.exists() else "is not a regular file", path=path,
                           field="--ca-cert")
@@ -228,8 +229,8 @@ def ca_bundle(path: Optional[Path]) -> Optional[Path]:
 
 # ------------------------------------------------------------------ the plan, and what to print
 
-def load(variant: str, base: Optional[str] = None, *, locked: bool = False,
-         policy: Optional[LockPolicy] = None) -> LoadedPlan:
+def load(variant: str, base: str | None = None, *, locked: bool = False,
+         policy: LockPolicy | None = None) -> LoadedPlan:
     """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
     return warned(load_plan(State.layout, variant, base=base, platform=State.platform,
                             lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
@@ -256,8 +257,8 @@ def write(text: str, *, stderr: bool = False) -> None:
     (sys.stderr if stderr else sys.stdout).write(text)
 
 
-def plan_of(variant: str, base: Optional[str] = None, *, locked: bool = False,
-            policy: Optional[LockPolicy] = None) -> Plan:
+def plan_of(variant: str, base: str | None = None, *, locked: bool = False,
+            policy: LockPolicy | None = None) -> Plan:
     return load(variant, base, locked=locked, policy=policy).plan
 
 
@@ -297,7 +298,7 @@ def command_line(hint: Hint) -> str:
         target = sub
     takes = {p.name for p in target.params if p.name}
     verbs: list[str] = []
-    c: Optional[Context] = ctx
+    c: Context | None = ctx
     while c is not None and c is not root:
         verbs = list(_given(c, takes)) + verbs
         c = c.parent

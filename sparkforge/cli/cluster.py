@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -23,13 +23,13 @@ from .app import DEFAULT_LOG_DIR, Base, Variant, app, emit, err, next_step, out,
 if TYPE_CHECKING:
     from ..distribute.deploy import ProgressFn
 
-Cluster = Annotated[Optional[Path], typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
+Cluster = Annotated[Path | None, typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
                                                  "the registry (default: ./cluster.yaml when it exists).")]
-Nodes = Annotated[Optional[list[str]], typer.Option("--nodes", metavar="NODES", help="Nodes by cluster-file name, or by "
+Nodes = Annotated[list[str] | None, typer.Option("--nodes", metavar="NODES", help="Nodes by cluster-file name, or by "
                                                     "endpoint (ssh://user@host, tcp://host:port, unix:///path); "
                                                     "comma-separated or repeated. Default: every node of the cluster "
                                                     "file.", show_default=False)]
-Registry = Annotated[Optional[str], typer.Option("--registry", metavar="HOST:PORT", help="Registry as HOST:PORT, e.g. "
+Registry = Annotated[str | None, typer.Option("--registry", metavar="HOST:PORT", help="Registry as HOST:PORT, e.g. "
                                                  "127.0.0.1:5000 (default: registry: of the cluster file).")]
 
 
@@ -56,7 +56,7 @@ class Action(str, enum.Enum):
     status = "status"
 
 
-def _cluster_path(cluster: Optional[Path]) -> Optional[Path]:
+def _cluster_path(cluster: Path | None) -> Path | None:
     if cluster is not None:
         return cluster
     default = Path("cluster.yaml")
@@ -132,12 +132,12 @@ def deploy(
                                        "docker save piped into each node's docker load, no registry needed.")]
     = Mode.registry,
     base: Base = None,
-    to: Annotated[Optional[str], typer.Option("--to", metavar="TAG", help="Deploy this older build instead (an "
+    to: Annotated[str | None, typer.Option("--to", metavar="TAG", help="Deploy this older build instead (an "
                                               "immutable tag, see `history`); the moving tag goes back to it.")]
     = None,
     previous: Annotated[bool, typer.Option("--previous", help="Deploy the build the nodes ran before their current "
                                            "one (from the head's deploy record).")] = False,
-    stall: Annotated[Optional[float], typer.Option("--stall", metavar="SECONDS", min=1,
+    stall: Annotated[float | None, typer.Option("--stall", metavar="SECONDS", min=1,
                                                    help="Stop a node's transfer after this many seconds without "
                                                    "progress (its docker pull prints nothing, or its docker load "
                                                    "takes no data); that node fails alone and keeps its old image. "
@@ -265,10 +265,10 @@ def history(
 @app.command()
 def launch(
     variant: Variant,
-    vllm_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- VLLM_ARGS...]", help="More arguments for "
+    vllm_args: Annotated[list[str] | None, typer.Argument(metavar="[-- VLLM_ARGS...]", help="More arguments for "
                                                              "vLLM on every rank, after --, e.g. -- --max-model-len "
                                                              "8192 --enforce-eager.", show_default=False)] = None,
-    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="The model: a folder at the same "
+    model: Annotated[str | None, typer.Option("--model", metavar="MODEL", help="The model: a folder at the same "
                                                  "path on every node (mounted read-only), or a Hugging Face name. "
                                                  "Required, but with --stop.")] = None,
     nodes: Nodes = None,
@@ -277,10 +277,10 @@ def launch(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Rank 0's HTTP port.")] = 8011,
     master_port: Annotated[int, typer.Option("--master-port", min=1, max=65535, help="The port the ranks meet at, "
                                              "on the first node.")] = 29500,
-    master_addr: Annotated[Optional[str], typer.Option("--master-addr", metavar="ADDRESS", help="The first node's "
+    master_addr: Annotated[str | None, typer.Option("--master-addr", metavar="ADDRESS", help="The first node's "
                                                        "address as the others reach it (default: its host in the "
                                                        "cluster file).")] = None,
-    env: Annotated[Optional[list[str]], typer.Option("--env", metavar="NAME=VALUE", help="An environment variable "
+    env: Annotated[list[str] | None, typer.Option("--env", metavar="NAME=VALUE", help="An environment variable "
                                                      "for every rank; repeat for several.", show_default=False)]
     = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=1, help="How long rank 0 may take to "

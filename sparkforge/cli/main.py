@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -85,7 +85,7 @@ def show(
 @app.command()
 def render(
     variant: Variant,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="DIR",
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="DIR",
                                                    help="Folder to write (default: build/VARIANT).")] = None,
     base: Base = None,
     ca_cert: CaCert = None,
@@ -102,17 +102,17 @@ def render(
 
 @app.command("check-mods")
 def check_mods(
-    variants: Annotated[Optional[list[str]], typer.Argument(metavar="VARIANTS", help="Variants to check.",
+    variants: Annotated[list[str] | None, typer.Argument(metavar="VARIANTS", help="Variants to check.",
                                                             show_default=False)] = None,
     all_variants: Annotated[bool, typer.Option("--all", help="Check every variant in images/.")] = False,
     show_matrix: Annotated[bool, typer.Option("--matrix", help="Also try each vLLM mod against a range of "
                                               "releases.")] = False,
     since: Annotated[str, typer.Option("--since", metavar="VERSION", help="First vLLM release of --matrix.")]
     = "0.15.0",
-    until: Annotated[Optional[str], typer.Option("--until", metavar="VERSION", help="Last vLLM release of --matrix "
+    until: Annotated[str | None, typer.Option("--until", metavar="VERSION", help="Last vLLM release of --matrix "
                                                  "(default: the newest).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail also when a source could not be fetched.")] = False,
-    changed_since: Annotated[Optional[str], typer.Option(
+    changed_since: Annotated[str | None, typer.Option(
         "--changed-since", metavar="COMMIT", help="Check the variants that the changes since this git commit touch: "
         "their recipes (or what they extend), locks or mods; a change of sparkforge itself touches all. For CI: "
         "the commit a push or pull request starts from.")] = None,
@@ -165,9 +165,9 @@ def build(
     network: NetworkOption = Network.host,
     ca_cert: CaCert = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every step.")] = False,
-    max_jobs: Annotated[Optional[int], typer.Option("--max-jobs", metavar="N", min=1,
+    max_jobs: Annotated[int | None, typer.Option("--max-jobs", metavar="N", min=1,
                                                     help="Override MAX_JOBS of the compile.")] = None,
-    nvcc_threads: Annotated[Optional[int], typer.Option("--nvcc-threads", metavar="N", min=1,
+    nvcc_threads: Annotated[int | None, typer.Option("--nvcc-threads", metavar="N", min=1,
                                                         help="Override NVCC_THREADS.")] = None,
     smoke: Annotated[bool, typer.Option("--smoke/--no-smoke", help="Run the static smoke tier before tagging.")]
     = True,
@@ -217,11 +217,11 @@ def build(
 def test_cmd(
     variant: Variant,
     tier: Annotated[list[Tier], typer.Option("--tier", metavar="TIER", help="static, gpu or serve; repeat for "
-                                             "several (default: static).", show_default=False)] = [Tier.static],
-    image: Annotated[Optional[str], typer.Option("--image", metavar="IMAGE", help="Test this image instead of the "
+                                             "several (default: static).", show_default=False)] = [Tier.static],  # noqa: B006 typer copies it
+    image: Annotated[str | None, typer.Option("--image", metavar="IMAGE", help="Test this image instead of the "
                                                  "variant's tag.")] = None,
     base: Base = None,
-    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="The serve tier's model: a folder "
+    model: Annotated[str | None, typer.Option("--model", metavar="MODEL", help="The serve tier's model: a folder "
                                                  "(mounted read-only) or a Hugging Face name. Default: a tiny "
                                                  "random-weight model made offline (see make-model).")] = None,
 ) -> None:

@@ -4,7 +4,7 @@ mod's patch from its work tree (`mod save`). Registered last, keeping the order 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -33,14 +33,14 @@ class Phase(str, enum.Enum):
 @mod_app.command("new")
 def mod_new(
     name: Name,
-    variant: Annotated[Optional[str], typer.Option("--variant", metavar="VARIANT", help="Write the patch by hand: "
+    variant: Annotated[str | None, typer.Option("--variant", metavar="VARIANT", help="Write the patch by hand: "
                                                    "make a git work tree of the pristine source this variant's "
                                                    "release has, to edit and then `mod save`.")] = None,
-    from_url: Annotated[Optional[str], typer.Option("--from-url", metavar="URL", help="https URL of a unified diff, "
+    from_url: Annotated[str | None, typer.Option("--from-url", metavar="URL", help="https URL of a unified diff, "
                                                     "e.g. https://github.com/OWNER/REPO/commit/SHA.diff.")] = None,
-    pr: Annotated[Optional[str], typer.Option("--pr", metavar="OWNER/REPO#N", help="A GitHub pull request; its diff "
+    pr: Annotated[str | None, typer.Option("--pr", metavar="OWNER/REPO#N", help="A GitHub pull request; its diff "
                                               "is https://github.com/OWNER/REPO/pull/N.diff.")] = None,
-    versions: Annotated[Optional[str], typer.Option("--versions", metavar="SPEC", help="The releases of the component "
+    versions: Annotated[str | None, typer.Option("--versions", metavar="SPEC", help="The releases of the component "
                                                     "the patch is for, as a PEP 440 range, e.g. '>=0.17.0,<0.19' "
                                                     "(with --variant, default: the variant's release).")] = None,
     component: Annotated[str, typer.Option("--component", metavar="NAME", help="What the patch edits: vllm, or a "

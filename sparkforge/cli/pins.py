@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -36,7 +36,7 @@ from .app import (
     write,
 )
 
-Epoch = Annotated[Optional[int], typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH, max=MAX_EPOCH,
+Epoch = Annotated[int | None, typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH, max=MAX_EPOCH,
                                               help="SOURCE_DATE_EPOCH of the builds (default: the lock's, else "
                                               "today 00:00 UTC); 1980 to 2107, the years a wheel's zip can store.")]
 
@@ -47,7 +47,7 @@ def lock(
     base: Base = None,
     no_build: Annotated[bool, typer.Option("--no-build", help="Do not build: mark the installed packages unresolved "
                                            "(for a machine that cannot build this variant).")] = False,
-    image: Annotated[Optional[str], typer.Option("--image", metavar="IMAGE", help="Take the installed packages from "
+    image: Annotated[str | None, typer.Option("--image", metavar="IMAGE", help="Take the installed packages from "
                                                  "this image, built by sparkforge, instead of building.")] = None,
     epoch: Epoch = None,
     network: NetworkOption = Network.host,
@@ -85,18 +85,18 @@ def lock(
 def verify_repro_cmd(
     variant: Variant,
     base: Base = None,
-    builder_host: Annotated[Optional[str], typer.Option("--builder-host", metavar="ENDPOINT", help="Docker engine to "
+    builder_host: Annotated[str | None, typer.Option("--builder-host", metavar="ENDPOINT", help="Docker engine to "
                                                         "build on, e.g. unix:///run/ctd-docker.sock: a dockerd with "
                                                         "the containerd image store (the default engine's classic "
                                                         "store cannot do this).")] = None,
     locked: Annotated[bool, typer.Option("--locked", help="Refuse when the recipe disagrees with its lock.")] = False,
-    epoch: Annotated[Optional[int], typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH,
+    epoch: Annotated[int | None, typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH,
                                                  max=MAX_EPOCH,
                                                  help="Override the lock's SOURCE_DATE_EPOCH (default without a "
                                                  f"lock: {verbs.DEFAULT_EPOCH}).")] = None,
     network: NetworkOption = Network.host,
     ca_cert: CaCert = None,
-    keep: Annotated[Optional[Path], typer.Option("--keep", metavar="DIR", help="Keep both image tarballs and build "
+    keep: Annotated[Path | None, typer.Option("--keep", metavar="DIR", help="Keep both image tarballs and build "
                                                  "logs in this folder.")] = None,
 ) -> None:
     """Build a variant twice from scratch and check that both images are identical, bit for bit.
@@ -152,7 +152,7 @@ def outdated(
     mods: Annotated[bool, typer.Option("--mods/--no-mods", help="Try the variant's vLLM mods on each newer vLLM "
                                        "release (as check-mods --matrix; sources are downloaded once and cached).")]
     = True,
-    until: Annotated[Optional[str], typer.Option("--until", metavar="VERSION", help="Last vLLM release to try the "
+    until: Annotated[str | None, typer.Option("--until", metavar="VERSION", help="Last vLLM release to try the "
                                                  "mods on.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON: each component's pin and newer "
                                           "releases, and where each mod applies.")] = False,
@@ -186,9 +186,9 @@ def outdated(
 @app.command()
 def bump(
     variant: Variant,
-    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="The vLLM release to bump to.")] = None,
+    to: Annotated[str | None, typer.Option("--to", metavar="VERSION", help="The vLLM release to bump to.")] = None,
     latest: Annotated[bool, typer.Option("--latest", help="Bump to the newest vLLM release on PyPI.")] = False,
-    name: Annotated[Optional[str], typer.Option("--name", metavar="NAME", help="The new variant's name (default: "
+    name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="The new variant's name (default: "
                                                 "VARIANT-X-Y-Z for release X.Y.Z).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the new recipe; write "
                                           "nothing.")] = False,

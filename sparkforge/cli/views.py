@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
 
 from rich.table import Table
 from rich.text import Text

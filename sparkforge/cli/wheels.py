@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -24,7 +24,7 @@ wheels_app = App(
 app.add_typer(wheels_app, name="wheels")
 
 
-def _root(folder: Optional[Path]) -> Path:
+def _root(folder: Path | None) -> Path:
     from ..build.wheels import default_root
 
     return folder or default_root()
@@ -74,9 +74,9 @@ def list_wheels(
 @wheels_app.command("prune")
 def prune_wheels(
     wheel_cache: WheelCache = None,
-    older_than: Annotated[Optional[float], typer.Option("--older-than", min=0, metavar="DAYS",
+    older_than: Annotated[float | None, typer.Option("--older-than", min=0, metavar="DAYS",
                                                         help="Remove wheels no build has used for DAYS days.")] = None,
-    key: Annotated[Optional[str], typer.Option("--key", metavar="KEY", help="Remove the wheel whose key starts with "
+    key: Annotated[str | None, typer.Option("--key", metavar="KEY", help="Remove the wheel whose key starts with "
                                                "this.")] = None,
     everything: Annotated[bool, typer.Option("--all", help="Remove every wheel.")] = False,
     dry: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,

@@ -159,7 +159,7 @@ class RegistrySpec(Strict):
     insecure: bool = False
 
     @model_validator(mode="after")
-    def _one_way(self) -> "RegistrySpec":
+    def _one_way(self) -> RegistrySpec:
         if self.tls is not None and self.insecure:
             raise ValueError("give either tls: or insecure: true, not both")
         if self.tls is None and not self.insecure and not is_loopback(self.address):

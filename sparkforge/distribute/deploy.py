@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
+from collections.abc import Callable, Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line

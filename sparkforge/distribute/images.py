@@ -14,7 +14,8 @@ import re
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypedDict, cast
+from typing import Any, TypedDict, cast
+from collections.abc import Callable, Iterable
 
 from ..build import dockercli
 from ..errors import DistributeError, Hint
@@ -48,7 +49,7 @@ class NodeImage:
     layers: tuple[str, ...]
 
     @classmethod
-    def from_inspect(cls, data: dict[str, Any]) -> "NodeImage":
+    def from_inspect(cls, data: dict[str, Any]) -> NodeImage:
         digests = frozenset(d.partition("@")[2] for d in data.get("RepoDigests") or [] if "@" in d)
         return cls(data["Id"], digests, tuple((data.get("RootFS") or {}).get("Layers") or ()))
 

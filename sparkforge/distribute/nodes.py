@@ -17,7 +17,8 @@ import shlex
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, Callable, Iterable, TypeVar
+from typing import IO, Any, TypeVar
+from collections.abc import Callable, Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line

@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..build import dockercli
 from ..build.dockercli import last_line

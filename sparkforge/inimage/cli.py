@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from . import kernels
 from .apply import apply_mod, component_root, verify_mod

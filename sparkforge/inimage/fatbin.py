@@ -85,7 +85,7 @@ class Target:
         return f"{'sm' if self.kind == 'cubin' else 'compute'}_{self.arch}{self.variant}"
 
     @classmethod
-    def parse(cls, name: str) -> "Target":
+    def parse(cls, name: str) -> Target:
         m = TARGET_RE.match(name)
         if not m:
             raise ValueError(f"not a target name: {name!r}")
@@ -274,7 +274,7 @@ class DeviceCode:
     def __init__(self, fd: int, data: mmap.mmap, entries: list[Entry]) -> None:
         self._fd, self.data, self.entries, self.decoded = fd, data, entries, 0
 
-    def __enter__(self) -> "DeviceCode":
+    def __enter__(self) -> DeviceCode:
         return self
 
     def __exit__(self, *exc: object) -> None:

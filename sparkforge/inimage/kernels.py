@@ -20,7 +20,8 @@ import stat
 import struct
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .contract import parse_json
 from .coverage import parse_gpu, read_extension, usable

@@ -246,7 +246,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _patcher_targets(module: ModuleType) -> list[str]:
-    targets = getattr(module, "TARGETS")
+    targets = module.TARGETS
     if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
         raise ModFailure("TARGETS must be a list of relative paths")
     return list(targets)

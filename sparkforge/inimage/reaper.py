@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 

@@ -206,10 +206,9 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
             raise ConfigError(f"{rel!r} is not a file in {folder}", path=meta, field=field)
     # A patch named by URL is checked when it is fetched (remote.materialize); here only the folder is.
     static = mod_document(spec, None if isinstance(spec.patch, RemotePatch) else spec.patch)
-    if isinstance(spec.patch, RemotePatch):
-        if (folder / REMOTE_PATCH_FILE).exists():
-            raise ConfigError(f"{REMOTE_PATCH_FILE} is the name the fetched patch takes in the build; rename "
-                              f"this mod's own file", path=folder / REMOTE_PATCH_FILE, field="patch")
+    if isinstance(spec.patch, RemotePatch) and (folder / REMOTE_PATCH_FILE).exists():
+        raise ConfigError(f"{REMOTE_PATCH_FILE} is the name the fetched patch takes in the build; rename "
+                          f"this mod's own file", path=folder / REMOTE_PATCH_FILE, field="patch")
     try:  # a patch or patcher naming a path outside its tree is bad input, refused before any build
         inimage.check_static(static, folder)
     except inimage.ModFailure as exc:

@@ -14,7 +14,8 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
+from collections.abc import Callable
 
 from .. import net
 from ..files import name_path, open_regular

@@ -36,7 +36,7 @@ class Layout:
 
     @classmethod
     def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
-                mods_dir: Path | None = None) -> "Layout":
+                mods_dir: Path | None = None) -> Layout:
         return cls(
             images_dir=images_dir or root / "images",
             mods_dir=mods_dir or root / "mods",

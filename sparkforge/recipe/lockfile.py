@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, TypeAlias, Union
+from typing import Annotated, Any, Literal, TypeAlias
 
 from packaging.utils import canonicalize_name
 from pydantic import Field, ValidationError, field_validator
@@ -213,28 +213,28 @@ class _Unresolved(Strict):
 class _Base(Strict):
     repository: Repository
     tag: ImageTag
-    digest: Union[Digest, _Unresolved]
+    digest: Digest | _Unresolved
 
 
 class _Vllm(Strict):
     source: Literal["git", "pypi", "wheel", "base"]
     version: PipVersion
-    repo: Optional[GitUrl] = None
-    ref: Optional[GitRef] = None
-    commit: Union[Commit, _Unresolved, None] = None
-    sha256: Optional[Sha256] = None
+    repo: GitUrl | None = None
+    ref: GitRef | None = None
+    commit: Commit | _Unresolved | None = None
+    sha256: Sha256 | None = None
     install_deps: bool
-    package: Optional[Distribution] = None
+    package: Distribution | None = None
 
 
 class _Component(Strict):
     kind: Literal["pip", "git"]
-    package: Optional[Package] = None
-    version: Union[PipVersion, _Unresolved, None] = None
-    repo: Optional[GitUrl] = None
-    ref: Optional[GitRef] = None
-    commit: Union[Commit, _Unresolved, None] = None
-    dest: Optional[AbsPath] = None
+    package: Package | None = None
+    version: PipVersion | _Unresolved | None = None
+    repo: GitUrl | None = None
+    ref: GitRef | None = None
+    commit: Commit | _Unresolved | None = None
+    dest: AbsPath | None = None
 
 
 class _Mod(Strict):
@@ -261,10 +261,10 @@ class _WheelPackage(Strict):
 class _Wheels(Strict):
     python: PythonVersion
     platform: WheelPlatform
-    leave_out: Optional[list[Distribution]] = None
-    resolver: Optional[Text] = None
-    packages: Optional[dict[Package, _WheelPackage]] = None
-    unresolved: Optional[Text] = None
+    leave_out: list[Distribution] | None = None
+    resolver: Text | None = None
+    packages: dict[Package, _WheelPackage] | None = None
+    unresolved: Text | None = None
 
 
 class _LockFile(Strict):
@@ -277,9 +277,9 @@ class _LockFile(Strict):
     mods: list[_Mod]
     protect: list[Package]
     os_packages: list[OsPackage]
-    packages: Union[dict[Package, InstalledVersion], _Unresolved]
-    built_from: Optional[_BuiltFrom] = None
-    wheels: Optional[_Wheels] = None
+    packages: dict[Package, InstalledVersion] | _Unresolved
+    built_from: _BuiltFrom | None = None
+    wheels: _Wheels | None = None
 
     @field_validator("packages")
     @classmethod

@@ -34,7 +34,7 @@ class Pin:
     unknown: str | None = None
 
     @classmethod
-    def of(cls, raw: str | Unknown | None, missing: str) -> "Pin":
+    def of(cls, raw: str | Unknown | None, missing: str) -> Pin:
         if isinstance(raw, Unknown):
             return cls(None, raw.unknown)
         if raw is None:

@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from .. import gitfetch, registry
 from ..errors import mask_secrets

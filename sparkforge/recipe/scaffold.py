@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from .. import inimage
 from ..errors import BuildError, ConfigError, Hint

@@ -6,7 +6,7 @@ needs another, one path written twice).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
@@ -61,7 +61,7 @@ class Unknown(Strict):
 class BaseSpec(Strict):
     repository: Repository | None = None
     tag: ImageTag | None = None
-    digest: Union[Digest, Unknown, None] = None
+    digest: Digest | Unknown | None = None
 
 
 class VllmSpec(Strict):
@@ -72,7 +72,7 @@ class VllmSpec(Strict):
     source: Literal["git", "pypi", "wheel", "base"] | None = None
     repo: GitUrl | None = None
     ref: GitRef | None = None
-    commit: Union[Commit, Unknown, None] = None
+    commit: Commit | Unknown | None = None
     url: FileUrl | None = None
     path: RelPath | None = None
     sha256: Sha256 | None = None
@@ -87,10 +87,10 @@ class ComponentSpec(Strict):
     """A pip package pinned to a version, or a git tree pinned to a ref and commit."""
 
     pip: Package | None = None
-    version: Union[PipVersion, Unknown, None] = None
+    version: PipVersion | Unknown | None = None
     git: GitUrl | None = None
     ref: GitRef | None = None
-    commit: Union[Commit, Unknown, None] = None
+    commit: Commit | Unknown | None = None
     dest: AbsPath | None = None
     pip_install: bool | None = None  # git only: also `pip install` the tree after it is in place
 
@@ -103,7 +103,7 @@ class PythonSpec(Strict):
     # Distributions the wheel set leaves out although vLLM's metadata asks for them, each with the reason (a
     # build that does not load beside the base's own torch, say); the set is then installed without pip's
     # dependency resolution (--no-deps), as the closure the lock resolved. null removes a parent's entry.
-    leave_out: dict[Distribution, Union[Text, None]] | None = None
+    leave_out: dict[Distribution, Text | None] | None = None
     # A venv the image's Python packages go into (its python3 first on PATH), seeing the base's own packages
     # (--system-site-packages): pip then installs the set's versions there instead of replacing what the
     # distribution's apt installed (Debian and Ubuntu refuse: "installed by debian", no RECORD file).
@@ -115,7 +115,7 @@ class BuildSpec(Strict):
     max_jobs: Count | None = None
     nvcc_threads: Count | None = None
     # Environment of the compile step only, e.g. VLLM_TARGET_DEVICE; never the image's ENV.
-    env: dict[EnvName, Union[EnvValue, None]] | None = None
+    env: dict[EnvName, EnvValue | None] | None = None
 
 
 class ModChanges(Strict):
@@ -134,7 +134,7 @@ class RecipeFile(Strict):
     base: BaseSpec | None = None
     os_packages: list[OsPackage] | None = None
     vllm: VllmSpec | None = None
-    components: dict[Name, Union[ComponentSpec, None]] | None = None
+    components: dict[Name, ComponentSpec | None] | None = None
     protect: list[Package] | None = None
     # The image's Python and platform: `lock` resolves vLLM and the pip components for them into one wheel
     # set, every wheel pinned by version and sha256, which `build --locked` installs with hashes enforced.
@@ -144,7 +144,7 @@ class RecipeFile(Strict):
     # `[]`: an image without CUDA kernels on purpose (no kernel check).
     gpus: list[Gpu] | None = None
     # Extensions that vLLM loads only on other GPUs than those, each with the reason.
-    kernels_not_needed: dict[Extension, Union[Text, None]] | None = None
+    kernels_not_needed: dict[Extension, Text | None] | None = None
     # Installed distributions whose libraries the kernel check reads besides vLLM's and the pip
     # components' (torch, nvidia-nccl-cu13, ...).
     kernels_scan: list[Distribution] | None = None
@@ -155,8 +155,8 @@ class RecipeFile(Strict):
     # `python.platform`, the default follows its architecture. Another than the engine's is built under
     # emulation (binfmt); deploy refuses a node of another architecture.
     platform: Literal["linux/arm64", "linux/amd64"] | None = None
-    env: dict[EnvName, Union[EnvValue, None]] | None = None
-    mods: Union[list[Name], ModChanges, None] = None
+    env: dict[EnvName, EnvValue | None] | None = None
+    mods: list[Name] | ModChanges | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -236,7 +236,7 @@ class ModVerify(Strict):
     needs: list[Module] = []
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "ModVerify":
+    def _one_kind(self) -> ModVerify:
         if self.python is not None and (self.file or self.contains):
             raise ValueError("a check is either {file, contains} or {python}, not both")
         if self.needs and self.python is None:
@@ -254,7 +254,7 @@ class RemotePatch(Strict):
     sha256: Sha256
 
     @model_validator(mode="after")
-    def _one_source(self) -> "RemotePatch":
+    def _one_source(self) -> RemotePatch:
         if (self.url is None) == (self.pr is None):
             raise ValueError("give either url or pr, not both" if self.url else "give url or pr (with sha256)")
         return self
@@ -283,14 +283,14 @@ class ModSpec(Strict):
     targets: ModTargets
     phase: Literal["source", "install"]
     kind: Literal["patch", "patcher", "files"]
-    patch: Union[RelPath, RemotePatch, None] = None  # a file of the folder, or {url|pr, sha256}
+    patch: RelPath | RemotePatch | None = None  # a file of the folder, or {url|pr, sha256}
     patcher: RelPath | None = None
     files: list[ModFile] = []
     env: ModEnv | None = None
     verify: list[ModVerify]
 
     @model_validator(mode="after")
-    def _kind_fields(self) -> "ModSpec":
+    def _kind_fields(self) -> ModSpec:
         present = {"patch": bool(self.patch), "patcher": bool(self.patcher), "files": bool(self.files)}
         if not present[self.kind]:
             raise ValueError(f"kind {self.kind} needs the field {self.kind!r}")

@@ -15,7 +15,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -83,7 +84,7 @@ def read_pylock(text: str, target: PythonTarget) -> tuple[WheelPin, ...]:
     pins = []
     for package in data.get("packages", []):
         name, version = canonicalize_name(str(package.get("name", ""))), str(package.get("version", ""))
-        files = sorted((f for f in (_wheel(w, rank) for w in package.get("wheels", [])) if f is not None))
+        files = sorted(f for f in (_wheel(w, rank) for w in package.get("wheels", [])) if f is not None)
         if not files:
             raise Unresolvable(f"{name} {version} has no wheel for Python {target.version} on {target.platform}: "
                                "pip would compile it from source")

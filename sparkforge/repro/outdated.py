@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name

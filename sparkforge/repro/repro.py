@@ -17,7 +17,8 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..imageref import is_attestation
 from ..build import dockercli

@@ -139,7 +139,7 @@ class NetnsCluster:
         return f"10.213.{self.subnet}.{last}"
 
     # -- start -------------------------------------------------------------------------------
-    def start(self) -> "NetnsCluster":
+    def start(self) -> NetnsCluster:
         try:
             self._network()
             self._client()
@@ -225,13 +225,10 @@ class NetnsCluster:
     def _spawn_sshd(self, host: Host) -> None:
         d = host.dir / "ssh"
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-        log = open(d / "sshd.log", "ab")
-        try:
+        with open(d / "sshd.log", "ab") as log:  # the daemon's output; its own copy stays open
             host.sshd = subprocess.Popen(["ip", "netns", "exec", host.netns, SSHD, "-D", "-e", "-f",
                                           str(d / "sshd_config")], stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            log.close()
 
     def start_sshd(self, host: Host) -> None:
         """Start a host's sshd again (after a test stopped it)."""

@@ -184,13 +184,10 @@ class Node:
             "--iptables=false", "--ip6tables=false", "--bridge=none",
         ]
         self._t0 = time.monotonic()
-        log = open(self.log_path, "ab")
-        try:
+        with open(self.log_path, "ab") as log:  # the daemon's output; its own copy stays open
             # New session: a Ctrl-C in the test runner must not reach the daemons half-way.
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            log.close()
 
     def wait_up(self, timeout: float = _DEFAULT_START_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
@@ -206,7 +203,7 @@ class Node:
         if t0 is not None and self.start_seconds is None:
             self.start_seconds = time.monotonic() - t0
 
-    def start(self, timeout: float = _DEFAULT_START_TIMEOUT) -> "Node":
+    def start(self, timeout: float = _DEFAULT_START_TIMEOUT) -> Node:
         self.start_seconds = None
         self.launch()
         self.wait_up(timeout)

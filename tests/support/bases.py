@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tests.support.docker import image_id
 from tests.support.gitsource import ensure_torch_base

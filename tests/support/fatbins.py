@@ -10,7 +10,8 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from sparkforge.inimage import decompress, fatbin
 from tests.support.paths import ROOT

@@ -21,7 +21,7 @@ SYSTEM_CA = Path(CA)
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server_state: "FileServer"
+    server_state: FileServer
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass

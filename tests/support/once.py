@@ -7,7 +7,7 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -144,7 +145,7 @@ def changed(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     elif value is None:
         yield path, "f" * 40
     elif isinstance(value, tuple) and path.endswith(".files"):  # a locked wheel's (file, sha256, size)
-        for i, (name, sha, size) in enumerate(value):
+        for i, (name, _sha, size) in enumerate(value):
             yield f"{path}[{i}]", value[:i] + ((name, "0" * 64, size),) + value[i + 1:]
     elif isinstance(value, tuple) and path.rsplit(".", 1)[-1] in ITEMS:
         for i, item in enumerate(value):

@@ -44,7 +44,7 @@ def _project_copy(dest: Path) -> Path:
         if src.is_dir():
             shipped = shipped_files(src)  # not a lock or recipe the user made there
 
-            def ignore(folder: str, names: list[str]) -> list[str]:
+            def ignore(folder: str, names: list[str], shipped: set[Path] | None = shipped) -> list[str]:
                 return [n for n in names if n == "__pycache__" or (
                     shipped is not None and (Path(folder) / n).is_file() and Path(folder) / n not in shipped)]
             shutil.copytree(src, dest / name, ignore=ignore)

@@ -155,10 +155,9 @@ def test_a_signal_while_the_child_starts_still_stops_its_group(tmp_path: Path, s
 
 def test_held_raises_a_signal_that_came_inside_it_as_it_ends() -> None:
     seen = []
-    with pytest.raises(KeyboardInterrupt):
-        with proc.held():
-            signal.raise_signal(signal.SIGINT)
-            seen.append("went on")  # not interrupted inside
+    with pytest.raises(KeyboardInterrupt), proc.held():
+        signal.raise_signal(signal.SIGINT)
+        seen.append("went on")  # not interrupted inside
     assert seen == ["went on"]
 
 

@@ -275,7 +275,8 @@ def test_a_registry_that_stops_reading_an_upload_is_given_up_in_time(window: flo
         for host, _ in _serve(_Deaf, over=over):
             client = Client(Endpoint.of(host), deadline=60.0, transfer_deadline=transfer_deadline, window=window)
             location = client.start_upload("team/app")
-            err, seconds = gives_up(lambda: client.send_chunks("team/app", location, endless()))
+            err, seconds = gives_up(lambda client=client, location=location: client.send_chunks(
+                "team/app", location, endless()))
             over.set()
     finally:
         over.set()
