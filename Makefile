@@ -48,7 +48,7 @@ test-unit: $(STAMP) ## the pure tier only: no network, no Docker, no root (secon
 golden: $(STAMP) ## rewrite tests/golden from what the template renders now, printing the diff
 	$(PY) -m tests.support.golden
 
-lint: $(STAMP) ## ruff, mypy (strict, on sparkforge/), actionlint on the workflow (where installed), hadolint on every rendered variant
+lint: $(STAMP) ## ruff, mypy (strict, on sparkforge/, tests/support and bench/), actionlint on the workflow (where installed), hadolint on every rendered variant
 	$(VENV)/bin/ruff check sparkforge tests bench build.py
 	$(VENV)/bin/mypy
 	@if command -v actionlint >/dev/null; then actionlint .github/workflows/*.yml && echo "actionlint: clean"; \

@@ -29,6 +29,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
@@ -36,11 +37,13 @@ sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests p
 from tests.cluster.clusterkit import make_ca  # noqa: E402
 from tests.infra.netns import NetnsCluster, free_subnet, missing  # noqa: E402
 from tests.infra.nodes import CLASSIC, start_nodes, stop_nodes  # noqa: E402
+from tests.infra.nodes import Node as Engine  # noqa: E402
 
 from sparkforge.distribute import deploy, images, push, stream  # noqa: E402
-from sparkforge.distribute.cluster import Registry, registry_command, resolve_cluster  # noqa: E402
+from sparkforge.distribute.cluster import Node, Registry, registry_command, resolve_cluster  # noqa: E402
 from sparkforge.build.pipeline import LockPolicy, load_plan  # noqa: E402
 from sparkforge.recipe.layout import Layout  # noqa: E402
+from sparkforge.recipe.plan import Plan  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
 CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -65,10 +68,11 @@ def with_record(image: images.HeadImage, state: Path) -> images.HeadImage:
     return replace(image, identity=replace(image.identity, manifests=image.identity.manifests | set(recorded)))
 
 
-def wipe(cluster) -> None:
+def wipe(cluster: NetnsCluster) -> None:
     """Remove every image from every node, so that the next deploy starts cold."""
     for host in cluster.nodes:
         node = host.engine
+        assert node is not None, f"{host.name} has no engine"  # every node of a started cluster has one
         ids = node.docker("images", "-qa").stdout.decode().split()
         if ids:
             node.docker("rmi", "-f", *sorted(set(ids)), check=False)
@@ -82,7 +86,7 @@ def settle() -> None:
     os.sync()
 
 
-def plan_of(mods: Path | None = None):
+def plan_of(mods: Path | None = None) -> Plan:
     layout = Layout.default(ROOT, images_dir=IMAGES, mods_dir=mods)
     return load_plan(layout, VARIANT, base=BASE, lock_policy=LockPolicy.AUTO).plan
 
@@ -96,11 +100,11 @@ def store_of() -> str:
     return "containerd" if "io.containerd.snapshotter" in proc.stdout else "classic"
 
 
-def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
+def measure(store: str, cluster: NetnsCluster, nodes: tuple[Node, ...], reg: Registry, work: Path) -> dict[str, Any]:
     """Every step of the docstring from the head the environment's DOCKER_HOST names: the runs and their ratios."""
     address = reg.address
     state = work / f"state-{store}"
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}  # step -> its seconds, bytes and what they were
     # BuildKit may hold several cache records for one step (one per earlier --no-cache build, say), and a
     # later build may go on from any of them; on the classic store their layers differ in their bytes. From
     # an empty build cache, the head and the mod-changed build below share one chain, as on a machine that
@@ -119,7 +123,7 @@ def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
         rows[name] = {"seconds": seconds, "bytes": moved, "what": what}
         print(f"  {name:<44} {seconds:7.1f} s  {gb(moved):>10}  {what}")
 
-    def deploy_to(name: str, targets, image) -> deploy.Deployment:
+    def deploy_to(name: str, targets: tuple[Node, ...], image: images.HeadImage) -> deploy.Deployment:
         settle()
         dep = deploy.deploy_registry(image, targets, reg, state_dir=state)
         bad = [f"{r.node.name}: {r.error}" for r in dep.results if r.outcome == deploy.FAILED]
@@ -193,7 +197,7 @@ def measure(store: str, cluster, nodes, reg: Registry, work: Path) -> dict:
     return {"image": head.tag, "size": head.size, "runs": rows, "ratios": ratios}
 
 
-def classic_head(where: Path):
+def classic_head(where: Path) -> Engine:
     """A classic-store engine of the bench's own, holding the base (sent from the machine's engine)."""
     (engine,) = start_nodes(1, where, CLASSIC, prefix="classic-head")
     save = subprocess.Popen(["docker", "save", BASE], stdout=subprocess.PIPE)
@@ -227,7 +231,8 @@ def main() -> None:
           "(the machine's engine), then from a classic-store head of the bench's own")
     k = free_subnet()
     cluster = NetnsCluster(Path(f"/run/sfc-{k}"), k).start()
-    out: dict[str, dict] = {}
+    assert cluster.head is not None  # start made it
+    out: dict[str, dict[str, Any]] = {}
     reg = engine = None
     env = dict(os.environ, SPARKFORGE_STATE=str(work / "registry"))
     try:

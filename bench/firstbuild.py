@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
@@ -60,7 +61,7 @@ def pip_downloads(log: Path) -> dict[str, int]:
     return found
 
 
-def cold_build(layout: Layout, variant: str, opts: BuildOptions, work: Path, **kw) -> tuple[float, Path]:
+def cold_build(layout: Layout, variant: str, opts: BuildOptions, work: Path, **kw: Any) -> tuple[float, Path]:
     plan = load_plan(layout, variant, **kw).plan
     ctx = render_context(plan, layout, work / "ctx" / plan.plan_hash[:12], ca_cert=opts.ca_cert)
     start = time.monotonic()

@@ -24,10 +24,11 @@ sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests p
 from tests.support.gitsource import VARIANT as GIT_VARIANT  # noqa: E402
 from tests.support.gitsource import TORCH_BASE, GitSource, ensure_torch_base  # noqa: E402
 
-from sparkforge.build.builder import BuildOptions, build_image, buildx_command  # noqa: E402
+from sparkforge.build.builder import BuildOptions, BuildResult, build_image, buildx_command  # noqa: E402
 from sparkforge.build.pipeline import WheelNote, build_variant, load_plan  # noqa: E402
 from sparkforge.recipe.layout import Layout  # noqa: E402
-from sparkforge.build.render import render_context  # noqa: E402
+from sparkforge.recipe.plan import Plan  # noqa: E402
+from sparkforge.build.render import Context, render_context  # noqa: E402
 
 BASE = "sparkforge/base-local:bookworm"
 CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -48,7 +49,7 @@ def main() -> None:
     layout = Layout.default(images_dir=ROOT / "tests" / "variants", mods_dir=mods)
     opts = BuildOptions(network="host", ca_cert=CA, log_dir=work / "logs")
 
-    def build(no_cache: bool = False):
+    def build(no_cache: bool = False) -> tuple[Plan, Context, BuildResult, float]:
         plan = load_plan(layout, VARIANT, base=BASE).plan
         ctx = render_context(plan, layout, work / "ctx" / plan.plan_hash[:12])
         start = time.monotonic()
@@ -61,6 +62,7 @@ def main() -> None:
 
     # Change one install-phase mod: reword a comment line in the first mod's patch.
     first = plan.mods_in("install")[0]
+    assert first.spec.patch is None or isinstance(first.spec.patch, str), f"{first.name}: its patch is fetched by URL"
     patch = mods / first.name / first.spec.patch if first.spec.patch else None
     target = patch or next(p for p in (mods / first.name).iterdir() if p.name != "mod.yaml")
     text = target.read_text()
@@ -108,7 +110,7 @@ def bench_git_source(work: Path) -> bool:
         layout = Layout.default(images_dir=git.images, mods_dir=git.mods)
         opts = BuildOptions(network="host", ca_cert=git.ca_bundle, log_dir=work / "logs")
 
-        def build(no_cache: bool = False):
+        def build(no_cache: bool = False) -> tuple[BuildResult, float]:
             plan = load_plan(layout, GIT_VARIANT).plan
             ctx = render_context(plan, layout, work / "ctx" / plan.plan_hash[:12])
             start = time.monotonic()
@@ -119,7 +121,7 @@ def bench_git_source(work: Path) -> bool:
             spec = git.mods / mod / "mod.yaml"
             spec.write_text(spec.read_text().replace("summary: ", "summary: (bench-edited) ", 1))
 
-        def compiled(result) -> bool:
+        def compiled(result: BuildResult) -> bool:
             return any(s.stage == "vllm-build" for s in result.ran)
 
         print(f"bench-rebuild: git-source variant {GIT_VARIANT} (vLLM 0.17.0 over HTTPS, VLLM_TARGET_DEVICE=empty)")

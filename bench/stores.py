@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,9 +98,10 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(base_dir, ignore_errors=True)
     print(f"  {'':28} {'classic':>12} {'containerd':>12} {'ratio':>8}")
-    rows = (("cold build, build verb (s)", lambda f: f.cold), ("cached build, build verb (s)", lambda f: f.cached),
-            ("docker save of the image (s)", lambda f: f.save), ("docker save size (MB)", lambda f: f.saved_bytes / 1e6),
-            ("engine data root (MB)", lambda f: f.disk / 1e6))
+    rows: tuple[tuple[str, Callable[[Figures], float]], ...] = (
+        ("cold build, build verb (s)", lambda f: f.cold), ("cached build, build verb (s)", lambda f: f.cached),
+        ("docker save of the image (s)", lambda f: f.save), ("docker save size (MB)", lambda f: f.saved_bytes / 1e6),
+        ("engine data root (MB)", lambda f: f.disk / 1e6))
     for label, pick in rows:
         a, b = pick(out["classic"]), pick(out["containerd"])
         print(f"  {label:28} {a:12.1f} {b:12.1f} {b / a:8.3f}")

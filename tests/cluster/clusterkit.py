@@ -7,6 +7,11 @@ import os
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotations only
+    from tests.infra.netns import Host, NetnsCluster
+    from tests.support.docker import BuiltImage
 
 REGISTRY_PORT = 5443
 OLD = "sparkforge-test/old:1"
@@ -32,14 +37,16 @@ def make_ca(d: Path, address: str) -> dict[str, Path]:
     return {"ca": ca, "cert": cert, "key": key}
 
 
-def node_docker(cluster, host, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+def node_docker(cluster: NetnsCluster, host: Host, *args: str,
+                input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     """The docker CLI on a host's own engine, over the unix socket (no ssh involved)."""
+    assert host.engine is not None, f"{host.name} has no engine"  # every node of a started cluster has one
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
     return subprocess.run(["docker", "-H", host.engine.endpoint, *args], capture_output=True, input=input,
                           timeout=300, env=env)
 
 
-def make_stale(cluster, host, test_image) -> str:
+def make_stale(cluster: NetnsCluster, host: Host, test_image: BuiltImage) -> str:
     """Remove the test image from a host and put its moving tag on a tiny older image; its ID."""
     for ref in (test_image.tag, test_image.moving_tag):
         node_docker(cluster, host, "rmi", "-f", ref)
@@ -52,9 +59,11 @@ def make_stale(cluster, host, test_image) -> str:
         tf.addfile(info, io.BytesIO(data))
     node_docker(cluster, host, "import", "-", OLD, input=buf.getvalue())
     node_docker(cluster, host, "tag", OLD, test_image.moving_tag)
-    return node_id(cluster, host, test_image.moving_tag)
+    ident = node_id(cluster, host, test_image.moving_tag)
+    assert ident is not None, f"{test_image.moving_tag} missing on {host.name} after tagging it"
+    return ident
 
 
-def node_id(cluster, host, ref: str) -> str | None:
+def node_id(cluster: NetnsCluster, host: Host, ref: str) -> str | None:
     proc = node_docker(cluster, host, "image", "inspect", "--format", "{{.Id}}", ref)
     return proc.stdout.decode().strip() if proc.returncode == 0 else None

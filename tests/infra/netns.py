@@ -29,8 +29,10 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from tests.infra.nodes import OLD_DOCKERD, Node, NodeError, _alive, engine_roots, with_store
 
 SSHD = "/usr/sbin/sshd"
@@ -61,7 +63,7 @@ def engine_certs_dirs() -> list[Path]:
     return [root / "etc" / "docker" / "certs.d" for root in engine_roots() or [Path("/")]]
 
 
-def run(*argv: str, timeout: float = 30, check: bool = True, **kw) -> subprocess.CompletedProcess:
+def run(*argv: str, timeout: float = 30, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)
     if check and proc.returncode != 0:
         raise NodeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
@@ -77,7 +79,7 @@ class Host:
     address: str
     dir: Path
     engine: Node | None = None
-    sshd: subprocess.Popen | None = None
+    sshd: subprocess.Popen[bytes] | None = None
     host_key: str = ""  # the public host key line, as known_hosts wants it after the host
 
     @property
@@ -100,7 +102,7 @@ class Host:
                 self.sshd.kill()
                 self.sshd.wait()
 
-    def exec(self, *argv: str, **kw) -> subprocess.CompletedProcess:
+    def exec(self, *argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         """Run a command inside this host's namespace."""
         return run("ip", "netns", "exec", self.netns, *argv, **kw)
 
@@ -235,7 +237,7 @@ class NetnsCluster:
         self._spawn_sshd(host)
         self._wait_ssh(host)
 
-    def ssh(self, host: Host, *command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def ssh(self, host: Host, *command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a command on a host over ssh, as a user would (keys and known_hosts of this cluster)."""
         return run("ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o",
                    f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
@@ -306,7 +308,9 @@ class NetnsCluster:
         return found
 
 
-def _wait(check, timeout: float) -> bool:
+# `...`: check is called with no argument, but mypy cannot match a lambda that binds a loop variable by a
+# default (close's) to Callable[[], bool] (python/mypy#15459).
+def _wait(check: Callable[..., bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

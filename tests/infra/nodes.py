@@ -35,6 +35,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 # sockaddr_un.sun_path is 108 bytes including the NUL.
 _MAX_SOCK_PATH = 107
@@ -56,7 +57,7 @@ def engine_roots() -> list[Path]:
         return []
 
 
-def with_store(config: dict | None, containerd: bool) -> dict:
+def with_store(config: dict[str, Any] | None, containerd: bool) -> dict[str, Any]:
     """A daemon config with its image store said explicitly."""
     return {**(config or {}), **(CONTAINERD if containerd else CLASSIC)}
 _DEFAULT_START_TIMEOUT = 60.0
@@ -84,7 +85,7 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 class Node:
     """One dockerd daemon with everything under ``base_dir/name``."""
 
-    def __init__(self, name: str, base_dir: str | os.PathLike, daemon_config: dict | None = None,
+    def __init__(self, name: str, base_dir: str | os.PathLike[str], daemon_config: dict[str, Any] | None = None,
                  dockerd: str = "dockerd", netns: str | None = None):
         self.name = name
         self.dir = Path(base_dir).absolute() / name
@@ -98,7 +99,7 @@ class Node:
         self.daemon_config = dict(daemon_config or {})
         self.dockerd = dockerd
         self.netns = netns  # run dockerd inside this network namespace (`ip netns exec`)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.start_seconds: float | None = None
         containerd_sock = self.exec_root / "containerd" / "containerd.sock"
         for path in (self.sock, str(containerd_sock)):
@@ -255,7 +256,7 @@ class Node:
 
     # -- helpers -------------------------------------------------------------------------
     def docker(self, *args: str, check: bool = True, capture: bool = True,
-               input: bytes | None = None, timeout: float | None = 600) -> subprocess.CompletedProcess:
+               input: bytes | None = None, timeout: float | None = 600) -> subprocess.CompletedProcess[bytes]:
         """Run the docker CLI against this node."""
         env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
         return subprocess.run(["docker", "-H", self.endpoint, *args], check=check,
@@ -268,7 +269,7 @@ class Node:
             return "(no log)"
 
 
-def start_nodes(n: int, base_dir: str | os.PathLike, daemon_config: dict | None = None,
+def start_nodes(n: int, base_dir: str | os.PathLike[str], daemon_config: dict[str, Any] | None = None,
                 timeout: float = _DEFAULT_START_TIMEOUT, prefix: str = "node", dockerd: str = "dockerd") -> list[Node]:
     """Start n nodes in parallel under base_dir (prefix0..prefixN-1); all up or none. daemon_config must say
     its image store (CLASSIC or CONTAINERD, see with_store)."""

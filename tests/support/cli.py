@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from tests.support.forkserver import receive, send
 from tests.support.paths import ROOT
@@ -51,7 +52,9 @@ class _ForkServer:
         """Whether a run in env may be forked from here: what is read at start is the same."""
         return _read_at_start(env) == _read_at_start(self.env)
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path,
+            timeout: float) -> subprocess.CompletedProcess[str]:
+        assert self.proc.stdin is not None  # started with stdin=PIPE
         send(self.proc.stdin.fileno(), {"argv": argv, "env": env, "cwd": str(cwd), "timeout": timeout,
                                         "stdout": str(self.outputs[0]), "stderr": str(self.outputs[1])})
         reply = self._reply(timeout + 60)
@@ -61,7 +64,8 @@ class _ForkServer:
             raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
         return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(reply["status"]), stdout, stderr)
 
-    def _reply(self, limit: float) -> dict:
+    def _reply(self, limit: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         fd = self.proc.stdout.fileno()
         ready, _, _ = select.select([fd], [], [], limit)
         reply = receive(fd) if ready else None
@@ -72,6 +76,7 @@ class _ForkServer:
 
     def close(self) -> None:
         if os.getpid() == self.owner:
+            assert self.proc.stdin is not None  # started with stdin=PIPE
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
             self.folder.cleanup()
@@ -97,7 +102,7 @@ def _fork_server() -> _ForkServer:
 
 
 def run_cli(*args: str, images: Path | None = None, mods: Path | None = None, cwd: Path = ROOT,
-            env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     """`python build.py [--images I] [--mods M] ARGS...`; env is added to this process's environment."""
     argv = [*(["--images", str(images)] if images is not None else []),
             *(["--mods", str(mods)] if mods is not None else []), *args]
@@ -112,7 +117,7 @@ def run_cli(*args: str, images: Path | None = None, mods: Path | None = None, cw
                           timeout=timeout, env=environ)
 
 
-def assert_one_line(proc: subprocess.CompletedProcess, *needles: str, code: int = 2,
+def assert_one_line(proc: subprocess.CompletedProcess[str], *needles: str, code: int = 2,
                     progress: tuple[str, ...] = ()) -> str:
     """The command failed with exactly one line on stderr, `error: ...` naming every needle, and no traceback;
     the line. Besides it, stderr may hold only lines that start with one of the progress prefixes (or say how a

@@ -54,7 +54,8 @@ def config_digest(ref: str, host: str | None = None) -> str:
             for member in tar:
                 if member.name == "manifest.json":
                     entry = json.load(tar.extractfile(member))[0]  # type: ignore[arg-type]
-                    return "sha256:" + entry["Config"].rpartition("/")[2]
+                    config: str = entry["Config"]  # the config blob's path in the archive
+                    return "sha256:" + config.rpartition("/")[2]
     finally:
         save.kill()
         save.wait()
@@ -64,7 +65,8 @@ def config_digest(ref: str, host: str | None = None) -> str:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port
 
 
 @dataclass
@@ -78,7 +80,7 @@ class Registry:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _script(self, action: str) -> subprocess.CompletedProcess:
+    def _script(self, action: str) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, SPARKFORGE_STATE=str(self.state))
         return subprocess.run(["bash", str(ROOT / "scripts" / "registry.sh"), action, str(self.port)],
                               capture_output=True, text=True, env=env, timeout=60)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 SIZE = 1000  # the body's Content-Length; at a byte every few tenths of a second, far longer than any test waits
 
@@ -21,7 +22,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     byte: bytes
     every: float
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name

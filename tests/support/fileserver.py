@@ -12,6 +12,7 @@ import http.server
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.support.gitserver import serve_https
 from tests.support.paths import CA
@@ -23,7 +24,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_state: FileServer
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
@@ -55,7 +56,7 @@ class FileServer:
     ca: Path
     root: Path | None
     files: dict[str, bytes] = field(default_factory=dict)
-    requests: Counter = field(default_factory=Counter)
+    requests: Counter[str] = field(default_factory=Counter)
     _server: http.server.ThreadingHTTPServer | None = None
 
     def put(self, path: str, body: bytes) -> str:
@@ -89,4 +90,5 @@ def closed_port(host: str = "127.0.0.1") -> int:
 
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port

@@ -21,6 +21,7 @@ import runpy
 import select
 import signal
 import sys
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build.py")
@@ -40,7 +41,7 @@ def _preload() -> None:
     gc.freeze()
 
 
-def _become(request: dict, channels: tuple[int, int]) -> None:
+def _become(request: dict[str, Any], channels: tuple[int, int]) -> None:
     """In the child: this run's stdio, environment, folder and argv."""
     for fd in channels:
         os.close(fd)
@@ -58,7 +59,7 @@ def _become(request: dict, channels: tuple[int, int]) -> None:
     sys.path[0] = ROOT
 
 
-def _wait(pid: int, timeout: float) -> dict:
+def _wait(pid: int, timeout: float) -> dict[str, Any]:
     pidfd = os.pidfd_open(pid)
     try:
         ready, _, _ = select.select([pidfd], [], [], timeout)
@@ -91,14 +92,14 @@ def serve() -> None:
         send(channels[1], _wait(pid, request["timeout"]))
 
 
-def send(fd: int, message: dict) -> None:
+def send(fd: int, message: dict[str, Any]) -> None:
     body = json.dumps(message).encode()
     data = memoryview(b"%010d" % len(body) + body)
     while data:
         data = data[os.write(fd, data):]
 
 
-def receive(fd: int) -> dict | None:
+def receive(fd: int) -> dict[str, Any] | None:
     """The next message on fd; None when the other end closed it, also in the middle of one."""
     head = _read_exactly(fd, 10)
     return None if head is None else json.loads(_read_exactly(fd, int(head)) or b"null")

@@ -8,15 +8,19 @@ SHA (`uploadpack.allowAnySHA1InWant`), as GitHub does.
 
 from __future__ import annotations
 
+import email.message
 import http.server
+import io
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkforge.recipe import sources
 
@@ -99,7 +103,7 @@ def extract_sdist(archive: Path, dest: Path) -> Path:
     return top
 
 
-def read_body(rfile, headers) -> bytes:
+def read_body(rfile: io.BufferedIOBase, headers: email.message.Message) -> bytes:
     """The body of a request to one of the test servers: chunked, or as long as its Content-Length says."""
     if headers.get("Transfer-Encoding", "").lower() == "chunked":
         data = bytearray()
@@ -115,7 +119,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root: Path
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
     def _cgi(self) -> None:
@@ -186,7 +190,9 @@ class _TLSServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     HANDSHAKE_TIMEOUT = 60.0
 
-    def finish_request(self, request, client_address) -> None:  # runs in the request's thread
+    def finish_request(self, request: socket.socket | tuple[bytes, socket.socket],
+                       client_address: Any) -> None:  # runs in the request's thread
+        assert isinstance(request, ssl.SSLSocket)  # accepted on the socket serve_https wraps
         request.settimeout(self.HANDSHAKE_TIMEOUT)
         request.do_handshake()
         request.settimeout(None)

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkforge.recipe import sources
 from tests.support.cli import run_cli
@@ -33,7 +34,7 @@ VARIANT = "testgit"
 SYSTEM_CA = Path(CA)
 
 
-def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+def _run(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), capture_output=True, text=True, **kw)
 
 
@@ -109,7 +110,8 @@ mods:
 
 def ran_steps(log: Path) -> list[str]:
     """The names ("stage i/n") of the RUN and COPY steps BuildKit ran rather than took from its cache, from a build log."""
-    heads, cached = {}, set()
+    heads: dict[str, str] = {}  # step number -> its name
+    cached: set[str] = set()
     for line in log.read_text().splitlines():
         if m := re.match(r"^#(\d+) \[([^\]]+)\] (RUN|COPY)", line):
             heads.setdefault(m.group(1), m.group(2))
@@ -222,12 +224,14 @@ class GitSource:
         shutil.copytree(MODS, self.mods)
         shutil.copytree(TEST_MODS / "probe-source-mark", self.mods / "probe-source-mark")
 
-    def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, timeout: float = 3600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """The real command line on this setup's recipes and mods (git trusts the test CA); `env` adds to ours."""
         return run_cli(*args, images=self.images, mods=self.mods, timeout=timeout,
                        env={"GIT_SSL_CAINFO": str(self.ca_bundle), **(env or {})})
 
-    def build(self, variant: str = VARIANT, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def build(self, variant: str = VARIANT, *extra: str,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.cli("build", variant, "--ca-cert", str(self.ca_bundle), *extra, env=env)
 
     def stop(self) -> None:

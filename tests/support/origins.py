@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.support.gitserver import make_ca, read_body
 
@@ -78,7 +79,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     origin: Origin
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 
     def _any(self) -> None:
@@ -119,7 +120,7 @@ class _Server(http.server.ThreadingHTTPServer):
             return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
         return sock, address
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
         pass  # a client that gave up (a refused certificate, a deadline) is what some tests want to see
 
 
