@@ -73,39 +73,32 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     beside it, then renamed over it, so that another reader sees the old file or the new, never half of
     one. On any failure (a full disk, a read-only folder, Ctrl-C) the temporary file is gone and the
     OSError names path."""
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if isinstance(exc, OSError):  # about path, whichever step failed (not about a temporary name)
-            exc.filename, exc.filename2 = str(path), None
-        raise
+    _place(path, data, mode, os.replace)
 
 
 def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Put data at path whole, where no file is: like write_atomic, but the temporary file is linked to path,
     which fails when another process made path first (FileExistsError, naming path); nothing is replaced."""
+    _place(path, data, mode, os.link)
+
+
+def _place(path: Path, data: bytes, mode: int, put: Callable[[str, Path], None]) -> None:
+    """data in a temporary file beside path, then put(temporary, path); the temporary file never stays, and an
+    OSError of any step names path."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.chmod(tmp, mode)
-        os.link(tmp, path)
-    except OSError as exc:
+        put(tmp, path)
+    except OSError as exc:  # about path, whichever step failed (not about a temporary name)
         exc.filename, exc.filename2 = str(path), None
         raise
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp)  # after a rename it is gone already; after a link, path holds the data
 
 
 @contextlib.contextmanager
