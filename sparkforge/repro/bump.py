@@ -192,7 +192,8 @@ def prove_wider(mod: Mod, version: str, releases: list[str], workdir: Path, say:
                    (declared, new))
 
 
-def vllm_pin(plan: Plan, recipe: Path, version: str, tree: Path, say: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+def vllm_pin(plan: Plan, recipe: Path, version: str, tree: Path,
+             say: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
     """The new recipe's `vllm:` and what it leaves open. A git source follows the release's tag, whose
     commit the remote gives and the release's source records the start of."""
     if plan.vllm.source == "pypi":
@@ -255,7 +256,8 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
     if name is not None and (not NAME_RE.fullmatch(name) or len(name) > MAX_VARIANT):
         raise ConfigError(f"{name!r} is not a variant name: lowercase letters, digits and '-', at most {MAX_VARIANT}",
                           field="--name")
-    version = target_version(plan, leaf(plan, layout), to, latest)
+    own = leaf(plan, layout)
+    version = target_version(plan, own, to, latest)
     name = name or default_name(plan.variant, version)
     recipe = layout.images_dir / f"{name}.yaml"
     if recipe.exists() or recipe.is_symlink():
@@ -266,7 +268,7 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
     with tempfile.TemporaryDirectory(prefix="sparkforge-bump-") as tmp:
         work = Path(tmp)
         verdicts = judge_mods(plan, version, tree, work, releases, say)
-        vllm, unresolved = vllm_pin(plan, leaf(plan, layout), version, tree, say)
+        vllm, unresolved = vllm_pin(plan, own, version, tree, say)
         edits: dict[str, str] = {}
         files: list[tuple[Path, bytes]] = []
         for v in verdicts:
@@ -284,15 +286,15 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
         (scratch.images_dir / recipe.name).write_text(text)
         new = plan_variant(scratch, name, platform=None)
         # An env name the recipe sets that the new release does not read goes too, with the reason.
-        for row in check_env(new, work):
-            if row.state == RowState.FAILED:
-                env_dropped.append((row.mod.removeprefix("env "), row.detail))
+        env_rows = check_env(new, work)
+        env_dropped += [(r.mod.removeprefix("env "), r.detail) for r in env_rows if r.state == RowState.FAILED]
         if len(env_dropped) > toggled:
             text = recipe_text(plan, name, version, vllm, verdicts, env_dropped, command)
             (scratch.images_dir / recipe.name).write_text(text)
             new = plan_variant(scratch, name, platform=None)
+            env_rows = check_env(new, work)  # the recipe changed: its env is read again
         say(f"check-mods {name}")
-        rows = check_variant(new, work) + check_env(new, work)
+        rows = check_variant(new, work) + env_rows
         failed = [r for r in rows if r.state == RowState.FAILED]
         if failed:
             raise ConfigError(f"the new variant fails check-mods: {failed[0].mod}: {failed[0].detail}",
