@@ -304,16 +304,18 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
 
 
 def write(bump: Bump) -> None:
-    """The widened mod.yaml files, then the recipe (never over an existing one). On any failure, the files
-    already written get their old bytes back."""
+    """The recipe first, never over an existing one (so that of two bumps to one name, the second stops
+    before it touches a mod), then the widened mod.yaml files. On any failure, the mod.yaml files already
+    written get their old bytes back and the recipe is removed."""
+    write_new(bump.recipe, bump.text.encode())
     done: list[tuple[Path, bytes]] = []
     try:
         for path, data in bump.edits:
             old = path.read_bytes()
             write_atomic(path, data, mode=os.stat(path).st_mode & 0o777)
             done.append((path, old))
-        write_new(bump.recipe, bump.text.encode())
     except BaseException:
         for path, old in reversed(done):
             write_atomic(path, old)
+        bump.recipe.unlink(missing_ok=True)
         raise

@@ -106,8 +106,9 @@ def changed_files(since: str, folder: Path) -> list[Path]:
         return proc.stdout
 
     top = Path(git("rev-parse", "--show-toplevel").strip())
-    git("rev-parse", "--verify", "--quiet", f"{since}^{{commit}}")
-    names = git("diff", "--name-only", "-z", since, "--").split("\0")
+    # Read as a commit, never as an option of git's (`--output=FILE`); the diff then names the commit itself.
+    commit = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{since}^{{commit}}").strip()
+    names = git("diff", "--name-only", "-z", commit, "--").split("\0")
     names += git("ls-files", "--others", "--exclude-standard", "-z").split("\0")
     return sorted({(top / n).resolve() for n in names if n})
 

@@ -95,3 +95,13 @@ def test_a_change_touches_the_variants_of_its_recipe_lock_or_mods_and_a_change_o
     # ng17e extends ng17: a change of ng17's recipe touches both.
     assert touched("images/ng17.yaml") == {p.variant for p in plans if "ng17" in p.chain}
     assert touched("sparkforge/inimage/patch.py") == {p.variant for p in plans}
+
+
+def test_changed_since_is_read_as_a_commit_never_as_an_option_of_git(tmp_path: Path) -> None:
+    from tests.support.cli import assert_one_line, run_cli
+
+    target = tmp_path / "written"
+    for since in (f"--output={target}", "no-such-commit"):
+        assert_one_line(run_cli("check-mods", f"--changed-since={since}"), "--changed-since: git cannot compare with",
+                        "fetch-depth: 0")
+    assert not target.exists()
