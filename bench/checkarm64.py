@@ -2,10 +2,11 @@
 
 tests/variants/testarm033 (the arm64 counterpart of images/pypi033, on the local arm64 base) is locked with the
 real lock path (uv resolves the whole set from the index, nothing downloaded), then built with `build --locked`
-under QEMU, cold (`--no-cache`): pip downloads and installs the 199 wheels with hashes enforced, the kernel scan
-reads vLLM's and torch's aarch64 libraries and the static tier judges them for 12.1. Last, the image imports
-vllm and torch (no GPU is needed for the import). It prints each phase's time, read from BuildKit's log, and
-the image's size.
+under QEMU, cold (`--no-cache`): this machine's pip downloads the 199 wheels (into the cache: a second run finds
+them there), the image's pip installs them offline with hashes enforced, inimage compile byte-compiles them on
+every core, the kernel scan reads vLLM's and torch's aarch64 libraries and the static tier judges them for
+12.1. Last, the image imports vllm and torch (no GPU is needed for the import). It prints each phase's time,
+read from the build's words and BuildKit's log, and the image's size.
 
 Too heavy for every test run: 4.3 GB to download and about as much to unpack, under emulation. Needs Docker
 with arm64 emulation (.ci/provision registers it), the network to PyPI and the local arm64 base (made here when
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script: the checkout's sparkforge and tests packages
 
-from sparkforge import proc  # noqa: E402
+from sparkforge.inimage import proc  # noqa: E402
 from tests.support.bases import ensure_arm64_base  # noqa: E402
 
 VARIANT = "testarm033"
@@ -43,23 +44,31 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
                     cwd=ROOT)
 
 
-def step_times(log: Path) -> dict[str, tuple[float, float | None]]:
-    """Per step of interest: its whole time, and (for pip's) when pip started installing, from the step's start."""
+def step_times(log: Path) -> dict[str, tuple[float, dict[str, float]]]:
+    """Per step of interest: its whole time and, for pip's, when each phase began, from the step's start (pip
+    installs once it has downloaded every wheel; inimage compile starts once pip says it installed them)."""
     text = log.read_text(errors="replace").splitlines()
     wanted = {"pip": "--require-hashes", "scan": "kernels scan", "record": "inimage record"}
+    marks = {"compile": "Successfully installed"}
     numbers: dict[str, str] = {}
     for line in text:
         if (m := STEP.match(line)):
             for name, needle in wanted.items():
                 if needle in m.group(3) and name not in numbers:
                     numbers[name] = m.group(1)
-    out: dict[str, tuple[float, float | None]] = {}
+    out: dict[str, tuple[float, dict[str, float]]] = {}
     for name, number in numbers.items():
-        total = next((float(m.group(2)) for line in text if (m := DONE.match(line)) and m.group(1) == number), None)
-        installing = next((float(m.group(2)) for line in text if (m := LINE.match(line)) and m.group(1) == number
-                           and m.group(3).startswith("Installing collected packages")), None)
+        total: float | None = None
+        began: dict[str, float] = {}
+        for line in text:
+            if (m := DONE.match(line)) and m.group(1) == number:
+                total = float(m.group(2))
+            elif (m := LINE.match(line)) and m.group(1) == number:
+                for mark, needle in marks.items():
+                    if m.group(3).startswith(needle):
+                        began.setdefault(mark, float(m.group(2)))
         if total is not None:
-            out[name] = (total, installing)
+            out[name] = (total, began)
     return out
 
 
@@ -96,13 +105,17 @@ def main() -> int:
         plan = json.loads(run_cli(*cli, "show", VARIANT, "--json").stdout)
         tag = plan["tag"]
         print(f"check-arm64: build --locked --no-cache {took:.0f} s, static tier passed; {tag}")
+        fetched = next((m.group(1) for line in (build.stdout + build.stderr).splitlines()
+                        if (m := re.search(r"wheel set: [0-9.]+ GB here after ([0-9]+) s", line))), None)
+        if fetched is not None:
+            print(f"  download (this machine's pip)      {int(fetched):7d} s")
         if "pip" in steps:
-            total, installing = steps["pip"]
-            if installing is not None:
-                print(f"  download (pip, until it installs)  {installing:7.0f} s")
-                print(f"  install (pip)                      {total - installing:7.0f} s")
+            total, began = steps["pip"]
+            if "compile" in began:
+                print(f"  install (pip --no-compile)         {began['compile']:7.0f} s")
+                print(f"  byte-compile (inimage compile)     {total - began['compile']:7.0f} s")
             else:
-                print(f"  pip download and install           {total:7.0f} s")
+                print(f"  pip install and compile            {total:7.0f} s")
         if "scan" in steps:
             print(f"  kernel scan                        {steps['scan'][0]:7.0f} s")
         record = json.loads(run_cli("inspect", tag, "--json").stdout)["record"]

@@ -12,9 +12,8 @@ cache mount) and on the host for `lock`. A ref is resolved to the one commit it 
 Mirrors are keyed by the repository URL, so a recipe moved to a fork never reuses upstream's.
 
 Every command has a time limit and runs in a process group of its own, which is stopped whole (git's
-remote helper with it) on the limit and on Ctrl-C. The host runs its other commands through
-sparkforge/proc.py; this file carries its own few lines of that rule, since it is copied into images
-alone and runs there as a script.
+remote helper with it) on the limit and on Ctrl-C: it runs through inimage/proc.py, sparkforge's one way to
+run a process. In an image this file runs as a script, with a copy of proc.py beside it.
 """
 
 from __future__ import annotations
@@ -23,12 +22,16 @@ import argparse
 import hashlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+try:  # on the host: the package's one way to run a process
+    from .inimage.proc import CommandError, run as run_to_end
+except ImportError:  # in an image, run as a script: the copy of inimage/proc.py beside it
+    from proc import CommandError, run as run_to_end  # type: ignore[no-redef,import-not-found]
 
 FULL = re.compile(r"[0-9a-f]{40}")
 SHORT = re.compile(r"[0-9a-f]{7,39}")
@@ -53,31 +56,12 @@ def mirror_path(cache: Path, repo: str) -> Path:
 
 
 def _run(argv: list[str], what: str, timeout: float, **kw: Any) -> subprocess.CompletedProcess[Any]:
-    """argv to its end within timeout, in a process group of its own that is stopped whole on the
-    limit and on Ctrl-C (or any other exception); a command that cannot run is one FetchError."""
+    """argv to its end within timeout (proc.run: its process group stopped whole on the limit and on Ctrl-C);
+    a command that cannot run, or runs past its limit, is one FetchError."""
     try:
-        child = subprocess.Popen(argv, start_new_session=True, **kw)
-    except OSError as exc:
-        why = f"{argv[0]} is not installed" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
-        raise FetchError(f"{what}: {why}") from None
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except BaseException as exc:
-        for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGTERM first: git removes its lock files
-            try:
-                os.killpg(child.pid, sig)
-            except OSError:
-                pass
-            if sig == signal.SIGTERM:
-                try:
-                    child.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    pass
-        child.wait()
-        if isinstance(exc, subprocess.TimeoutExpired):
-            raise FetchError(f"{what}: gave no answer within {timeout:.0f} s and was stopped") from None
-        raise
-    return subprocess.CompletedProcess(argv, child.returncode, out, err)
+        return run_to_end(argv, what=what, timeout=timeout, **kw)
+    except CommandError as exc:
+        raise FetchError(str(exc)) from None
 
 
 def _git(mirror: Path, *args: str, timeout: float | None = None) -> str:

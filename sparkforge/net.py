@@ -216,6 +216,12 @@ def _opener(watch: _Watch, ca_cert: Path | None) -> urllib.request.OpenerDirecto
     return opener
 
 
+def time_left(seconds: float) -> str:
+    """A wait still to come, as every progress line says it: "about 1 min 05 s left", "about 40 s left"."""
+    whole = max(0, round(seconds))
+    return f"about {whole // 60} min {whole % 60:02d} s left" if whole >= 60 else f"about {whole} s left"
+
+
 def byte_progress(say: Callable[[str], None], label: str, every: float = 5.0,
                   clock: Callable[[], float] = time.monotonic) -> Callable[[int, int | None], None]:
     """A progress callback for stream(): a line at most every `every` seconds, with the bytes so far, of how
@@ -233,8 +239,7 @@ def byte_progress(say: Callable[[str], None], label: str, every: float = 5.0,
         last[0], said[0] = now, True
         line = f"{label}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB")
         if total and not whole and done:
-            left = (now - start) * (total - done) / done
-            line += f", about {left:.0f} s left"
+            line += f", {time_left((now - start) * (total - done) / done)}"
         say(line)
     return show
 

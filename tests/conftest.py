@@ -23,7 +23,7 @@ from _pytest.runner import CallInfo
 
 from tests.support import bases, gitsource, hoststate, needs
 from tests.support.cli import run_cli
-from tests.support.docker import BuiltImage, built
+from tests.support.docker import BuiltImage, built, forget_earlier_builds
 from tests.support.once import one_at_a_time
 from tests.support.serving import CpuImages, build_cpu_images
 from tests.support.paths import ROOT, TEST_MODS
@@ -206,6 +206,21 @@ def fast_tmp(tmp_path: Path):
     folder.mkdir(exist_ok=True)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def earlier_builds_forgotten(request) -> None:
+    """Before the run's first engine test, what earlier runs' builds tagged is untagged, once for the whole run
+    (tests/support/docker.py: forget_earlier_builds), so each test looks at what this code built."""
+    folder = os.environ.get(gitsource.RUN_FOLDER)
+    engine = any(tier_of(item) in ENGINE_TIERS for item in request.session.items)
+    if folder is None or not engine or needs.missing("docker"):
+        return
+    with one_at_a_time("earlier-builds", Path(folder)):
+        done = Path(folder) / "earlier-builds-forgotten"
+        if not done.exists():
+            forget_earlier_builds()
+            done.touch()
 
 
 @pytest.fixture(scope="session")

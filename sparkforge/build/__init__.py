@@ -5,5 +5,5 @@ It owns the build context (render), `docker buildx build` (builder), every call 
 cache (wheels) and its key (wheelkey), the smoke tiers (smoke), and the library entry of each build verb
 (pipeline).
 
-It may import recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
+It may import recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, inimage).
 """

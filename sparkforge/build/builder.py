@@ -345,11 +345,7 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
 
 
 def image_ids(*refs: str) -> dict[str, str | None]:
-    """The image ID each tag points to now (None where the tag does not exist), in one call.
-
-    The docker CLI, not the SDK, on this path: a cached rebuild should cost little more than
-    BuildKit itself, and importing the SDK alone takes longer than this call.
-    """
+    """The image ID each tag points to now (None where the tag does not exist), in one call."""
     return {ref: data["Id"] if data else None for ref, data in dockercli.inspect_images(*refs).items()}
 
 
@@ -408,6 +404,12 @@ def promote(result: BuildResult, now: dict[str, str | None], *, move: bool = Fal
 
 def _drop_candidate(result: BuildResult, now: dict[str, str | None]) -> None:
     if now.get(result.candidate):
+        drop_candidate(result)
+
+
+def drop_candidate(result: BuildResult) -> None:
+    """Remove the candidate tag (and with it the image, when no other tag names it)."""
+    if result.candidate:
         dockercli.run(["image", "rm", "--no-prune", result.candidate], check=False)
 
 

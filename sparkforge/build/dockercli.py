@@ -1,12 +1,14 @@
 """The Docker CLI as sparkforge runs it: a time limit on every call, one-line errors, no orphans.
 
+The CLI is sparkforge's one channel to Docker: builds need buildx, which only the CLI drives, and the CLI
+alone follows the user's DOCKER_HOST, contexts and credential helpers as every other docker command does.
 A call that runs to its end goes through proc.run (its own process group, stopped on the limit and on
 Ctrl-C).
 
 Every call names what it was doing, so a wedged or missing engine becomes one line instead of a hang
-or a traceback. A local engine is pinged first, once per process, with a short limit (QUICK): a dead
-or wedged one is said within seconds. A question to an engine that answered gets a longer limit (ASK):
-a containerd-store engine busy exporting or unpacking a large image answers `docker image inspect`
+or a traceback. An engine is asked `docker version` first, once per process, with a short limit (QUICK):
+a dead or wedged one is said within seconds. A question to an engine that answered gets a longer limit
+(ASK): a containerd-store engine busy exporting or unpacking a large image answers `docker image inspect`
 slowly. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM stops
 them with the CLI.
 """
@@ -14,29 +16,28 @@ them with the CLI.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, NoReturn, overload
 
-from .. import proc
 from ..errors import SparkforgeError
-from ..files import read_regular
+from ..inimage import proc
 from ..inimage.contract import parse_json
 
-QUICK = 10.0    # seconds: whether the engine answers at all (a ping, `docker info`)
+QUICK = 10.0    # seconds: whether the engine answers at all (`docker version`)
 ASK = 120.0     # seconds: calls that read or change the image store (inspect, tag, rm) of a live engine
 LONG = 1800.0   # seconds: calls that move data (run a container, save, load, push, pull)
 EXIT_GRACE = 60.0  # seconds a streaming child may take to exit once its output has ended
 
-_children: set[subprocess.Popen[Any]] = set()
+_children: set[proc.Child[Any]] = set()
 _lock = threading.Lock()
+_stopping = False  # the CLI is stopping: a child tracked from now on is stopped at once
 
 
 class EngineError(SparkforgeError):
@@ -91,14 +92,17 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, h
     return done
 
 
-_alive: set[str] = set()  # the local engine sockets that answered a ping in this process
+_alive: set[str] = set()  # the engines (DOCKER_HOST, or the current context) that answered in this process
+
+
+def _engine_key(host: str | None) -> str:
+    return host or os.environ.get("DOCKER_HOST") or f"context {os.environ.get('DOCKER_CONTEXT') or 'current'}"
 
 
 def _require_alive(host: str | None) -> None:
-    """Before the first longer call to a local engine: raise EngineError, after at most QUICK seconds, unless
-    it answers a ping (a wedged engine is said within seconds, not after the longer call's limit)."""
-    path = _unix_socket(host)
-    if path is None or path in _alive:
+    """Before the first longer call to an engine: raise EngineError, after at most QUICK seconds, unless it
+    answers (a stopped or wedged engine is said within seconds, not after the longer call's limit)."""
+    if _engine_key(host) in _alive:
         return
     problem = engine_problem(host)
     if problem:
@@ -114,6 +118,29 @@ def inspect_images(*refs: str, host: str | None = None,
         return read_inspect(refs, done.returncode, done.stdout, done.stderr)
     except ValueError as exc:
         raise EngineError(str(exc), field="docker image inspect") from None
+
+
+def remove_container(name: str, *, host: str | None = None, within: float = ASK,
+                     pause: float = 5.0) -> str | None:
+    """`docker rm -f NAME` until the container is gone: None then, else the engine's last word after `within`
+    seconds. A loaded engine may refuse at first (a kill whose exit event comes late), so a refusal is
+    tried again, and a removal is believed only once `docker container inspect` no longer finds it."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            done = run(["rm", "-f", name], what="docker rm", host=host, check=False)
+            why = last_line(done.stderr, f"exit code {done.returncode}")
+            if done.returncode == 0 or "no such container" in why.lower():  # before Docker 20.10, rm -f says so
+                still = run(["container", "inspect", "--format", "{{.State.Status}}", name],
+                            what="docker container inspect", host=host, check=False)
+                if still.returncode != 0:
+                    return None
+                why = f"still there after docker rm -f ({still.stdout.strip()})"
+        except EngineError as exc:
+            why = str(exc)
+        if time.monotonic() + pause >= deadline:
+            return why
+        time.sleep(pause)
 
 
 def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> dict[str, dict[str, Any] | None]:
@@ -144,78 +171,67 @@ def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> 
     return {ref: next((data for data in found if ref in names(data)), None) for ref in refs}
 
 
-def _unix_socket(host: str | None) -> str | None:
-    """The engine's unix socket when the CLI would use one without a context; else None."""
-    host = host or os.environ.get("DOCKER_HOST")
-    if not host:
-        if os.environ.get("DOCKER_CONTEXT") or _current_context() not in (None, "default"):
-            return None
-        return "/var/run/docker.sock"
-    return host.removeprefix("unix://") if host.startswith("unix://") else None
-
-
-def _current_context() -> str | None:
-    config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
-    try:
-        context = parse_json(read_regular(config)).get("currentContext")
-        return None if context is None else str(context)
-    except (OSError, ValueError, AttributeError, SparkforgeError):  # SparkforgeError: a FIFO or a folder
-        return None
-
-
-def _ping(path: str, timeout: float) -> str | None:
-    """GET /_ping on a unix socket: None when the engine answers OK, else why not."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
-            head = sock.recv(64)
-    except FileNotFoundError:
-        return f"no engine listens on {path} (is Docker started?)"
-    except PermissionError:
-        return f"no permission to use {path} (add your user to the docker group, then log in again)"
-    except TimeoutError:
-        return f"the engine on {path} did not answer within {timeout:.0f} s (is it wedged?)"
-    except OSError as exc:
-        return f"cannot reach the engine on {path}: {exc.strerror or exc}"
-    return None if head.split(b" ")[1:2] == [b"200"] else f"the engine on {path} answered {head[:40]!r}"
-
-
 def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | None:
-    """Why no engine can be used (no CLI, not answering), or None when one answers.
-
-    A local unix socket is asked directly (about a millisecond), and one that answers is remembered for
-    run(); anything else through `docker info`.
-    """
-    path = _unix_socket(host)
-    if path is not None:
-        problem = _ping(path, timeout)
-        if problem is None:
-            _alive.add(path)
-        return f"the Docker engine does not answer: {problem}" if problem else None
+    """Why no engine can be used (no CLI, not answering), or None when one answers: `docker version` asks the
+    engine the CLI would use (host, else DOCKER_HOST, else the current context) within timeout seconds. One
+    that answers is remembered for run()."""
+    where = _where(host)
     try:
-        run(["info", "--format", "{{.ServerVersion}}"], what="docker info", timeout=timeout, host=host)
-    except EngineError as exc:
-        return f"the Docker engine does not answer: {exc.detail}"
-    return None
+        done = proc.run(["docker", "version", "--format", "{{.Server.Version}}"], what="docker version",
+                        timeout=timeout, env=_env(host), capture_output=True, text=True)
+    except proc.TimedOut:
+        return f"the Docker engine does not answer: the engine{where} did not answer within {timeout:.0f} s (is it wedged?)"
+    except proc.CommandError as exc:
+        return f"the Docker engine does not answer: {exc.why}"
+    if done.returncode == 0 and done.stdout.strip():
+        _alive.add(_engine_key(host))
+        return None
+    return f"the Docker engine does not answer: {_why_not(done.stderr, where)}"
 
 
-def start(args: Sequence[str], *, host: str | None = None, **kw: Any) -> subprocess.Popen[Any]:
+def _where(host: str | None) -> str:
+    """" on SOCKET" for an engine named by a unix socket, " at ENDPOINT" for another named one, else ""."""
+    named = host or os.environ.get("DOCKER_HOST") or ""
+    if named.startswith("unix://"):
+        return f" on {named.removeprefix('unix://')}"
+    return f" at {named}" if named else ""
+
+
+def _why_not(stderr: str, where: str) -> str:
+    """The docker CLI's reason an engine did not answer, in the words sparkforge uses for it."""
+    said = last_line(stderr, "the docker CLI gave no reason")
+    m = re.search(r"unix://(\S+?)[.:]?(\s|$)", said)
+    where = f" on {m.group(1)}" if m else where
+    lowered = said.lower()
+    if "permission denied" in lowered:
+        return f"no permission to use the engine{where} (add your user to the docker group, then log in again)"
+    if "cannot connect to the docker daemon" in lowered or "no such file or directory" in lowered \
+            or "connection refused" in lowered:
+        return f"no engine listens{where} (is Docker started?)"
+    return said
+
+
+def start(args: Sequence[str], *, host: str | None = None, **kw: Any) -> proc.Child[Any]:
     """Start `docker ARGS` in the background; it is stopped with the CLI if the CLI is interrupted."""
     if shutil.which("docker") is None:
         raise EngineError("the docker CLI is not installed", field="docker " + " ".join(args[:2]))
+    return spawn(["docker", *args], env=_env(host, kw.pop("env", None)), **kw)
+
+
+def spawn(argv: Sequence[str], **kw: Any) -> proc.Child[Any]:
+    """Start argv (proc.start: its own process group) in the background, tracked: stopped with the CLI if the
+    CLI is interrupted. Raises OSError as Popen does."""
     with proc.held():  # tracked before a Ctrl-C can leave it unknown
-        return track(subprocess.Popen(["docker", *args], env=_env(host, kw.pop("env", None)), **kw))
+        return track(proc.start(argv, **kw))
 
 
-def _named(child: subprocess.Popen[Any]) -> str:
+def _named(child: proc.Child[Any]) -> str:
     """A child's program and first two arguments, as errors name it."""
     args = child.args
     return " ".join(map(str, args[:3])) if isinstance(args, (list, tuple)) else str(args)
 
 
-def lines_until_stall(child: subprocess.Popen[str], stall: float) -> Iterator[str]:
+def lines_until_stall(child: proc.Child[str], stall: float) -> Iterator[str]:
     """The lines a child from start() writes to its stdout; when it writes none for `stall` seconds, it is
     stopped (the lines end) and EngineError names it. A watchdog thread does the stopping, so a child
     that neither writes nor ends cannot hold the caller."""
@@ -243,14 +259,19 @@ def lines_until_stall(child: subprocess.Popen[str], stall: float) -> Iterator[st
         raise EngineError(f"wrote nothing for {stall:.0f} s and was stopped", field=_named(child))
 
 
-def track(child: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
-    """Have a child started elsewhere stopped with the CLI, like those from start(); returns it."""
+def track(child: proc.Child[Any]) -> proc.Child[Any]:
+    """Have a child started elsewhere stopped with the CLI, like those from start(); returns it. One a thread
+    starts after the CLI began to stop (stop_all) is stopped at once."""
     with _lock:
-        _children.add(child)
+        late = _stopping
+        if not late:
+            _children.add(child)
+    if late:
+        stop(child)
     return child
 
 
-def finish(child: subprocess.Popen[Any], timeout: float | None = None) -> int:
+def finish(child: proc.Child[Any], timeout: float | None = None) -> int:
     """Wait for a child from start() and forget it; on a timeout, stop it and raise EngineError."""
     try:
         return child.wait(timeout=timeout)
@@ -262,20 +283,17 @@ def finish(child: subprocess.Popen[Any], timeout: float | None = None) -> int:
             _children.discard(child)
 
 
-def stop(child: subprocess.Popen[Any], grace: float = 5.0) -> None:
-    """Stop a child: SIGTERM, then SIGKILL after `grace` seconds."""
-    if child.poll() is None:
-        child.terminate()
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+def stop(child: proc.Child[Any], grace: float = 5.0) -> None:
+    """Stop a child and what it started (its process group): SIGTERM, then SIGKILL after `grace` seconds."""
+    proc.signal_group(child, grace)
 
 
-def stop_all() -> None:
-    """Stop every child still running (on Ctrl-C or SIGTERM)."""
+def stop_all(*, exiting: bool) -> None:
+    """Stop every child still running (on Ctrl-C or SIGTERM). Exiting, a child a thread starts from now on is
+    stopped as it is tracked."""
+    global _stopping
     with _lock:
+        _stopping = _stopping or exiting
         children = list(_children)
         _children.clear()
     for child in children:
@@ -283,7 +301,11 @@ def stop_all() -> None:
 
 
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit, so that `finally` blocks and subprocess.run stop their children."""
+    """Turn SIGTERM, and SIGHUP (the terminal or the ssh session went away), into SystemExit, so that `finally`
+    blocks stop the children, which run in process groups of their own and hear neither. A SIGHUP that is
+    ignored (nohup) stays ignored."""
     def handler(signum: int, frame: FrameType | None) -> NoReturn:  # noqa: ARG001 - the signal module's signature
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, handler)

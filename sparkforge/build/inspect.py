@@ -16,40 +16,42 @@ RECORD_PATH = "/opt/sparkforge/build-record.json"
 
 
 def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
-    """(build record, labels) of an image in the local engine; the image is created, never started."""
-    import docker
-    from docker.errors import DockerException, ImageNotFound, NotFound
-
+    """(build record, labels) of an image in the local engine: a container of it is created, never started, and
+    the record copied out of it (`docker create`, `docker cp`), then the container is removed."""
     problem = dockercli.engine_problem()
     if problem:
         raise BuildError(problem, field="docker")
+    data = dockercli.inspect_images(image)[image]
+    if data is None:  # the image named is not there: bad input, as an unknown variant is
+        raise ConfigError(f"image {image} not found in the local engine", field="IMAGE")
+    labels = {str(k): str(v) for k, v in ((data.get("Config") or {}).get("Labels") or {}).items()}
+    platform = "/".join(str(data[k]) for k in ("Os", "Architecture", "Variant") if data.get(k))
+    created = dockercli.run(["create", "--network", "none", *(["--platform", platform] if platform else []),
+                             str(data["Id"]), "true"], what="docker create")
+    container = created.stdout.strip().splitlines()[-1] if created.stdout.strip() else ""
     try:
-        client = docker.from_env(timeout=int(dockercli.LONG))  # the SDK takes whole seconds
-        img = client.images.get(image)
-    except ImageNotFound:  # the image named is not there: bad input, as an unknown variant is
-        raise ConfigError(f"image {image} not found in the local engine", field="IMAGE") from None
-    except DockerException as exc:
-        raise BuildError(f"cannot reach the Docker engine: {exc}", field="docker") from None
-    container = client.containers.create(img, command=["true"], network_mode="none")
-    try:
-        stream, _ = container.get_archive(RECORD_PATH)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tf:
-            member = tf.extractfile(tf.getmembers()[0])
-            data = member.read() if member else b""
-    except NotFound:  # an image of another tool, named by the user: bad input too
-        raise ConfigError(f"{image} has no {RECORD_PATH}: it was not built by sparkforge", field="IMAGE") from None
-    except DockerException as exc:
-        raise BuildError(f"cannot read {RECORD_PATH} of {image}: {exc}", field="docker") from None
+        copied = dockercli.run(["cp", f"{container}:{RECORD_PATH}", "-"], what="docker cp", text=False, check=False)
     finally:
-        container.remove(force=True)
+        dockercli.remove_container(container)
+    if copied.returncode != 0:
+        why = dockercli.last_line(copied.stderr, f"exit code {copied.returncode}")
+        if "Could not find the file" in why or "No such container:path" in why:  # an image of another tool
+            raise ConfigError(f"{image} has no {RECORD_PATH}: it was not built by sparkforge", field="IMAGE")
+        raise BuildError(f"cannot read {RECORD_PATH} of {image}: {why}", field="docker")
     try:
-        record = BuildRecord.from_json(data, f"{image}: {RECORD_PATH}")
+        with tarfile.open(fileobj=io.BytesIO(copied.stdout)) as tf:
+            member = tf.extractfile(tf.getmembers()[0])
+            record_data = member.read() if member else b""
+    except (tarfile.TarError, IndexError) as exc:
+        raise BuildError(f"cannot read {RECORD_PATH} of {image}: docker cp gave no file ({exc})",
+                         field="docker") from None
+    try:
+        record = BuildRecord.from_json(record_data, f"{image}: {RECORD_PATH}")
     except ContractError as exc:
         raise BuildError(str(exc), field="IMAGE") from None
     problem = kernels_problem(record.kernels)
     if problem:
         raise BuildError(f"{image}: {RECORD_PATH}: {problem}", field="IMAGE")
-    labels = dict(img.labels or {})
     return record, labels
 
 

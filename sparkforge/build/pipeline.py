@@ -30,7 +30,7 @@ from ..recipe.planner import plan_variant
 from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set
 from ..serve import cache_dir, model_of
-from . import prebuilt, wheels
+from . import prebuilt, wheelfetch, wheels
 from .builder import (
     BASE_LABEL,
     BuildOptions,
@@ -40,6 +40,7 @@ from .builder import (
     buildx_command,
     candidate_tag,
     current_image,
+    drop_candidate,
     export_stage,
     image_ids,
     keep_candidate,
@@ -186,6 +187,10 @@ def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
     elif plan.vllm.source == "git" and wheel_cache:
         note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
                 "command of --no-wheel-cache, which compiles inside the image build")
+    if plan.wheel_set:
+        opts = with_wheel_set(plan, opts, fetch=False)
+        note = "; ".join(filter(None, (note, "a build first downloads the wheel set into the wheel-set folder "
+                                              "(what is not there yet)")))
     if plan.base.digest.value is None:
         note = "; ".join(filter(None, (note, f"the base has no digest: a build also gives --label {BASE_LABEL}="
                                               "BASE, the base as the engine holds it then (not asked here)")))
@@ -196,6 +201,16 @@ def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
 def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
     """The options of a build that installs `wheel`: its folder is the named build context vllm-wheel."""
     return replace(opts, contexts=((wheels.CONTEXT, str(wheel.folder)),)) if wheel else opts
+
+
+def with_wheel_set(plan: Plan, opts: BuildOptions, say: Callable[[str], None] = lambda line: None, *,
+                   fetch: bool = True) -> BuildOptions:
+    """The options of a build that installs the plan's locked wheel set: downloaded here first (unless `fetch`
+    is False: a dry run names the folder only), its folder is the named build context wheel-set."""
+    if not plan.wheel_set:
+        return opts
+    folder = wheelfetch.fetch(plan, ca_cert=opts.ca_cert, say=say) if fetch else wheelfetch.set_folder(plan)
+    return replace(opts, contexts=(*opts.contexts, (wheelfetch.CONTEXT, str(folder))))
 
 
 @dataclass(frozen=True)
@@ -302,7 +317,7 @@ def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, w
     try:
         wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
         ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
-        result = build_image(plan, ctx, with_wheel(opts, wheel), progress=progress)
+        result = build_image(plan, ctx, with_wheel_set(plan, with_wheel(opts, wheel), say), progress=progress)
     except BuildError as exc:
         exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
         raise
@@ -386,9 +401,16 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
             with same_plan_lock(to_build, say):
                 wheel, _ = prepare_wheel(to_build, layout, opts, None, say)
                 ctx = render_context(to_build, layout, context_dir(to_build), wheel, ca_cert=opts.ca_cert)
-                image = build_image(to_build, ctx, with_wheel(replace(opts, source_date_epoch=sde), wheel),
-                                    progress=progress).image_id
-        record, _ = read_record(image)
+                built = build_image(to_build, ctx, with_wheel_set(to_build, with_wheel(
+                    replace(opts, source_date_epoch=sde), wheel), say), progress=progress)
+                image = built.image_id
+                try:
+                    record, _ = read_record(image)
+                finally:  # only its record was wanted: no second image stays (its layers stay in the cache)
+                    if built.candidate and image_ids(built.candidate)[built.candidate] == image:
+                        drop_candidate(built)
+        else:
+            record, _ = read_record(image)
         if record.packages is None:
             raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
                               "build it again", field="--image")

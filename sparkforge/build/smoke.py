@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import name_path
 from ..inimage.contract import ContractError, SmokeCheck
-from ..proc import CommandError, run
+from ..inimage.proc import CommandError, run
 from ..serve import TOKENS, Model, ServeError, ask, cache_dir, log_summary, model_of, wait_ready
 from . import dockercli
 
@@ -154,30 +154,39 @@ def run_serve(image: str, model: Model, *, cpu: bool = False, timeout: float = 9
         return TierResult("serve", (), skipped=reason)
     port = free_port()
     name = f"sparkforge-serve-{os.getpid()}-{port}"
+    try:
+        checks = _serve_checks(image, name, model, port, cpu=cpu, timeout=timeout, log_dir=log_dir)
+    finally:
+        left = dockercli.remove_container(name)
+    if left:
+        checks.append(Check("server removed", "failed", f"{name} is left on the engine: {left} (docker rm -f {name})"))
+    return TierResult("serve", tuple(checks))
+
+
+def _serve_checks(image: str, name: str, model: Model, port: int, *, cpu: bool, timeout: float,
+                  log_dir: Path) -> list[Check]:
+    """Start the server as container `name`, ask it, and say what happened (its log kept on a failure)."""
     base = f"http://127.0.0.1:{port}"
-    checks: list[Check] = []
     start = dockercli.run(serve_command(image, name, model, port, cpu=cpu), what="docker run vllm serve",
                           timeout=120, check=False)
+    if start.returncode != 0:
+        return [Check("start vllm serve", "failed", dockercli.last_line(start.stderr, ""))]
+    checks: list[Check] = []
     try:
-        if start.returncode != 0:
-            return TierResult("serve", (Check("start vllm serve", "failed", dockercli.last_line(start.stderr, "")),))
-        try:
-            loaded = wait_ready(base, lambda: _ended(name), timeout)
-            checks.append(Check("server ready", "ok", f"{model.served} on {base}, /health after {loaded:.1f} s"))
-            first = ask(base, model.served, "completion", tokens=1)
-            checks.append(Check("time to first token", "ok", f"{first.seconds:.2f} s"))
-            for kind in ("completion", "chat"):
-                answer = ask(base, model.served, kind)
-                problem = answer.problem(TOKENS)
-                checks.append(Check(f"{kind}: {TOKENS} greedy tokens", "failed" if problem else "ok",
-                                    problem or f"{answer.text!r} in {answer.seconds:.2f} s"))
-        except ServeError as exc:
-            checks.append(Check("server answers", "failed", str(exc)))
-        if any(c.state == "failed" for c in checks):
-            checks.append(_keep_log(name, log_dir))
-    finally:
-        dockercli.run(["rm", "-f", name], what="docker rm", timeout=60, check=False)
-    return TierResult("serve", tuple(checks))
+        loaded = wait_ready(base, lambda: _ended(name), timeout)
+        checks.append(Check("server ready", "ok", f"{model.served} on {base}, /health after {loaded:.1f} s"))
+        first = ask(base, model.served, "completion", tokens=1)
+        checks.append(Check("time to first token", "ok", f"{first.seconds:.2f} s"))
+        for kind in ("completion", "chat"):
+            answer = ask(base, model.served, kind)
+            problem = answer.problem(TOKENS)
+            checks.append(Check(f"{kind}: {TOKENS} greedy tokens", "failed" if problem else "ok",
+                                problem or f"{answer.text!r} in {answer.seconds:.2f} s"))
+    except ServeError as exc:
+        checks.append(Check("server answers", "failed", str(exc)))
+    if any(c.state == "failed" for c in checks):
+        checks.append(_keep_log(name, log_dir))
+    return checks
 
 
 def _keep_log(name: str, log_dir: Path, lines: int = 3) -> Check:

@@ -192,11 +192,12 @@ def main(
 
 # ------------------------------------------------------------------ what several verbs take, defined once
 
-BASE_HELP = r"Swap the base image, as REPOSITORY:TAG\[@sha256:DIGEST] (changes the tag)."
+BASE_HELP = "Swap the base image: REPOSITORY:TAG, with @sha256:DIGEST after it to pin it (changes the tag)."
 CA_HELP = ("CA bundle for a proxy or a private server: used to download patches and wheels named by URL, and given to "
            "BuildKit as a secret for its own downloads, never stored in a layer. Give a full bundle (system + yours).")
 WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
-                    "machines (default: $SPARKFORGE_WHEEL_CACHE, else ~/.cache/sparkforge/wheels).")
+                    "machines (default: the folder the environment variable SPARKFORGE_WHEEL_CACHE names, else "
+                    "wheels/ in ~/.cache/sparkforge).")
 
 Variant = Annotated[str, typer.Argument(metavar="VARIANT", help="The variant (images/VARIANT.yaml), e.g. ng17e.")]
 Base = Annotated[str | None, typer.Option("--base", metavar="REF", help=BASE_HELP)]
@@ -216,8 +217,8 @@ class Network(str, enum.Enum):
     default = "default"  # BuildKit's own
 
 
-NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RUN steps: host, none, or default "
-                                                "(BuildKit's own).")]
+NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RUN steps: host, "
+                                                "none, or default (BuildKit's own).")]
 
 
 def ca_bundle(path: Path | None) -> Path | None:
@@ -335,7 +336,7 @@ def console() -> None:
         try:
             run()
         finally:
-            dockercli.stop_all()
+            dockercli.stop_all(exiting=True)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(INTERRUPTED)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -64,20 +65,21 @@ def _cluster_path(cluster: Path | None) -> Path | None:
 
 
 def _distribute_printer() -> ProgressFn:
-    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move."""
-    from ..distribute.deploy import Progress, human_bytes
+    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move, with the rate and,
+    where the total is known, the time left."""
+    from ..distribute.deploy import Progress, moved_said
 
-    last: dict[str, tuple[str, float]] = {}
+    last: dict[str, tuple[str, float, float, int]] = {}  # node: phase, last line, phase start, bytes at start
 
     def show(p: Progress) -> None:
-        import time
-
         now = time.monotonic()
-        phase, when = last.get(p.node, ("", 0.0))
+        phase, when, began, since = last.get(p.node, ("", 0.0, now, 0))
         if p.phase == phase and now - when < 2.0:
             return
-        last[p.node] = (p.phase, now)
-        moved = f" {human_bytes(p.done)}" + (f" / {human_bytes(p.total)}" if p.total else "") if p.done else ""
+        if p.phase != phase:
+            began, since = now, p.done
+        last[p.node] = (p.phase, now, began, since)
+        moved = f" {moved_said(p.done, p.total, now - began, since)}" if p.done else ""
         err.print(f"  {p.node:<14} {p.phase:<7}{moved}  {p.detail}".rstrip(), markup=False)
 
     return show
@@ -240,7 +242,10 @@ def history(
     variant: Variant,
     base: Base = None,
 ) -> None:
-    """List the builds of a variant on this machine, newest first, with vLLM, mods and the nodes running each.
+    """List the builds of a variant on this machine, newest first, with vLLM, base, mods and the nodes running each.
+
+    The base column is the first 12 hex of the digest of the base image the build started from; `inspect` shows
+    it whole.
 
     Go back to one with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
     """
@@ -253,12 +258,12 @@ def history(
             f"{next_step('make one with', 'build', plan.variant)}")
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("tag", "tagged (UTC)", "vLLM", "mods", "last deployed to"):
+    for col in ("tag", "tagged (UTC)", "vLLM", "base", "mods", "last deployed to"):
         table.add_column(col)
     for b in found:
         shown = ImageRef.parse(b.tag).tag or ""
         table.add_row(escape(shown + (f"  <- {plan.variant}" if b.moving else "")), b.tagged, escape(b.vllm),
-                      escape(b.mods), ", ".join(b.nodes) or "-")
+                      b.base, escape(b.mods), ", ".join(b.nodes) or "-")
     out.print(table)
 
 

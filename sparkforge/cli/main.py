@@ -169,10 +169,10 @@ def build(
                                                     help="Override MAX_JOBS of the compile.")] = None,
     nvcc_threads: Annotated[int | None, typer.Option("--nvcc-threads", metavar="N", min=1,
                                                         help="Override NVCC_THREADS.")] = None,
-    smoke: Annotated[bool, typer.Option("--smoke/--no-smoke", help="Run the static smoke tier before tagging.")]
-    = True,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Tag without running the static smoke tier first.")]
+    = False,
     log_dir: LogDir = DEFAULT_LOG_DIR,
-    locked: Annotated[bool, typer.Option("--locked", help="Build with the lock (images/VARIANT.lock.json) and refuse "
+    locked: Annotated[bool, typer.Option("--locked", help="Build with the lock (VARIANT.lock.json, beside the recipe) and refuse "
                                          "when the recipe disagrees with it or there is none. Without it a lock that "
                                          "agrees is used, and one that does not is ignored with a warning.")] = False,
     dry: Annotated[bool, typer.Option("--dry-run", help="Print the tags and the exact `docker buildx build` command; "
@@ -206,7 +206,7 @@ def build(
         emit(views.dry_run_lines(pipeline.dry_run(plan, opts, wheel_cache=not no_wheel_cache)))
         return
     say(f"building {plan.tag} from {pipeline.context_dir(plan)}")
-    done = pipeline.build_variant(plan, State.layout, opts, smoke=smoke, progress=progress_printer(variant),
+    done = pipeline.build_variant(plan, State.layout, opts, smoke=not no_smoke, progress=progress_printer(variant),
                                   wheel_cache=None if no_wheel_cache else (wheel_cache or default_root()),
                                   on_smoke=lambda static: out.print(views.smoke_table([static])), say=say,
                                   move_tag=move_tag)

@@ -37,9 +37,9 @@ def mod_new(
                                                    "make a git work tree of the pristine source this variant's "
                                                    "release has, to edit and then `mod save`.")] = None,
     from_url: Annotated[str | None, typer.Option("--from-url", metavar="URL", help="https URL of a unified diff, "
-                                                    "e.g. https://github.com/OWNER/REPO/commit/SHA.diff.")] = None,
+                                                    "e.g. a GitHub commit's URL with .diff after it.")] = None,
     pr: Annotated[str | None, typer.Option("--pr", metavar="OWNER/REPO#N", help="A GitHub pull request; its diff "
-                                              "is https://github.com/OWNER/REPO/pull/N.diff.")] = None,
+                                              "is read from github.com, as .../pull/N.diff.")] = None,
     versions: Annotated[str | None, typer.Option("--versions", metavar="SPEC", help="The releases of the component "
                                                     "the patch is for, as a PEP 440 range, e.g. '>=0.17.0,<0.19' "
                                                     "(with --variant, default: the variant's release).")] = None,

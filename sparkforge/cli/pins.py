@@ -86,9 +86,9 @@ def verify_repro_cmd(
     variant: Variant,
     base: Base = None,
     builder_host: Annotated[str | None, typer.Option("--builder-host", metavar="ENDPOINT", help="Docker engine to "
-                                                        "build on, e.g. unix:///run/ctd-docker.sock: a dockerd with "
-                                                        "the containerd image store (the default engine's classic "
-                                                        "store cannot do this).")] = None,
+                                                        "build on (default: the one docker uses), e.g. "
+                                                        "unix:///run/x.sock; its image store must export "
+                                                        "reproducibly (a containerd store does).")] = None,
     locked: Annotated[bool, typer.Option("--locked", help="Refuse when the recipe disagrees with its lock.")] = False,
     epoch: Annotated[int | None, typer.Option("--source-date-epoch", metavar="SECONDS", min=MIN_EPOCH,
                                                  max=MAX_EPOCH,

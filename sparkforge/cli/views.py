@@ -23,8 +23,18 @@ from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
 from ..repro.verbs import BumpResult
 
-if TYPE_CHECKING:  # loaded by the cluster verbs only
-    from ..distribute.deploy import ClusterStatus
+if TYPE_CHECKING:  # annotations only: repro.diff, repro.outdated, repro.repro and distribute load for their verbs
+    from pathlib import Path
+
+    from ..build.pipeline import BuildOutcome, DryRun, WheelNote
+    from ..build.smoke import TierResult
+    from ..distribute.deploy import ClusterStatus, Deployment
+    from ..recipe.lockfile import Lock
+    from ..repro.checkmods import MatrixCell, Row
+    from ..repro.diff import Diff
+    from ..repro.outdated import Outdated, Report
+    from ..repro.repro import ReproResult
+    from ..repro.verbs import ModsReport
 
 STATE_STYLE = {RowState.APPLIED: "green", RowState.ALREADY: "cyan", RowState.FAILED: "bold red",
                RowState.UNVERIFIED: "yellow", RowState.READ: "green"}
@@ -131,7 +141,7 @@ def _digest_origin(loaded: LoadedPlan) -> tuple[str, ...]:
     return ("  (digest as the recipe gives it; not checked against the registry)",)
 
 
-def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
+def check_table(rows: Sequence[Row], plans: Sequence[Plan]) -> Table:
     """check-mods: a row per variant and mod."""
     table = _table("variant", "mod", "result", "checked against", "detail", names=2)
     for row in rows:
@@ -143,7 +153,7 @@ def check_table(rows: Sequence[Any], plans: Sequence[Plan]) -> Table:
     return table
 
 
-def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[str], title: str) -> Table:
+def matrix_table(cells: Sequence[MatrixCell], mods: Sequence[str], versions: Sequence[str], title: str) -> Table:
     """Releases down, mods across: applies, fails or unverified, with ! where that differs from the declared range."""
     table = _table("vllm", *mods, title=title)
     for version in versions:
@@ -162,7 +172,7 @@ def matrix_table(cells: Sequence[Any], mods: Sequence[str], versions: Sequence[s
 _SITE_PACKAGES = re.compile(r"/\S*/(?:site|dist)-packages/")
 
 
-def smoke_table(results: Iterable[Any]) -> Table:
+def smoke_table(results: Iterable[TierResult]) -> Table:
     """Smoke tiers: a row per check, and one for a tier skipped whole."""
     table = _table("tier", "check", "result", "detail")
     for res in results:
@@ -248,7 +258,7 @@ def record_lines(image: str, record: BuildRecord, labels: dict[str, str]) -> lis
     return lines
 
 
-def repro_lines(result: Any) -> list[Text]:
+def repro_lines(result: ReproResult) -> list[Text]:
     """verify-repro: both builds, and where they differ."""
     lines = [_line(f"build {n}: manifest {img.manifest}  image ID {img.config}  ({len(img.layers)} layers)")
              for n, img in ((1, result.first), (2, result.second))]
@@ -265,7 +275,7 @@ def repro_lines(result: Any) -> list[Text]:
     return lines
 
 
-def diff_lines(d: Any, sections: Sequence[str], summary: Callable[[Any, str], str]) -> list[Text]:
+def diff_lines(d: Diff, sections: Sequence[str], summary: Callable[[Diff, str], str]) -> list[Text]:
     """diff: each section's changes, or what stayed the same; a section not listed only when it changed."""
     lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
     for section in (*sections, *(s for s in d.sections if s not in sections)):
@@ -281,7 +291,7 @@ def diff_lines(d: Any, sections: Sequence[str], summary: Callable[[Any, str], st
     return lines
 
 
-def outdated_table(components: Iterable[Any]) -> Table:
+def outdated_table(components: Iterable[Outdated]) -> Table:
     table = _table("component", "pinned", "newest", "newer releases", "note")
     for c in components:
         table.add_row(Text(c.component), Text(c.pinned), Text(c.newest or "-"), Text(c.verdict), Text(c.note))
@@ -299,7 +309,7 @@ def applies_lines(names: Iterable[str], runs_of: Callable[[str], Iterable[tuple[
     return lines
 
 
-def build_lines(plan: Plan, done: Any) -> list[Text]:
+def build_lines(plan: Plan, done: BuildOutcome) -> list[Text]:
     """`build`: the image built, how much came from the cache, and the tags that moved."""
     result = done.result
     ran = len(result.ran)
@@ -315,27 +325,27 @@ def build_lines(plan: Plan, done: Any) -> list[Text]:
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
 
 
-def wheel_lines(note: Any) -> list[Text]:
+def wheel_lines(note: WheelNote) -> list[Text]:
     """Where the vLLM wheel of a build came from, with its hash; for a compile, why it ran."""
     if note.origin == "cache":
-        return [_line(f"vllm wheel: from the wheel cache, key {note.key[:12]}, sha256 {note.sha256}; "
+        return [_line(f"vllm wheel: from the wheel cache, key {(note.key or '')[:12]}, sha256 {note.sha256}; "
                       "the compile did not run")]
     if note.origin == "recipe":
         return [_line(f"vllm wheel: the recipe's prebuilt wheel, sha256 {note.sha256}")]
     if note.origin != "compiled":
         return []
     if note.stored:
-        return [_line(f"vllm wheel: compiled ({note.why_compiled}) and stored in the wheel cache, key {note.key[:12]}, "
-                      f"sha256 {note.sha256}")]
+        return [_line(f"vllm wheel: compiled ({note.why_compiled}) and stored in the wheel cache, key "
+                      f"{(note.key or '')[:12]}, sha256 {note.sha256}")]
     return [_line(f"vllm wheel: compiled in the image build ({note.why_compiled})")]
 
 
-def dry_run_lines(d: Any) -> list[Text]:
+def dry_run_lines(d: DryRun) -> list[Text]:
     """`build --dry-run`: the tags, the context and the exact command, quoted for a shell."""
     lines = [_line(f"tag         {d.tag}"), _line(f"moving tag  {d.moving_tag}"),
              _line(f"context     {d.context} (not written)")]
     if d.note:
-        lines.append(_line(f"vllm wheel  {d.note}"))
+        lines.append(_line(f"note        {d.note}"))
     return lines + [_line(shlex.join(d.command))]
 
 
@@ -358,7 +368,7 @@ def bump_lines(result: BumpResult) -> list[Text]:
     return lines
 
 
-def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
+def lock_lines(variant: str, path: Path | None, lock: Lock) -> list[Text]:
     """`lock`: what was pinned, and what could not be resolved from here."""
     lines = [
         _line(f"locked {variant} -> {path}"),
@@ -372,7 +382,7 @@ def lock_lines(variant: str, path: Any, lock: Any) -> list[Text]:
     return lines + [_line("  ", ("UNRESOLVED", "yellow"), f" {fld}: {reason}") for fld, reason in lock.unresolved()]
 
 
-def check_summary(report: Any) -> Text:
+def check_summary(report: ModsReport) -> Text:
     """check-mods: one line of counts."""
     failed, unverified = len(report.in_state(RowState.FAILED)), len(report.in_state(RowState.UNVERIFIED))
     total = len(report.rows)
@@ -380,7 +390,7 @@ def check_summary(report: Any) -> Text:
     return _line(f"{total} results: {total - failed - unverified} ok, {failed} failed, {unverified} unverified{why}")
 
 
-def check_matrix(report: Any) -> list[Any]:
+def check_matrix(report: ModsReport) -> list[Table | Text]:
     """check-mods --matrix: releases down, mods across, then where each mod applies."""
     names = [m.name for m in report.mods]
     return [matrix_table(report.cells, names, report.versions, "mods x vLLM releases (! = differs from the mod's "
@@ -389,9 +399,9 @@ def check_matrix(report: Any) -> list[Any]:
                            {m.name: m.spec.targets.versions for m in report.mods})]
 
 
-def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
+def outdated_lines(report: Report, tried_mods: bool) -> list[Table | Text]:
     """`outdated`: the components, then (when mods were tried) the newer releases they apply to."""
-    shown: list[Any] = [outdated_table(report.components)]
+    shown: list[Table | Text] = [outdated_table(report.components)]
     if not report.cells:
         if report.mods and not tried_mods:
             shown.append(_line("mods: not tried (--no-mods)"))
@@ -406,7 +416,7 @@ def outdated_lines(report: Any, tried_mods: bool) -> list[Any]:
                     *applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm")]
 
 
-def deploy_table(result: Any) -> Table:
+def deploy_table(result: Deployment) -> Table:
     """`deploy`: a row per node, with what it moved and how long it took."""
     from ..distribute.deploy import FAILED, human_bytes  # the distribute package loads only for its verbs
 
@@ -418,7 +428,7 @@ def deploy_table(result: Any) -> Table:
     return table
 
 
-def deploy_lines(plan: Plan, result: Any) -> list[Text]:
+def deploy_lines(plan: Plan, result: Deployment) -> list[Text]:
     """`deploy`: where each failed node's moving tag stayed, then the counts."""
     from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
 

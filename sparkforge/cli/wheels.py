@@ -1,4 +1,5 @@
-"""The `wheels` verbs of the command line: show and clean the wheel cache (sparkforge/build/wheels.py)."""
+"""The housekeeping verbs of the command line: `wheels` shows and cleans the wheel cache (sparkforge/build/wheels.py),
+`prune` removes what builds left on the head (sparkforge/distribute/prune.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import ConfigError
-from .app import WheelCache, app, out, write
+from ..distribute.prune import Leftover
+from ..errors import BuildError, ConfigError
+from .app import State, WheelCache, app, out, write
 from .usage import App
 
 wheels_app = App(
@@ -105,3 +107,57 @@ def prune_wheels(
             stale = remove_leftovers(stale)
         out.print(f"{verb} {len(stale)} folders that interrupted builds left, {_size(sum(sizes[f] for f in stale))}",
                   markup=False)
+
+
+@app.command("prune")
+def prune_head(
+    wheel_cache: WheelCache = None,
+    wheels: Annotated[bool, typer.Option("--wheels", help="Also remove the wheel cache's entries no variant here "
+                                         "would use, and the downloaded wheel sets no lock here names (other "
+                                         "machines sharing the cache may use them).")] = False,
+    build_cache: Annotated[bool, typer.Option("--build-cache", help="Also remove BuildKit's cache records that name "
+                                              "sparkforge (its steps, its pip and git caches): the next build of "
+                                              "every variant runs cold.")] = False,
+    dry: Annotated[bool, typer.Option("--dry-run", help="List what would go and its size; remove nothing.")] = False,
+) -> None:
+    """Remove what sparkforge's builds left on this machine that nothing names any more.
+
+    That is: candidates (TAG-candidate: a build before its smoke test, or one that failed it) and kept builds
+    (TAG.<12 hex>) no deploy record names; with --wheels the wheel-cache entries no variant's build would use
+    and the downloaded wheel sets no lock names, and with --build-cache BuildKit's cache of sparkforge's steps. An image that a moving tag, a variant's
+    current tag or a deploy record names is never removed, nor the candidate of a build that is running.
+
+      ./build.py prune --dry-run
+
+      ./build.py prune --wheels --build-cache
+    """
+    from ..distribute.prune import prune_head as prune
+
+    root = _root(wheel_cache) if wheels else None
+    verb = "would remove" if dry else "removed"
+
+    def said(item: Leftover) -> None:
+        out.print(_leftover_line(verb, item), markup=False)
+
+    found, failed = prune(State.layout, wheel_root=root, build_cache=build_cache, dry_run=dry, say=said)
+    if dry:
+        for item in found.leftovers:
+            said(item)
+    for name, why in found.left:
+        out.print(f"kept {name}: {why}", markup=False)
+    gone = [x for x in found.leftovers if x not in {item for item, _ in failed}]
+    n = len(gone)
+    out.print(f"{verb} {n} {'item' if n == 1 else 'items'}, {_size(sum(x.size for x in gone if not x.shared))}"
+              if n else "nothing to remove", markup=False)
+    if failed:
+        item, why = failed[0]
+        raise BuildError(f"{len(failed)} could not be removed, the first {item.name}: {why}", field="prune")
+
+
+def _leftover_line(verb: str, item: Leftover) -> str:
+    size = "its image stays under another tag" if item.shared else _size(item.size)
+    if item.kind == "build cache":
+        return f"{verb} BuildKit's {item.name} that name sparkforge ({size})"
+    if item.kind == "wheel set":
+        return f"{verb} wheel set {Path(item.name).name[:12]} and its downloads no other set shares ({size})"
+    return f"{verb} {item.kind} {item.name[:12] if item.kind == 'wheel' else item.name} ({size})"

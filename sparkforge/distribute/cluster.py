@@ -18,7 +18,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from .. import proc
+from ..inimage import proc
 from ..errors import ConfigError, DistributeError, SparkforgeError
 from ..net import is_loopback
 from ..recipe.config import read_yaml, validation_error

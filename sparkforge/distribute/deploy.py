@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
+from ..net import time_left
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
 from .images import (DeployRecord, HeadImage, NodeImage, check_node, deployed_tag, image_on_head, inspect,
@@ -284,10 +285,11 @@ def _run_alongside(nodes: list[Node], work: Callable[[Node], NodeResult],
             futures = [pool.submit(work, node) for node in nodes]
             head()
             return tuple(f.result() for f in futures)
-        except BaseException:
+        except BaseException as exc:
             # Ctrl-C, SIGTERM or a failure here: the nodes' pulls and loads end now (each node then fails
-            # and keeps its tags), before the pool waits for their threads.
-            dockercli.stop_all()
+            # and keeps its tags), before the pool waits for their threads; on Ctrl-C or SIGTERM, so does any a
+            # thread starts from now on.
+            dockercli.stop_all(exiting=not isinstance(exc, Exception))
             raise
 
 
@@ -355,6 +357,19 @@ def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = N
 
 
 # ---------------------------------------------------------------------------------- helpers
+
+
+def moved_said(done: int, total: int | None, seconds: float, since: int = 0) -> str:
+    """How far a transfer has got: bytes, of the total where known, the rate since `since` bytes over `seconds`,
+    and, with a total and a rate, the time left at that rate."""
+    said = human_bytes(done) + (f" / {human_bytes(total)}" if total else "")
+    rate = (done - since) / seconds if seconds > 0 else 0.0
+    if rate <= 0:
+        return said
+    said += f" at {human_bytes(int(rate))}/s"
+    if total and total > done:
+        said += f", {time_left((total - done) / rate)}"
+    return said
 
 
 def human_bytes(n: int | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any, TypedDict, cast
 from collections.abc import Callable, Iterable
 
 from ..build import dockercli
+from ..build.builder import BASE_LABEL
 from ..errors import DistributeError, Hint
 from ..files import read_regular, write_atomic
 from ..imageref import ImageRef
@@ -212,6 +213,7 @@ class Build:
     mods: str
     nodes: tuple[str, ...]  # nodes whose last recorded deploy was this tag
     moving: bool = False  # the variant's moving tag names this image
+    base: str = "-"  # the base it was built from: the pinned digest, else what the engine held (12 hex, or "-")
 
 
 # What follows `VARIANT-` in a build's tag: the plan's 12 hex, and for a build kept beside an immutable tag that
@@ -220,13 +222,18 @@ class Build:
 _BUILD_TAG = re.compile(r"[0-9a-f]{12}(\.[0-9a-f]{12})?")
 
 
+def repository_tags(repository: str) -> list[str]:
+    """Every REPOSITORY:TAG of one repository on the head engine, in the order docker lists them (no untagged)."""
+    proc = dockercli.run(["images", repository, "--format", "{{.Repository}}:{{.Tag}}"], what="docker images")
+    return list(dict.fromkeys(t for t in proc.stdout.split() if not t.endswith(":<none>")))
+
+
 def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
     """The builds of a variant on the head, newest first (by the time they were tagged): its tags that read as
     a build's, on images whose build record names this variant."""
     repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
-    proc = dockercli.run(["images", repo, "--format", "{{.Repository}}:{{.Tag}}"], what="docker images")
-    tags = [t for t in proc.stdout.split() if t.startswith(prefix) and _BUILD_TAG.fullmatch(t[len(prefix):])]
+    tags = [t for t in repository_tags(repo) if t.startswith(prefix) and _BUILD_TAG.fullmatch(t[len(prefix):])]
     deploys = read_state(state_dir, repo)["deploys"]
     last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
     found = []
@@ -242,8 +249,17 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
         when = str((data.get("Metadata") or {}).get("LastTagTime") or "")[:19].replace("T", " ")
         found.append(Build(tag, data["Id"], when if when[:4] > "0001" else "-",
                            labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),
-                           tuple(sorted(n for n, t in last.items() if t == tag)), data["Id"] == moving))
+                           tuple(sorted(n for n, t in last.items() if t == tag)), data["Id"] == moving,
+                           _base_of(labels)))
     return sorted(found, key=lambda b: b.tagged, reverse=True)
+
+
+def _base_of(labels: dict[str, str]) -> str:
+    """The 12 hex of the base a build started from: the digest its plan pinned, else the one the engine held
+    (BASE_LABEL: REPOSITORY@sha256:... or an image ID); "-" when the image says neither."""
+    said = labels.get("org.opencontainers.image.base.digest") or labels.get(BASE_LABEL) or ""
+    digest = said.rpartition("@")[2].removeprefix("sha256:")
+    return digest[:12] if re.fullmatch(r"[0-9a-f]{64}", digest) else "-"
 
 
 def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],

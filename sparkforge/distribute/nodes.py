@@ -24,7 +24,7 @@ from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
-from ..proc import CommandError, TimedOut, run
+from ..inimage.proc import CommandError, TimedOut, run
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
 from .cluster import SSH_RE, Node, Registry
@@ -233,15 +233,14 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
     try:
         if node.endpoint.startswith("ssh://"):
             # stdin stays open until the end: an early end of input is no reason for the pull to stop.
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=cli_env())
+            proc = dockercli.spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=cli_env())
             assert proc.stdout is not None  # a pipe, as asked
             out, err = proc.stdout, proc.stderr
         else:
             terminal, child = pty.openpty()
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=cli_env(),
-                                        start_new_session=True)
+                proc = dockercli.spawn(argv, stdin=subprocess.DEVNULL, stdout=child, stderr=child, env=cli_env())
             finally:
                 os.close(child)
             out, err = terminal, None
@@ -249,7 +248,6 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
         if terminal is not None:
             os.close(terminal)
         raise NodeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
-    dockercli.track(proc)  # Ctrl-C or SIGTERM on the head stops it: the node keeps what it had
     log, stderr, why = PullLog(sizes), b"", None
     deadline = time.monotonic() + TRANSFER_TIMEOUT
     with selectors.DefaultSelector() as sel:

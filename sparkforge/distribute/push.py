@@ -41,63 +41,69 @@ class PushResult:
     digest: str | None  # the manifest digest the registry stored
     layers_pushed: int
     layers_present: int
-    bytes_pushed: int  # as the engine reports its upload progress
+    bytes_pushed: int  # the stored sizes of the layers sent (the engine's push: 0 where the registry does not say)
     seconds: float
     sent_as_stored: tuple[tuple[str, int], ...] = ()  # (gzip or zstd, n): layers sent as the engine keeps them
 
 
 def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None = None,
                state_dir: Path | None = None) -> PushResult:
-    """Push the immutable tag, then the moving tag, to registry (HOST:PORT); record the manifest digest."""
-    import docker
-
+    """Push the immutable tag, then the moving tag, to registry (HOST:PORT) through the engine (`docker tag`,
+    `docker push`); record the manifest digest. The bytes sent are the sizes the stored manifest gives the layers
+    the engine said it pushed."""
     t0 = time.monotonic()
     refs, digest = [], None
-    pushed: dict[str, int] = {}
-    present: set[str] = set()
-    try:
-        client = docker.from_env(timeout=int(TRANSFER_TIMEOUT))  # the SDK takes whole seconds
-        for name in (image.tag, image.moving_tag):
-            full = registry_ref(registry.address, name)
-            ref = ImageRef.parse(full)
-            repo, tag = ref.repository, ref.tag
-            client.api.tag(image.image_id, repo, tag, force=True)
-            for ev in client.api.push(repo, tag=tag, stream=True, decode=True):
-                failed = _push_error(ev)
-                if failed:
-                    raise DistributeError(f"push of {full} failed: {failed}", field="--registry")
-                status, lid = ev.get("status", ""), ev.get("id")
-                if status == "Pushing" and lid:
-                    detail = ev.get("progressDetail") or {}
-                    pushed[lid] = max(pushed.get(lid, 0), int(detail.get("current") or 0))
-                elif (status == "Layer already exists" or status.startswith("Mounted from ")) and lid:
-                    present.add(lid)  # the engine says "Mounted from REPO" of a layer the registry had elsewhere
-                aux = ev.get("aux") or {}
-                if aux.get("Digest"):
-                    digest = aux["Digest"]
-                elif m := _PUSHED_DIGEST.search(status):  # the containerd image store sends no aux, only this line
+    pushed: set[str] = set()  # the short IDs the engine said it pushed
+    present: set[str] = set()  # and those it found in the registry already
+    for name in (image.tag, image.moving_tag):
+        full = registry_ref(registry.address, name)
+        dockercli.run(["tag", image.image_id, full], what="docker tag")
+        child = dockercli.start(["push", full], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said: list[str] = []
+        try:
+            for line in dockercli.lines_until_stall(child, TRANSFER_TIMEOUT):
+                text = one_line(line)
+                said = (said + [text])[-5:] if text else said
+                short, _, status = text.partition(": ")
+                if status == "Pushed":
+                    pushed.add(short)
+                elif status == "Layer already exists" or status.startswith("Mounted from "):
+                    present.add(short)  # "Mounted from REPO": a layer the registry had under another name
+                if m := _PUSHED_DIGEST.search(text):
                     digest = m.group(1)
                 if progress and status:
-                    progress(Progress(registry.address, "push", sum(pushed.values()), None, f"{ref}: {status}"))
-            refs.append(full)
-    except docker.errors.DockerException as exc:
-        raise DistributeError(f"push to {registry.address} failed: {_sdk_reason(exc)}", field="--registry") from None
-    n_pushed, n_present = len(pushed), len(present - set(pushed))  # the moving tag's push finds what the first sent
-    if digest and (layers := _layer_names(registry, ImageRef.parse(refs[0]).path, digest, image.identity.layers)):
+                    progress(Progress(registry.address, "push", 0, None, f"{full}: {text}"))
+        except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the push stops too
+            dockercli.stop(child)
+            dockercli.finish(child)
+            raise
+        finally:
+            if child.stdout is not None:
+                child.stdout.close()
+        code = dockercli.finish(child, CONTROL_TIMEOUT)  # its output ended: it is exiting
+        if code != 0:
+            raise DistributeError(f"push of {full} failed: {said[-1] if said else f'exit code {code}'}"[:300],
+                                  field="--registry")
+        refs.append(full)
+    n_pushed, n_present, sent = len(pushed), len(present - pushed), 0  # the moving tag's push finds what the first sent
+    if digest and (layers := _layers(registry, ImageRef.parse(refs[0]).path, digest, image.identity.layers)):
         # A containerd-store engine reports the config blob, and an attestation's blobs, as it does a layer, and
-        # may name one layer by its blob digest in one event and by its diff ID in another: count layers, not names.
-        sent = [names for names in layers if names & pushed.keys()]
-        n_pushed, n_present = len(sent), len([names for names in layers if names & present and names not in sent])
-        pushed = {lid: size for lid, size in pushed.items() if any(lid in names for names in layers)}
+        # may name one layer by its blob digest in one line and by its diff ID in another: count layers, not names.
+        went = [(names, size) for names, size in layers if names & pushed]
+        n_pushed = len(went)
+        n_present = len([names for names, _ in layers if names & present and not names & pushed])
+        sent = sum(size for _, size in went)
     if digest:
         record_manifest(state_dir, image.tag, digest)
-    return PushResult(tuple(refs), digest, n_pushed, n_present, sum(pushed.values()), time.monotonic() - t0)
+    return PushResult(tuple(refs), digest, n_pushed, n_present, sent, time.monotonic() - t0)
 
 
-def _layer_names(registry: Registry, repo: str, digest: str, diff_ids: tuple[str, ...]) -> list[set[str]] | None:
-    """Per layer of the image, the short IDs push events may give it: its diff ID (a classic-store engine's name)
-    and its blob digest in the manifest the push stored, or in an index's image manifest (a containerd-store
-    engine's). None when the registry does not say, or its manifest does not list one blob per layer."""
+def _layers(registry: Registry, repo: str, digest: str,
+            diff_ids: tuple[str, ...]) -> list[tuple[set[str], int]] | None:
+    """Per layer of the image, the short IDs a push may print for it (its diff ID, a classic-store engine's name,
+    and its blob digest in the manifest the push stored, or in an index's image manifest, a containerd-store
+    engine's) and its size there. None when the registry does not say, or its manifest does not list one blob
+    per layer."""
     client = RegistryClient(registry.endpoint)
     try:
         doc = client.manifest(repo, digest)
@@ -108,31 +114,14 @@ def _layer_names(registry: Registry, repo: str, digest: str, diff_ids: tuple[str
             doc = client.manifest(repo, images[0]["digest"]) if len(images) == 1 else {}
     except RegistryError:
         return None
-    blobs = [layer.get("digest") for layer in doc.get("layers") or [] if isinstance(layer, dict)]
-    if len(blobs) != len(diff_ids) or not all(isinstance(b, str) for b in blobs):
+    blobs = [layer for layer in doc.get("layers") or [] if isinstance(layer, dict)]
+    if len(blobs) != len(diff_ids) or not all(isinstance(b.get("digest"), str) for b in blobs):
         return None
-    return [{d.removeprefix("sha256:")[:12], str(b).removeprefix("sha256:")[:12]} for d, b in zip(diff_ids, blobs)]
-
-
-def _push_error(event: dict[str, Any]) -> str | None:
-    """The failure a push event reports, in one line: `errorDetail.message`, or the older `error`; else None."""
-    detail = event.get("errorDetail")
-    if not detail and "error" not in event:
-        return None
-    message = (detail.get("message") if isinstance(detail, dict) else None) or event.get("error")
-    return one_line(message) if isinstance(message, str) and message.strip() else "the engine gave no reason"
+    return [({d.removeprefix("sha256:")[:12], str(b["digest"]).removeprefix("sha256:")[:12]},
+             int(b.get("size") or 0)) for d, b in zip(diff_ids, blobs)]
 
 
 _PUSHED_DIGEST = re.compile(r": digest: (sha256:[0-9a-f]{64}) size: [0-9]+\Z")
-
-
-def _sdk_reason(exc: BaseException) -> str:
-    explanation = getattr(exc, "explanation", None)
-    text = one_line(explanation or str(exc)) or type(exc).__name__
-    for marker in ("Connection refused", "timed out", "certificate", "Connection reset"):
-        if marker in text:
-            return f"{marker.lower()}: {text[:200]}"
-    return text[:300]
 
 
 def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", progress: ProgressFn | None = None,
@@ -368,8 +357,7 @@ def _upload_layer(client: RegistryClient, repo: str, data: IO[bytes], compressio
         source = chunks()
     else:
         # zstd on every core; a thread feeds it the layer while this one uploads what comes out.
-        zstd = dockercli.track(subprocess.Popen(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE))
+        zstd = dockercli.spawn(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         zstd_in, zstd_out = zstd.stdin, zstd.stdout
         assert zstd_in is not None and isinstance(zstd_out, io.BufferedReader)  # pipes, buffered by default
 

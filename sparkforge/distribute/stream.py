@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..inimage.contract import parse_json
+from ..inimage.proc import Child
 from .cluster import Node
 from .nodes import STALL_TIMEOUT, TRANSFER_TIMEOUT, NodeFailure, cli_env, docker_argv, transport_error
 from .deploy import CHUNK, Deployment, NodeRun, Progress, ProgressFn, deploy_all
@@ -133,7 +134,7 @@ def saved_image_digest(index: dict[str, Any]) -> str | None:
 class _Writer(threading.Thread):
     """Feeds one node's `docker load` from its own bounded queue, so a slow node holds up nobody."""
 
-    def __init__(self, node: Node, proc: subprocess.Popen[bytes]):
+    def __init__(self, node: Node, proc: Child[bytes]):
         super().__init__(name=f"stream-{node.name}", daemon=True)
         self.node, self.proc = node, proc
         self.queue: queue.Queue[bytes | None] = queue.Queue(BUFFER_CHUNKS)
@@ -307,8 +308,8 @@ def _start_loads(nodes: list[Node]) -> list[_Writer]:
     writers = []
     for node in nodes:
         # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image).
-        proc = dockercli.track(subprocess.Popen(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE,
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env))
+        proc = dockercli.spawn(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, env=env)
         writers.append(_Writer(node, proc))
     for w in writers:
         w.start()
@@ -316,7 +317,7 @@ def _start_loads(nodes: list[Node]) -> list[_Writer]:
     return writers
 
 
-def _pump(save: subprocess.Popen[bytes], writers: list[_Writer], image: HeadImage, progress: ProgressFn,
+def _pump(save: Child[bytes], writers: list[_Writer], image: HeadImage, progress: ProgressFn,
           stall: float) -> TarIndex:
     """Hand each chunk of the save to every live writer until the save ends or no node is left."""
     index, last = TarIndex(), 0.0

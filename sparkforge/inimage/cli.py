@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from collections.abc import Callable
 
-from . import kernels
+from . import bytecode, kernels
 from .apply import apply_mod, component_root, verify_mod
 from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin
 from .patcher import PATCHER_TIMEOUT, child_main
@@ -179,6 +179,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Call
     "smoke": ("run a smoke tier inside the image; one JSON line per check", _args_smoke, _cmd_smoke),
     "preflight": ("before a launch: the model folder, the ports, and the interface to the master (one JSON line)",
                   _args_preflight, _cmd_preflight),
+    "compile": ("byte-compile what pip installed with --no-compile, on every core (default: the site-packages)",
+                lambda p: p.add_argument("dirs", nargs="*"), lambda args: bytecode.main(args.dirs)),
     "kernels": ("record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
                 lambda p: p.add_argument("rest", nargs=argparse.REMAINDER), _cmd_kernels),
 }

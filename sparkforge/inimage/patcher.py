@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from .contract import ModState
 from .paths import ModFailure, inside, last_line, read_file
+from .proc import Child, start
 from .reaper import reaped
 
 PATCHER_TIMEOUT = 60.0  # seconds for each run of a patcher, unless the caller says otherwise
@@ -49,8 +50,7 @@ def plan_patcher(patcher: Path, root: Path,
     cmd = [sys.executable, "-I", "-B", str(PACKAGE_DIR), "patcher-child", str(patcher.resolve())]
     with tempfile.TemporaryDirectory(prefix="sparkforge-patcher-") as scratch, \
             tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty patcher cannot block on it
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                                cwd=scratch, env=child_env(), start_new_session=True)
+        proc = start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, cwd=scratch, env=child_env())
         try:
             first, rest = _first_line(proc, deadline)
             targets = _answer(patcher, first, proc, errors).get("targets")
@@ -81,14 +81,14 @@ def _check_answer(patcher: Path, answer: dict[str, Any], sources: dict[str, str]
         raise ModFailure(f"patcher {patcher.name}: its answer names files outside its TARGETS or no texts")
 
 
-def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes]]:
+def _pipes(proc: Child[bytes]) -> tuple[IO[bytes], IO[bytes]]:
     """The child's stdin and stdout, which plan_patcher asks Popen to make as pipes."""
     if proc.stdin is None or proc.stdout is None:
         raise ModFailure("the patcher's child was started without its stdin and stdout pipes")
     return proc.stdin, proc.stdout
 
 
-def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes]:
+def _first_line(proc: Child[bytes], deadline: float) -> tuple[bytes, bytes]:
     """The child's first line (its targets), and what came after it, waiting no longer than deadline."""
     data = b""
     _, stdout = _pipes(proc)
@@ -106,7 +106,7 @@ def _first_line(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, 
     return first, rest
 
 
-def _exchange(proc: subprocess.Popen[bytes], payload: bytes, deadline: float) -> bytes:
+def _exchange(proc: Child[bytes], payload: bytes, deadline: float) -> bytes:
     """Send payload to the child and read its output until the child exits, not until every holder of
     the pipe closes it (a process the patcher started may hold it); then the group goes, and the rest is read."""
     out = b""
@@ -156,7 +156,7 @@ def _drain(stream: IO[bytes], deadline: float) -> bytes:
     return data
 
 
-def _answer(patcher: Path, data: bytes, proc: subprocess.Popen[bytes], errors: IO[bytes]) -> dict[str, Any]:
+def _answer(patcher: Path, data: bytes, proc: Child[bytes], errors: IO[bytes]) -> dict[str, Any]:
     """The last marked line of the child's output as a dict; ModFailure for an error or no answer."""
     marked = [line for line in data.decode("utf-8", "replace").splitlines() if line.startswith(_RESULT_MARK)]
     if not marked:
@@ -191,7 +191,7 @@ def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict
     return paths, sources
 
 
-def _exit_code(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+def _exit_code(proc: Child[bytes], deadline: float) -> int | None:
     """The child's exit code (negative: the signal that ended it) once it has ended, without reaping it
     (its process group keeps its number until then); None if it still runs at deadline."""
     while True:
@@ -208,11 +208,11 @@ def _exit_code(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
         time.sleep(0.01)
 
 
-def _ended(proc: subprocess.Popen[bytes]) -> bool:
+def _ended(proc: Child[bytes]) -> bool:
     return _exit_code(proc, 0) is not None
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: Child[bytes]) -> None:
     """Kill the patcher's process group, whether its leader still runs or not: what it started dies with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -220,7 +220,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: Child[bytes]) -> None:
     """End a run: the supervisor told to end the worker and all it started, and given STOP_TIMEOUT for it;
     then the group killed in any case, the child reaped, its pipes closed."""
     if not _ended(proc):

@@ -1,13 +1,13 @@
-"""The one way the image side runs a command: with its input closed, its output captured, and a time
-limit, past which the command and every process of its session are killed and TimeLimit says so in one
-line. (A patcher's child has its own runner, patcher.py, since it talks with it both ways.)"""
+"""How the image side runs a command to its end: through proc.run, with its input closed, its output captured
+and a time limit, past which the command and its process group are stopped and TimeLimit says so in one line.
+(A patcher's child is started by proc.start in patcher.py, which talks with it both ways.)"""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 from pathlib import Path
+
+from . import proc
 
 # The limits of the image's commands, in seconds. Each is far above what its command takes on a loaded
 # machine; it is there so that a command that never ends fails the build or the check, naming it.
@@ -22,35 +22,16 @@ class TimeLimit(Exception):
 
 def run(cmd: list[str], *, limit: float, what: str, cwd: str | Path | None = None,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """cmd run to its end, or TimeLimit once it has run for limit seconds. It runs in a session of its
-    own, so that what it started goes with it and no process left holding its output keeps this waiting."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=cwd, env=env, start_new_session=True)
+    """cmd run to its end (proc.run: its own process group, its input closed, its output captured), or TimeLimit
+    once it has run for limit seconds; what it started is stopped with it. A command that cannot start raises
+    OSError, as Popen does."""
     try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
+        return proc.run(cmd, timeout=limit, what=what, stdin=subprocess.DEVNULL, capture_output=True, cwd=cwd,
+                        env=env)
+    except proc.TimedOut:
         raise TimeLimit(f"{what} did not finish within {limit:g} s; stopped") from None
-    except BaseException:  # Ctrl-C, or SIGTERM made an exception: the command does not outlive its caller
-        _kill(proc)
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the command's session (its process group) and reap the command; its pipes are closed, not
-    read to their end, which a process that left the group could hold open."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
-    try:
-        proc.wait(timeout=5)  # killed, it ends at once, unless the kernel holds it in a read of a dead disk
-    except subprocess.TimeoutExpired:
-        pass
+    except proc.CommandError as exc:
+        raise OSError(exc.why) from None
 
 
 def text(data: bytes) -> str:

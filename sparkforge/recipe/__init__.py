@@ -6,5 +6,5 @@ project's inputs live (layout), lock files (lockfile) and a recipe against its l
 git remotes (resolve), real sources and release lists (sources), files pinned by URL and sha256
 (download), patches named by URL (remote) and vLLM's arch list (archlist). It never touches Docker.
 
-It may import only the shared modules (errors, files, net, gitfetch, imageref, registry, proc) and inimage.
+It may import only the shared modules (errors, files, net, gitfetch, imageref, registry) and inimage.
 """

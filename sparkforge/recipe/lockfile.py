@@ -247,8 +247,12 @@ class _BuiltFrom(Strict):
     plan_hash: Sha256
 
 
+# A wheel's plain file name (it becomes a file of the cache and a pip argument): no folder, no odd character.
+WHEEL_FILE_RE = re.compile(r"[A-Za-z0-9_.+-]+-[A-Za-z0-9_.+-]+\.whl")
+
+
 class _WheelFile(Strict):
-    file: Text
+    file: Annotated[str, matching(WHEEL_FILE_RE, "wheel file name")]
     sha256: Sha256
     size: int = Field(ge=0)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from .. import gitfetch, registry
 from ..errors import mask_secrets
 from ..imageref import ImageRef
-from ..proc import CommandError, run
+from ..inimage.proc import CommandError, run
 from .lockfile import Pinned
 from .plan import Plan
 from .sources import cache_dir

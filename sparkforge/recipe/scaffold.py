@@ -27,7 +27,7 @@ from collections.abc import Callable
 from .. import inimage
 from ..errors import BuildError, ConfigError, Hint
 from ..inimage.paths import asset
-from ..proc import CommandError, TimedOut, run
+from ..inimage.proc import CommandError, TimedOut, run
 from .config import load_mod, mod_yaml_text, read_text, read_yaml
 from .layout import PROJECT_ROOT, Layout, digest_tree
 from .plan import Mod, Plan, rehash

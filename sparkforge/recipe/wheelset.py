@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from .. import proc
+from ..inimage import proc
 from .plan import Plan, PythonTarget, WheelPin
 from .fields import SHA256_RE
 from .sources import index_url
@@ -59,18 +59,25 @@ def download_bytes(packages: Iterable[WheelPin]) -> int:
     return sum(p.files[0][2] for p in packages if p.files)
 
 
-def preference(target: PythonTarget) -> list[tags.Tag]:
-    """The wheel tags pip takes on the target, most preferred first (the order pip picks in)."""
+def platforms(target: PythonTarget) -> list[str]:
+    """The platform tags pip takes on the target, most preferred first: its glibc's manylinux and every older
+    one (with the legacy names), then plain linux."""
     arch, _, manylinux = target.platform.partition("-")
     newest = int(manylinux.rsplit("_", 1)[1])
-    platforms = []
+    found = []
     for minor in range(newest, OLDEST_GLIBC_MINOR[arch] - 1, -1):
-        platforms.append(f"manylinux_2_{minor}_{arch}")
+        found.append(f"manylinux_2_{minor}_{arch}")
         if minor in LEGACY_MANYLINUX:
-            platforms.append(f"{LEGACY_MANYLINUX[minor]}_{arch}")
-    platforms.append(f"linux_{arch}")
+            found.append(f"{LEGACY_MANYLINUX[minor]}_{arch}")
+    return [*found, f"linux_{arch}"]
+
+
+def preference(target: PythonTarget) -> list[tags.Tag]:
+    """The wheel tags pip takes on the target, most preferred first (the order pip picks in)."""
+    platforms_ = platforms(target)
     version = tuple(int(x) for x in target.version.split("."))
-    return list(tags.cpython_tags(version, platforms=platforms)) + list(tags.compatible_tags(version, platforms=platforms))
+    return (list(tags.cpython_tags(version, platforms=platforms_))
+            + list(tags.compatible_tags(version, platforms=platforms_)))
 
 
 def read_pylock(text: str, target: PythonTarget) -> tuple[WheelPin, ...]:

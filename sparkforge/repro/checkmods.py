@@ -22,6 +22,7 @@ from packaging.version import Version
 from .. import inimage
 from ..build import basetree, prebuilt
 from ..errors import DownloadError
+from ..net import time_left
 from ..recipe import sources
 from ..recipe.plan import Mod, Plan
 from ..recipe.remote import materialize
@@ -234,14 +235,9 @@ def release_progress(say: Callable[[str], None], label: str, total: int,
         left = ""
         if seen > 1:
             per = (clock() - start) / (seen - 1)
-            left = f", about {_duration(per * (total - seen + 1))} left"
+            left = f", {time_left(per * (total - seen + 1))}"
         say(f"{label} {version} ({seen}/{total}{left})")
     return tick
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 def matrix(mods: list[Mod], versions: list[str], workdir: Path,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from packaging.version import InvalidVersion, Version
 
 from ..build.builder import BuildOptions, Step
-from ..build.pipeline import context_dir, prepare_wheel, same_plan_lock, with_epoch, with_wheel
+from ..build.pipeline import context_dir, prepare_wheel, same_plan_lock, with_epoch, with_wheel, with_wheel_set
 from ..build.render import render_context
 from .. import inimage
 from ..errors import ConfigError, DownloadError
@@ -92,7 +92,7 @@ def variants_to_check(layout: Layout, names: list[str], all_variants: bool) -> l
 def changed_files(since: str, folder: Path) -> list[Path]:
     """The files git sees changed since the commit `since` (committed, staged, in the work tree, or new and
     not ignored), as absolute paths, in the repository that holds folder."""
-    from ..proc import CommandError, run
+    from ..inimage.proc import CommandError, run
 
     def git(*args: str) -> str:
         try:
@@ -179,7 +179,7 @@ def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep
     with same_plan_lock(plan, say):
         wheel, _ = prepare_wheel(plan, layout, opts, None, say)  # a git source compiles: that is what is compared
         ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
-        opts = with_wheel(opts, wheel)
+        opts = with_wheel_set(plan, with_wheel(opts, wheel), say)
         (PROJECT_ROOT / "build").mkdir(exist_ok=True)
         workdir = keep or Path(tempfile.mkdtemp(prefix=f"repro-{plan.variant}-", dir=PROJECT_ROOT / "build"))
         try:

@@ -13,7 +13,7 @@ from sparkforge.build.builder import _BuildLog
 from tests.support.cli import run_cli as sparkforge
 from tests.support import needs
 from tests.support.cuda import smoke_rows
-from tests.support.docker import BASE, VARIANTS, build_args, image_id
+from tests.support.docker import BASE, VARIANTS, build_args, fresh_variant, image_id
 from tests.support.paths import MODS, ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
@@ -162,13 +162,14 @@ def test_a_broken_mod_fails_the_build_and_keeps_the_tags(test_image, tmp_path: P
 
 
 def test_a_failed_smoke_test_keeps_the_previous_good_image(test_image, tmp_path: Path) -> None:
-    images, mods = tmp_path / "images", tmp_path / "mods"
-    shutil.copytree(VARIANTS, images)
-    shutil.copytree(MODS, mods)
-    probe = mods / "smoke-probe"
-    probe.mkdir()
-    (probe / "probe.txt").write_text("probe\n")
-    meta = """\
+    with fresh_variant("sparkforge-test/vllm", "testprobe"):
+        images, mods = tmp_path / "images", tmp_path / "mods"
+        shutil.copytree(VARIANTS, images)
+        shutil.copytree(MODS, mods)
+        probe = mods / "smoke-probe"
+        probe.mkdir()
+        (probe / "probe.txt").write_text("probe\n")
+        meta = """\
 name: smoke-probe
 summary: a drop-in file whose in-image check the test flips
 description: covers the path where the build passes and the static smoke tier fails
@@ -182,47 +183,46 @@ verify:
   - {file: /opt/sparkforge/probe.txt, contains: probe}
   - python: "import sys; sys.exit(0)"
 """
-    (probe / "mod.yaml").write_text(meta)
-    (images / "testprobe.yaml").write_text("extends: testvllm\nmods:\n  add: [smoke-probe]\n")
-    good = sparkforge(*build_args("testprobe", images=images, mods=mods))
-    assert good.returncode == 0, good.stdout + good.stderr
-    moving = "sparkforge-test/vllm:testprobe"
-    good_id = image_id(moving)
-    assert good_id
-    (probe / "mod.yaml").write_text(meta.replace("sys.exit(0)", "sys.exit('deliberately failing check')"))
-    bad = sparkforge(*build_args("testprobe", images=images, mods=mods))
-    assert bad.returncode == 1
-    assert "deliberately failing check" in bad.stdout
-    last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: testprobe: static smoke tier failed (") and "probe" in last, last
-    assert "; image left as sparkforge-test/vllm:testprobe-" in last, last
-    assert f"{moving} still points to {good_id[:19]}" in last
-    assert image_id(moving) == good_id
-    subprocess.run(["docker", "image", "rm", "-f", moving], capture_output=True)
+        (probe / "mod.yaml").write_text(meta)
+        (images / "testprobe.yaml").write_text("extends: testvllm\nmods:\n  add: [smoke-probe]\n")
+        good = sparkforge(*build_args("testprobe", images=images, mods=mods))
+        assert good.returncode == 0, good.stdout + good.stderr
+        moving = "sparkforge-test/vllm:testprobe"
+        good_id = image_id(moving)
+        assert good_id
+        (probe / "mod.yaml").write_text(meta.replace("sys.exit(0)", "sys.exit('deliberately failing check')"))
+        bad = sparkforge(*build_args("testprobe", images=images, mods=mods))
+        assert bad.returncode == 1
+        assert "deliberately failing check" in bad.stdout
+        last = bad.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: testprobe: static smoke tier failed (") and "probe" in last, last
+        assert "; image left as sparkforge-test/vllm:testprobe-" in last, last
+        assert f"{moving} still points to {good_id[:19]}" in last
+        assert image_id(moving) == good_id
 
 
 def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> None:
     """A build of a plan whose immutable tag already names another image of the variant (as a rebuild that gave
     other bytes leaves it) keeps its image beside the tag and moves neither tag; --move-tag moves both and keeps
     the old image reachable as a tag of its own, which `history` lists (only this variant's builds)."""
-    images = tmp_path / "images"
-    shutil.copytree(VARIANTS, images)
-    (images / "testmove.yaml").write_text("extends: testvllm\n")
-    first = sparkforge(*build_args("testmove", images=images))
-    assert first.returncode == 0, first.stderr
-    moving = "sparkforge-test/vllm:testmove"
-    built = image_id(moving)
-    tag = next(line.split()[1] for line in first.stdout.splitlines() if line.startswith("tagged ") and ":testmove-" in line)
-    # Another image of this variant, as a rebuild that gave other bytes would leave: the build with a label more.
-    subprocess.run(["docker", "buildx", "build", "--load", "--provenance=false", "-t", tag, "-"], check=True,
-                   capture_output=True, timeout=600, input=f"FROM {tag}\nLABEL io.sparkforge.test=other\n".encode())
-    other = image_id(tag)
-    assert built and other and built != other
-    b12, o12 = built.removeprefix("sha256:")[:12], other.removeprefix("sha256:")[:12]
-    kept, old_kept = f"{tag}.{b12}", f"{tag}.{o12}"
-    foreign = f"{moving}-000000000000"  # reads like a build's tag, but its image is no build of this variant
-    subprocess.run(["docker", "tag", BASE, foreign], check=True, capture_output=True, timeout=60)
-    try:
+    with fresh_variant("sparkforge-test/vllm", "testmove"):
+        images = tmp_path / "images"
+        shutil.copytree(VARIANTS, images)
+        (images / "testmove.yaml").write_text("extends: testvllm\n")
+        first = sparkforge(*build_args("testmove", images=images))
+        assert first.returncode == 0, first.stderr
+        moving = "sparkforge-test/vllm:testmove"
+        built = image_id(moving)
+        tag = next(line.split()[1] for line in first.stdout.splitlines() if line.startswith("tagged ") and ":testmove-" in line)
+        # Another image of this variant, as a rebuild that gave other bytes would leave: the build with a label more.
+        subprocess.run(["docker", "buildx", "build", "--load", "--provenance=false", "-t", tag, "-"], check=True,
+                       capture_output=True, timeout=600, input=f"FROM {tag}\nLABEL io.sparkforge.test=other\n".encode())
+        other = image_id(tag)
+        assert built and other and built != other
+        b12, o12 = built.removeprefix("sha256:")[:12], other.removeprefix("sha256:")[:12]
+        kept, old_kept = f"{tag}.{b12}", f"{tag}.{o12}"
+        foreign = f"{moving}-000000000000"  # reads like a build's tag, but its image is no build of this variant
+        subprocess.run(["docker", "tag", BASE, foreign], check=True, capture_output=True, timeout=60)
         again = sparkforge(*build_args("testmove", images=images))
         assert again.returncode == 0, again.stderr
         said = [line for line in again.stdout.splitlines() if "already names image" in line]
@@ -243,9 +243,11 @@ def test_the_immutable_tag_never_moves_silently(test_image, tmp_path: Path) -> N
         assert set(rows) == {short(tag), short(kept), short(old_kept)}, history.stdout
         assert "<- testmove" in rows[short(tag)] and "<- testmove" in rows[short(kept)], history.stdout
         assert "<- testmove" not in rows[short(old_kept)], history.stdout
-    finally:
-        subprocess.run(["docker", "image", "rm", "--no-prune", moving, tag, foreign, kept, old_kept],
-                       capture_output=True, timeout=120)
+        header = history.stdout.splitlines()[0].split()
+        assert header[:6] == ["tag", "tagged", "(UTC)", "vLLM", "base", "mods"], history.stdout
+        # each build's base: the local base, which the recipe does not pin, by the ID the engine held it under
+        base12 = image_id(BASE).removeprefix("sha256:")[:12]
+        assert all(f" {base12} " in row for row in rows.values()), history.stdout
 
 
 @pytest.mark.parametrize("args,words", [

@@ -25,6 +25,7 @@ import pytest
 from sparkforge.distribute import deploy, images, push, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.distribute.cluster import Registry as RegistrySpec
+from sparkforge.errors import DistributeError
 from tests.support.needs import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.root]
@@ -98,6 +99,7 @@ def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, en
     pushed = push.push_to(images.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
                           compression, state_dir=state)
     assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 3, pushed
+    assert pushed.layers_pushed == 0 or pushed.bytes_pushed > 0, pushed  # the layers sent have their sizes
     image = images.image_on_head(TAG, MOVING, state)
     assert pushed.digest in image.identity.manifests
     for name in ("classic", "ctd"):
@@ -114,6 +116,16 @@ def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, en
         assert images.same_image(image.identity, seen), (name, seen)
         run = node.docker("run", "--rm", "--network", "none", MOVING, "cat", "/one", "/two")
         assert run.stdout.split() == [b"one", b"two"], (name, run.stderr)
+
+
+def test_the_engines_push_to_a_registry_that_is_not_there_is_one_line(on_head, tmp_path: Path) -> None:
+    """`push --compression gzip` is `docker push`: its failure is the CLI's own last line, naming the cause."""
+    with pytest.raises(DistributeError) as caught:
+        push.push_to(images.image_on_head(TAG, MOVING, tmp_path), RegistrySpec("127.0.0.1:9", ""), "gzip",
+                     state_dir=tmp_path)
+    assert caught.value.field == "--registry"
+    assert caught.value.detail.startswith(f"push of 127.0.0.1:9/{TAG} failed: "), caught.value.detail
+    assert "connection refused" in caught.value.detail and "\n" not in caught.value.detail, caught.value.detail
 
 
 def test_stream_from_a_containerd_head_loads_on_both_stores(engines, on_head, tmp_path: Path) -> None:

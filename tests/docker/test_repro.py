@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,17 @@ MANIFEST_ACCEPT = ", ".join([
 
 
 @pytest.fixture(scope="module")
-def pushed_base(registry, base_image: str) -> str:
-    """The local base, pushed to the module's real registry; returns REPOSITORY (tag bookworm)."""
+def pushed_base(registry, base_image: str) -> Iterator[str]:
+    """The local base, pushed to the module's real registry; returns REPOSITORY (tag bookworm). The tag it made on
+    the head goes with the module (the registry's port is new each run)."""
     repo = f"{registry.address}/sparkforge/base-local"
     subprocess.run(["docker", "tag", base_image, f"{repo}:bookworm"], check=True)
-    proc = subprocess.run(["docker", "push", f"{repo}:bookworm"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return repo
+    try:
+        proc = subprocess.run(["docker", "push", f"{repo}:bookworm"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield repo
+    finally:
+        subprocess.run(["docker", "image", "rm", "--no-prune", f"{repo}:bookworm"], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,10 @@ def test_lock_asks_the_registry_and_records_a_real_build(locked: dict, pushed_ba
     assert all(m["digest"].startswith("sha256:") for m in locked["mods"])
     assert locked["source_date_epoch"] >= 315532800
     assert locked["built_from"]["image_id"].startswith("sha256:")
+    # lock read the record of its build and left no image behind, under its candidate tag or any other
+    candidate = f"sparkforge-test/vllm:{LOCKED}-{locked['built_from']['plan_hash'][:12]}-candidate"
+    for ref in (candidate, locked["built_from"]["image_id"]):
+        assert subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60).returncode == 1
 
 
 def test_build_locked_uses_the_digest_the_constraints_and_the_epoch(locked: dict, lock_images: Path) -> None:

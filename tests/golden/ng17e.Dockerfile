@@ -20,7 +20,7 @@ RUN python3 -I -B /opt/sparkforge/inimage protect --out /opt/sparkforge/protect 
 # ---------------------------------------------------------------- component cutlass (v4.4.0)
 FROM base AS component-cutlass
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
-COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+COPY sparkforge/gitfetch.py sparkforge/inimage/proc.py /opt/sparkforge/
 # A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \
@@ -30,7 +30,7 @@ RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharin
 # ---------------------------------------------------------------- vLLM source at 600a039f5
 FROM base AS vllm-source
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
-COPY sparkforge/gitfetch.py /opt/sparkforge/gitfetch.py
+COPY sparkforge/gitfetch.py sparkforge/inimage/proc.py /opt/sparkforge/
 # A blob-less mirror per repository URL; a tag is peeled to its commit, a short SHA resolved to the one commit it names.
 RUN --mount=type=cache,id=sparkforge-git,target=/var/cache/sparkforge/git,sharing=locked \
     --mount=type=secret,id=ca \

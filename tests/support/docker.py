@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +44,52 @@ def image_id(ref: str) -> str | None:
     assert "no such image" in proc.stderr.lower() or "not found" in proc.stderr.lower(), (
         f"docker image inspect {ref}: exit {proc.returncode}: {proc.stderr}")
     return None
+
+
+BUILD_TAG = re.compile(r"-[0-9a-f]{12}(\.[0-9a-f]{12}|-candidate)?$")  # a plan's tag, a build kept beside it, a candidate
+
+
+def variant_tags(repo: str, variant: str) -> list[str]:
+    """The head's tags a build of `variant` into `repo` makes: the moving tag, the plan's immutable tag, a build
+    kept beside it (`.<hex>`) and a failed build's candidate."""
+    proc = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo],
+                          capture_output=True, text=True, timeout=120, check=True)
+    tags = [ref.removeprefix(repo + ":") for ref in proc.stdout.split() if ref.startswith(repo + ":")]
+    return [f"{repo}:{tag}" for tag in tags
+            if tag == variant or (tag.startswith(variant) and BUILD_TAG.fullmatch(tag[len(variant):]))]
+
+
+def forget_earlier_builds(prefix: str = "sparkforge-test/") -> list[str]:
+    """Untag every image that earlier runs' builds left under the tests' repositories (those with a build's
+    `io.sparkforge.plan-hash` label; the test bases have none). A build whose immutable tag already names an
+    earlier build of the plan (made by other code, as a run of an older commit leaves it) moves no tag, and a test
+    would look at that older image; and an old image whose moving tag a build moves stays on the engine as a
+    dangling image, which on the containerd store holds its layers until pruned. Untagged, the images go at once,
+    and each plan's first build of the run, served from BuildKit's cache (left as it is), tags what this code
+    made. The refs untagged."""
+    proc = subprocess.run(["docker", "image", "ls", "--filter", "label=io.sparkforge.plan-hash", "--format",
+                           "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True, timeout=120, check=True)
+    stale = [ref for ref in proc.stdout.split() if ref.startswith(prefix) and not ref.endswith(":<none>")]
+    for at in range(0, len(stale), 50):
+        subprocess.run(["docker", "image", "rm", "--no-prune", *stale[at:at + 50]], capture_output=True, timeout=600)
+    return stale
+
+
+@contextmanager
+def fresh_variant(repo: str, variant: str) -> Iterator[None]:
+    """A test variant's tags are gone before the test (an interrupted earlier run may have left them, and a
+    build whose immutable tag names another image moves no tag) and after it."""
+    def forget() -> None:
+        tags = variant_tags(repo, variant)
+        if tags:
+            subprocess.run(["docker", "image", "rm", "--no-prune", *tags], capture_output=True, timeout=300)
+        assert not variant_tags(repo, variant), f"{repo}:{variant}: tags left after docker image rm"
+
+    forget()
+    try:
+        yield
+    finally:
+        forget()
 
 
 def config_digest(ref: str, host: str | None = None) -> str:
@@ -102,7 +151,7 @@ class Registry:
 
 
 __all__ = ["BASE", "CA", "VARIANTS", "BuiltImage", "Registry", "build_args", "config_digest", "free_port",
-           "image_id"]
+           "forget_earlier_builds", "fresh_variant", "image_id", "variant_tags"]
 
 
 def built(variant: str, base: str = BASE, mods: Path | None = None, *extra: str) -> BuiltImage:

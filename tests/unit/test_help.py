@@ -43,7 +43,7 @@ def test_help_names_values_as_they_are_typed(verb: tuple[str, ...]) -> None:
         assert unreadable not in panels, (unreadable, text)
     assert re.search(r"--help +Show this message", text), text  # the flag, and no type beside it
     if verb and verb[0] in WITH_BASE:
-        assert "--base" in text and "REPOSITORY:TAG[@sha256:DIGEST] (changes the tag)" in text, text
+        assert "--base" in text and "REPOSITORY:TAG, with @sha256:DIGEST after it to pin it (changes the tag)" in text, text
 
 
 def test_usage_lines_name_arguments_by_their_metavar() -> None:
@@ -136,3 +136,31 @@ def test_the_readme_command_table_names_every_verb_and_only_options_its_verb_tak
             stale = sorted(set(re.findall(r"--[a-z][a-z-]*", usage)) - takes)
             assert not stale, f"README: `{usage}` names {stale}, which `{verb} --help` does not have"
     assert sorted(set(verbs) - named) == [], "verbs without a row in the README's command table"
+
+
+def _commands() -> list[tuple[str, ...]]:
+    """Every command and group of the program, as the words that name it."""
+    import typer.main
+
+    from sparkforge.cli import app
+
+    found: list[tuple[str, ...]] = []
+
+    def walk(command: object, words: tuple[str, ...]) -> None:
+        found.append(words)
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, (*words, name))
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def test_help_at_80_columns_cuts_no_word() -> None:
+    """Rich shortens a word longer than the help column with an ellipsis: no help text may hold such a word."""
+    commands = _commands()
+    assert {("prune",), ("launch",), ("bump",), ("mod", "new"), ("wheels", "prune")} <= set(commands)
+    for words in commands:
+        proc = run_cli(*words, "--help", env={"COLUMNS": "80"})
+        assert proc.returncode == 0, proc.stderr
+        cut = [line for line in proc.stdout.splitlines() if "…" in line]
+        assert not cut, (words, cut)

@@ -29,10 +29,11 @@ def fake_docker(tmp_path: Path, monkeypatch, stdout: str, stderr: str, code: int
     (tmp_path / "out").write_text(stdout)
     (tmp_path / "err").write_text(stderr)
     script = bin_dir / "docker"
-    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'out'}\ncat {tmp_path / 'err'} >&2\nexit {code}\n")
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = version ] && echo 28.5.2 && exit 0\n"  # the engine check
+                      f"cat {tmp_path / 'out'}\ncat {tmp_path / 'err'} >&2\nexit {code}\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    # An engine over TCP, which the fake ignores: no local socket for sparkforge to ping first.
+    # An engine over TCP, which the fake ignores: it answers the engine check (`docker version`) itself.
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")
 
 

@@ -48,7 +48,7 @@ def test_dry_run_prints_the_command_and_writes_nothing(cli, tmp_path: Path) -> N
     assert command.startswith("docker buildx build ")
     assert "--build-arg MAX_JOBS=3" in command
     # A git source: the command is the compile-inside one, and the output says the build looks in the wheel cache.
-    assert "vllm wheel  a build first looks in the wheel cache" in proc.stdout and "--target" not in command
+    assert "note        a build first looks in the wheel cache" in proc.stdout and "--target" not in command
     without = cli("build", "ng17e", "--dry-run", "--base", "example.org/base:1", "--no-wheel-cache", check=True)
     assert "wheel cache" not in without.stdout and without.stdout.splitlines()[-1].startswith("docker buildx build ")
     tag = proc.stdout.splitlines()[0].split()[1]

@@ -1,5 +1,5 @@
-"""The host's one runner (sparkforge/proc.py) with real children: the time limit stops the whole process
-group, a missing program is one line, Ctrl-C and SIGTERM leave nothing running."""
+"""The one way sparkforge runs a process (sparkforge/inimage/proc.py) with real children: the time limit stops the
+whole process group, a missing program is one line, Ctrl-C and SIGTERM leave nothing running."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkforge import proc
+from sparkforge.inimage import proc
 from tests.support.paths import ROOT
 
 # A shell that starts a grandchild in its group, writes both pids, then waits forever.
@@ -88,14 +88,18 @@ def test_the_exit_code_and_output_come_back_and_no_shell_reads_the_arguments() -
     assert proc.run(["cat"], timeout=30, input=b"in", capture_output=True).stdout == b"in"
 
 
-CHILD = textwrap.dedent("""
-    import signal, sys
+# The start of each child Python below: the checkout's proc, and Ctrl-C and SIGTERM as the CLI has them.
+AS_THE_CLI = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
-    from sparkforge import proc
+    from sparkforge.inimage import proc
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, on_term)  # as the CLI does (dockercli.exit_on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a test worker may start us with SIGINT ignored
+""")
+
+CHILD = AS_THE_CLI + textwrap.dedent("""
     proc.run(["sh", "-c", sys.argv[3], "sh", sys.argv[2]], timeout=300)
 """)
 
@@ -119,19 +123,13 @@ def test_ctrl_c_and_sigterm_stop_the_child_and_its_group(tmp_path: Path, sig: in
 
 
 # The signal lands while Popen is returning: the child runs, but proc.run has no name for it yet.
-LATE = textwrap.dedent("""
-    import os, signal, subprocess, sys, time
-    sys.path.insert(0, sys.argv[1])
-    from sparkforge import proc
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+LATE = AS_THE_CLI + textwrap.dedent("""
     real = subprocess.Popen
     class Popen(real):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            while not os.path.exists(sys.argv[2]):
+            # until the shell has written both pids (the file exists before they are in it)
+            while not (os.path.exists(sys.argv[2]) and open(sys.argv[2]).read().endswith("\\n")):
                 time.sleep(0.01)
             os.kill(os.getpid(), int(sys.argv[4]))
     subprocess.Popen = Popen
@@ -154,19 +152,27 @@ def test_a_signal_while_the_child_starts_still_stops_its_group(tmp_path: Path, s
 
 
 def test_held_raises_a_signal_that_came_inside_it_as_it_ends() -> None:
-    seen = []
-    with pytest.raises(KeyboardInterrupt), proc.held():
-        signal.raise_signal(signal.SIGINT)
-        seen.append("went on")  # not interrupted inside
-    assert seen == ["went on"]
+    # As the CLI starts: Ctrl-C raises KeyboardInterrupt and is not blocked (a test worker may start otherwise).
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    try:
+        seen = []
+        with pytest.raises(KeyboardInterrupt), proc.held():
+            signal.raise_signal(signal.SIGINT)
+            seen.append("went on")  # not interrupted inside
+        assert seen == ["went on"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # and not left blocked
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
 
 
 def test_a_streaming_child_that_goes_silent_is_stopped_at_its_stall_limit() -> None:
     """The build's bound (dockercli.lines_until_stall): lines pass on; silence past the limit stops the child."""
     from sparkforge.build import dockercli
 
-    child = dockercli.track(subprocess.Popen(["sh", "-c", "echo one; echo two; exec sleep 300"],
-                                             stdout=subprocess.PIPE, text=True))
+    child = dockercli.spawn(["sh", "-c", "echo one; echo two; exec sleep 300"], stdout=subprocess.PIPE, text=True)
     seen = []
     start = time.monotonic()
     with pytest.raises(dockercli.EngineError) as caught:
@@ -177,3 +183,51 @@ def test_a_streaming_child_that_goes_silent_is_stopped_at_its_stall_limit() -> N
     assert caught.value.field == "sh -c echo one; echo two; exec sleep 300"
     assert time.monotonic() - start >= 1 and child.poll() is not None
     dockercli.finish(child)
+
+
+# Many runs, each stopped by a signal at a random moment across the child's start-up (before the fork, inside
+# Popen, as it returns, once it runs): whatever the moment, nothing the run started is left.
+WINDOW = AS_THE_CLI + textwrap.dedent("""
+    os.write(1, b"ready\\n")
+    while True:
+        proc.run(["sh", "-c", "sleep 300 & wait"], timeout=300)
+""")
+
+
+def marked(marker: str) -> list[int]:
+    """The running processes whose environment holds marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                pass
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_at_any_moment_of_the_start_leaves_nothing_running(tmp_path: Path, sig: int) -> None:
+    import os
+    import random
+
+    rng = random.Random(1234 + int(sig))
+    for i in range(100):
+        marker = f"SPARKFORGE_WINDOW_TEST=run{os.getpid()}-{int(sig)}-{i}"
+        env = dict(os.environ, SPARKFORGE_WINDOW_TEST=marker.partition("=")[2])
+        python = subprocess.Popen([sys.executable, "-c", WINDOW, str(ROOT)], stdout=subprocess.PIPE, env=env)
+        try:
+            assert python.stdout is not None and python.stdout.readline() == b"ready\n"
+            time.sleep(rng.uniform(0, 0.004))  # about as long as a fork and exec take
+            python.send_signal(sig)
+            python.wait(timeout=60)
+        finally:
+            if python.poll() is None:
+                python.kill()
+                python.wait()
+            python.stdout.close()  # type: ignore[union-attr]
+        deadline = time.monotonic() + 60
+        while (left := marked(marker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == [], f"run {i}: {len(left)} processes left after the signal"

@@ -56,3 +56,17 @@ def test_a_quick_download_says_nothing() -> None:
     show(10, 20)
     show(20, 20)
     assert lines == []
+
+
+def test_a_transfer_says_its_bytes_its_rate_and_with_a_total_the_time_left() -> None:
+    from sparkforge.distribute.deploy import moved_said
+
+    # A pull of 4.3 GB: 1.2 GB moved, 1.0 GB of it in the last 10 s.
+    assert moved_said(1_200_000_000, 4_300_000_000, 10.0, since=200_000_000) == \
+        "1.2 GB / 4.3 GB at 100.0 MB/s, about 31 s left"
+    # A push, whose whole is not known: bytes and rate only.
+    assert moved_said(300_000_000, None, 4.0) == "300.0 MB at 75.0 MB/s"
+    # No time passed yet, or done: no rate to go by, nothing left to wait.
+    assert moved_said(5_000, 10_000, 0.0) == "5.0 kB / 10.0 kB"
+    assert moved_said(10_000, 10_000, 2.0) == "10.0 kB / 10.0 kB at 5.0 kB/s"
+    assert moved_said(1_000_000_000, 9_000_000_000, 10.0) == "1.0 GB / 9.0 GB at 100.0 MB/s, about 1 min 20 s left"

@@ -73,18 +73,3 @@ def test_the_image_of_a_save_is_the_named_entry_of_its_index_not_its_referrers()
     assert saved_image_digest({"manifests": [dict(image, annotations={})]}) == image["digest"]  # an older save
     assert saved_image_digest({"manifests": [image, dict(image, digest="sha256:" + "c" * 64)]}) is None  # two images
     assert saved_image_digest({"manifests": "x"}) is None
-
-
-@pytest.mark.parametrize("event, reason", [
-    ({"status": "Pushing", "id": "abc"}, None),
-    ({"errorDetail": {"message": "denied: requested access\nto the resource is denied"}},
-     "denied: requested access to the resource is denied"),  # what every release sends; one line
-    ({"errorDetail": {"message": "unknown blob"}, "error": "unknown blob"}, "unknown blob"),
-    ({"error": "received unexpected HTTP status: 500"}, "received unexpected HTTP status: 500"),
-    ({"errorDetail": {}}, None),
-    ({"errorDetail": {"code": 1}, "error": ""}, "the engine gave no reason"),
-])
-def test_a_push_event_reports_its_failure_in_one_line(event: dict, reason: str | None) -> None:
-    from sparkforge.distribute.push import _push_error
-
-    assert _push_error(event) == reason

@@ -19,6 +19,7 @@ from sparkforge.recipe.layout import Layout
 from sparkforge.recipe.plan import PythonTarget
 from sparkforge.recipe.planner import plan_variant
 from sparkforge.recipe.wheelset import Unresolvable, preference, read_pylock, requirements_txt, resolve_wheel_set
+from tests.support.cli import run_cli
 from tests.support.paths import IMAGES, ROOT, VARIANTS
 from tests.support.recipes import layout
 
@@ -82,8 +83,10 @@ def test_the_shipped_lock_gives_pypi033_its_wheel_set() -> None:
     assert "wheels" in dict(load_plan(Layout.default(), "pypi033", lock_policy=LockPolicy.IGNORE).plan.unpinned())
     files = context_files(plan, Layout.default())
     docker = files["Dockerfile"].decode()
-    assert ("pip install -c /opt/sparkforge/protect/constraints.txt --require-hashes --only-binary :all: -r "
-            "/opt/sparkforge/lock/requirements.txt") in docker
+    assert ("RUN --mount=type=bind,from=wheel-set,target=/opt/sparkforge/wheel-set \\\n    python3 -m pip install -c "
+            "/opt/sparkforge/protect/constraints.txt --no-cache-dir --no-index --find-links /opt/sparkforge/wheel-set --require-hashes "
+            "--only-binary :all: --no-compile -r /opt/sparkforge/lock/requirements.txt; \\\n"
+            "    python3 -I -B /opt/sparkforge/inimage compile\n") in docker
     assert "vllm==0.33.0" not in docker
     reqs = files["lock/requirements.txt"].decode()
     assert ("vllm==0.33.0 \\\n    --hash=sha256:e9e404f52c8494b69bd83fe99fe7ecfa9f6b89fbd156d2a9639c24ea41d6d606\n"
@@ -176,3 +179,51 @@ def test_check_mods_says_what_it_read_for_a_base_it_does_not_have(cli) -> None:
     text = " ".join(proc.stdout.split())
     assert "PyPI, the release the base carries; the base's own tree is not read" in text, text
     assert ROOT.exists()
+
+
+def test_the_dry_run_names_the_wheel_set_folder_and_downloads_nothing(tmp_path: Path) -> None:
+    proc = run_cli("build", "pypi033", "--dry-run", env={"SPARKFORGE_CACHE": str(tmp_path)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    folder = next(w.split("=", 1)[1] for w in proc.stdout.split() if w.startswith("wheel-set="))
+    assert folder.startswith(str(tmp_path / "wheel-sets")) and "--build-context" in proc.stdout
+    assert "a build first downloads the wheel set" in proc.stdout
+    assert not (tmp_path / "wheel-sets").exists()
+
+
+SIX = ("six-1.16.0-py2.py3-none-any.whl", "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254", 11053)
+IDNA = ("idna-3.7-py3-none-any.whl", "82fee1fc78add43492d3a1898bfa6d8a904cc97d8427f683ed8e798d07761aa0", 66836)
+
+
+@pytest.mark.network
+def test_fetch_downloads_the_locked_files_once_and_keeps_each_by_its_hash(tmp_path: Path, monkeypatch) -> None:
+    """The real index, this machine's pip: the set's folder holds exactly its files; each is kept by its sha256;
+    a file gone from the folder comes back from that store, without the network."""
+    from dataclasses import replace
+
+    from sparkforge.build import wheelfetch
+    from sparkforge.errors import BuildError
+    from sparkforge.recipe.download import cached, sha256_of
+    from sparkforge.recipe.plan import WheelPin
+
+    monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
+    plan = plan_variant(Layout.default(ROOT), "pypi033")
+    plan = replace(plan, wheel_set=(WheelPin("idna", "3.7", (IDNA,)), WheelPin("six", "1.16.0", (SIX,))))
+    said: list[str] = []
+    folder = wheelfetch.fetch(plan, say=said.append)
+    assert sorted(p.name for p in folder.iterdir()) == [IDNA[0], SIX[0]]
+    assert all(cached(sha, name).stat().st_size == size for name, sha, size in (SIX, IDNA))
+    assert said[0].startswith("wheel set: 2 wheels, 0.00 GB; 0 already here")
+    assert wheelfetch.fetch(plan, say=said.append) == folder and len(said) == 2  # whole: nothing to do, nothing said
+    bad = replace(plan, wheel_set=(WheelPin("six", "1.16.0", ((SIX[0], "0" * 64, SIX[2]),)),))
+    with pytest.raises(BuildError, match=f"failed: six==1.16.0: the index's file has sha256 {SIX[1]}, the lock says {'0' * 64}"):
+        wheelfetch.fetch(bad)
+    assert not [p for p in (tmp_path / "cache" / "wheel-sets").iterdir() if p.name.startswith(".")]  # no half set
+    (folder / SIX[0]).unlink()
+    monkeypatch.setattr(wheelfetch, "index_url", lambda: "http://127.0.0.1:9/simple")  # the files come from the store
+    assert wheelfetch.fetch(plan, say=said.append) == folder and said[-1].endswith("; all 2 already here")
+    assert sorted(p.name for p in folder.iterdir()) == [IDNA[0], SIX[0]]
+    monkeypatch.undo()
+    monkeypatch.setenv("SPARKFORGE_CACHE", str(tmp_path / "cache"))
+    cached(SIX[1], SIX[0]).write_bytes(b"x" * SIX[2])  # the same size, other bytes: only its hash tells
+    assert wheelfetch.fetch(plan, say=said.append) == folder and "1 already here" in said[-2]
+    assert sha256_of(cached(SIX[1], SIX[0])) == SIX[1] == sha256_of(folder / SIX[0])

@@ -326,3 +326,22 @@ def test_check_mods_applies_install_mods_to_the_tree_of_a_wheel_source(tmp_path:
     trees = list((sources.cache_dir() / "trees").glob(f"*-{download.sha256_of(wheel)[:16]}-{NAME}"))
     assert len(trees) == 1 and (trees[0] / "vllm" / "__init__.py").is_file()
     assert not list(trees[0].rglob("*.so")) and not list(trees[0].rglob("*.so.*"))
+
+
+def test_prune_takes_the_wheels_no_variant_uses_and_none_while_a_key_is_unknown(tmp_path: Path) -> None:
+    from sparkforge.distribute import prune
+
+    root = tmp_path / "cache"
+    plan = _git_plan()
+    plan = replace(plan, base=replace(plan.base, digest=Pin("sha256:" + "1" * 64)))
+    used = wheels.store(root, wheels.lookup(plan, root).inputs, _export(tmp_path / "a"), "ng17-x at t")
+    other = replace(plan, build=replace(plan.build, torch_cuda_arch_list="9.0a"))
+    unused = wheels.store(root, wheels.lookup(other, root).inputs, _export(tmp_path / "b"), "ng17-y at t")
+    found, left = prune.wheel_leftovers([plan], root)
+    assert [(x.kind, x.name, x.size) for x in found] == [("wheel", unused.key, unused.size)]
+    assert left == [(f"wheel {used.key[:12]}", "a variant's build uses it")]
+    unlocked = plan_variant(Layout.default(ROOT), "ng16")  # its commit is not pinned: its key is unknown
+    found, left = prune.wheel_leftovers([plan, unlocked], root)
+    assert found == [] and "variant ng16's wheel key is unknown (vllm.commit is not pinned" in left[0][1]
+    prune.remove(prune.Prune(tuple(prune.wheel_leftovers([plan], root)[0]), ()), root, lambda item: None)
+    assert [e.key for e in wheels.entries(root)] == [used.key]

@@ -1,13 +1,16 @@
-"""The one way the host runs a command to its end: no shell, a time limit, no child left behind.
+"""The one way sparkforge starts a process, on the host and in the image: no shell, a process group of its own,
+and nothing of it left running.
 
-The command starts in a process group of its own, so that what it starts in turn (git's remote
-helper, ssh's proxy, docker's plugins) is stopped with it: on the time limit, on Ctrl-C and on
-SIGTERM (which the CLI turns into SystemExit), the whole group gets SIGTERM and, after a short grace,
-SIGKILL, and is reaped before the exception goes on. A command that cannot run, or runs past its
-limit, is one CommandError whose message names the command. Stdlib only.
+start() is the one place a child is made. It starts in a process group of its own, so that what it starts in
+turn (git's remote helper, ssh's proxy, docker's plugins, a patcher's workers) is stopped with it, and a
+Ctrl-C or SIGTERM that lands while it starts waits until the child has a name (held), so no signal orphans it.
+run() takes a command to its end within a time limit: on the limit, on Ctrl-C and on SIGTERM (which the CLI
+turns into SystemExit) the whole group gets SIGTERM and, after a short grace, SIGKILL, and is reaped before
+the exception goes on; a command that cannot run, or runs past its limit, is one CommandError naming it.
+Long streaming children (a build, `docker save | docker load`, a pull) are started here too and stopped by
+signal_group; build/dockercli.py tracks them so that the CLI stops them when it is stopped.
 
-Long streaming children (a build, `docker save | docker load`) are not run here: they are tracked
-by build/dockercli.py and stopped with the CLI, and each has its own bound where it is started.
+Stdlib only: the image side imports it (sparkforge/inimage), and gitfetch.py runs beside a copy of it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from contextlib import contextmanager
 from typing import Any, Literal, overload
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL: git removes its lock files on SIGTERM
+# The signals that stop sparkforge: Ctrl-C, SIGTERM, and SIGHUP (the terminal or the ssh session went away).
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class CommandError(Exception):
@@ -45,9 +50,31 @@ def name(argv: Sequence[str], words: int = 2) -> str:
     return " ".join(os.path.basename(str(argv[0])) if i == 0 else str(a) for i, a in enumerate(argv[:words]))
 
 
-def stop_group(proc: subprocess.Popen[Any], grace: float = GRACE) -> None:
-    """SIGTERM to the child's process group, SIGKILL to what is left of it after `grace` seconds (the
-    leader may be gone while what it started is not); the child is reaped and its pipes closed."""
+Child = subprocess.Popen  # what start() gives: a child in its own process group
+
+
+def start(argv: Sequence[str], **kw: Any) -> Child[Any]:
+    """Start argv (never through a shell) in a process group of its own; keywords go to Popen (stdin, stdout,
+    stderr, env, cwd, text). A Ctrl-C or SIGTERM that lands while it starts stops the child's group and goes on
+    as it ends. Raises OSError as Popen does (FileNotFoundError: no such program)."""
+    child: Child[Any] | None = None
+    try:
+        with held():  # a signal that comes while the child starts is raised once `child` names it
+            child = subprocess.Popen(list(argv), start_new_session=True, **kw)
+    except BaseException:
+        if child is not None:
+            stop_group(child)
+        raise
+    return child
+
+
+def signal_group(proc: Child[Any], grace: float = GRACE) -> None:
+    """SIGTERM to the child's process group, SIGKILL to what is left of it after `grace` seconds (the leader
+    may be gone while what it started is not); the child is reaped. Its pipes stay open: another thread may
+    still be reading what it wrote. A child already reaped here is left alone: its number may be another
+    process's by now (until it is reaped, the leader's number names its group and no one else's)."""
+    if proc.returncode is not None:
+        return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -58,7 +85,15 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = GRACE) -> None:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
-    proc.wait()
+    try:
+        proc.wait(timeout=grace + 5)  # killed, it ends at once, unless the kernel holds it in a read of a dead disk
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def stop_group(proc: Child[Any], grace: float = GRACE) -> None:
+    """signal_group, then the child's pipes closed."""
+    signal_group(proc, grace)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
@@ -66,22 +101,29 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = GRACE) -> None:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait while the body runs, and are raised as it ends. A child is started inside
-    it: between the fork and Popen's return nothing knows the child yet, so a signal there would leave it
-    running. Only the main thread receives signals; elsewhere this does nothing."""
+    """The signals that stop sparkforge (STOPPING, where a handler of Python's own catches them) wait while the
+    body runs, and are raised as it ends. A child is started inside it: between the fork and Popen's return
+    nothing knows the child yet, so a signal there would leave it running. Only the main thread receives
+    signals; elsewhere this does nothing (dockercli.track stops a child a thread starts once the CLI stops)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
     before: dict[int, Any] = {}
-    for wanted in (signal.SIGINT, signal.SIGTERM):
+    for wanted in STOPPING:
         if callable(signal.getsignal(wanted)):  # the default action and SIG_IGN are left as they are
             before[wanted] = signal.signal(wanted, lambda signum, _frame: came.append(signum))
     try:
         yield
     finally:
-        for number, handler in before.items():
-            signal.signal(number, handler)
+        # Blocked while the handlers go back: one landing between two of them would be raised with the others
+        # still recording, and every later one lost.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, before)
+        try:
+            for number, handler in before.items():
+                signal.signal(number, handler)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for number in came:
             signal.raise_signal(number)  # its handler runs here: KeyboardInterrupt, or the CLI's SystemExit
 
@@ -108,10 +150,10 @@ def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: 
         kw.setdefault("stderr", subprocess.PIPE)
     if input is not None:
         kw["stdin"] = subprocess.PIPE
-    proc: subprocess.Popen[Any] | None = None
+    proc: Child[Any] | None = None
     try:
-        with held():  # a signal that comes while the child starts is raised once `proc` names it
-            proc = subprocess.Popen(list(argv), start_new_session=True, text=text, **kw)
+        with held():  # a signal as the child starts is raised once `proc` names it, inside this try
+            proc = start(argv, text=text, **kw)
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
         assert proc is not None
