@@ -8,6 +8,7 @@ says in one line to run `make venv`.
 """
 
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -49,8 +50,18 @@ def _missing(exc: ModuleNotFoundError) -> NoReturn:
           "requirements.lock), then run build.py again")
 
 
+def _stop_at_once(_signum: int, _frame: object) -> None:
+    """Ctrl-C while the modules load: nothing is written yet, so the process ends here. A KeyboardInterrupt
+    raised there could land in one of importlib's own callbacks, which print and drop it, and the command
+    would go on as if no Ctrl-C had come."""
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
 if __name__ == "__main__":
-    try:  # Ctrl-C while the modules load, before the CLI's own handler, is one line too
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # left alone where a shell ignores it
+        signal.signal(signal.SIGINT, _stop_at_once)  # console() puts Python's own back once it runs
+    try:
         _use_project_env()
         os.environ.pop(AGAIN, None)  # not for the processes this one starts
         try:

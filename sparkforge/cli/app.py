@@ -13,6 +13,7 @@ import errno
 import io
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -327,10 +328,12 @@ def next_step(lead: str, *words: str) -> str:
 # ------------------------------------------------------------------ run
 
 def console() -> None:
-    """The `sparkforge` console script of an installed package: run() as build.py runs it, SIGTERM stopping
+    """The command line as build.py and the console script (sparkforge.__main__) run it: run(), SIGTERM stopping
     it as Ctrl-C does and whatever build or save it started. (build.py adds the start under .venv.)"""
     from ..build import dockercli
 
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # from here a Ctrl-C unwinds, and cleans up
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         dockercli.exit_on_sigterm()
         try:

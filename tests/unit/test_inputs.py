@@ -234,11 +234,13 @@ sys.meta_path.insert(0, _Mark())
 """
 
 
-@pytest.mark.parametrize("after", [0, 0.05, 0.15, 0.3, 2])
+@pytest.mark.parametrize("after", [*(i / 50 for i in range(21)), 2])
 def test_ctrl_c_during_start_up_is_one_line(project: Path, tmp_path: Path, after: float) -> None:
-    """Ctrl-C `after` seconds into loading the package (about 0.4 s of imports), or once it is done. The command
-    downloads a patch from a server that takes the connection and never answers, so it is still running
-    whenever the signal comes: only the signal ends it (the download's own limit is 120 s)."""
+    """Ctrl-C `after` seconds into loading the package (about 0.4 s of imports, longer on a cold disk), or once
+    it is done. The command downloads a patch from a server that takes the connection and never answers, so it
+    is still running whenever the signal comes: only the signal ends it (the download's own limit is 120 s).
+    Seen before build.py stopped at once while loading: a KeyboardInterrupt that importlib's module-lock
+    callback printed and dropped, the command going on, and a half-imported module failing later."""
     hook, ready = tmp_path / "hook", tmp_path / "ready"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(MARK_IMPORT.format(ready=str(ready)))
@@ -263,7 +265,12 @@ def test_ctrl_c_during_start_up_is_one_line(project: Path, tmp_path: Path, after
             time.sleep(after)
             assert proc.poll() is None, proc.communicate(timeout=60)
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate(timeout=60)
+                pytest.fail(f"still running 30 s after Ctrl-C; it said {out!r} {err!r}")
         finally:
             if proc.poll() is None:
                 proc.kill()

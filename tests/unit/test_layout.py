@@ -1,6 +1,6 @@
 """The package layout: imports go only down the pipeline, and no module imports itself back.
 
-cli -> repro -> distribute -> build -> recipe -> the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
+__main__ (the console script) -> cli -> repro -> distribute -> build -> recipe -> the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
 Every import counts, those inside functions too: a lazy import is still a dependency.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.support.paths import ROOT
 
 PACKAGE = ROOT / "sparkforge"
-ORDER = ("cli", "repro", "distribute", "build", "recipe")  # top first; anything else is the shared bottom
+ORDER = ("__main__", "cli", "repro", "distribute", "build", "recipe")  # top first; anything else is the shared bottom
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -21,7 +21,7 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def rank(module: str) -> int:
-    """How far down the pipeline a module sits: 0 for cli, len(ORDER) for the shared modules."""
+    """How far down the pipeline a module sits: 0 for the console script, len(ORDER) for the shared modules."""
     parts = module.split(".")
     return ORDER.index(parts[1]) if len(parts) > 1 and parts[1] in ORDER else len(ORDER)
 
