@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import io
 import tarfile
-from typing import Any
 
 from ..errors import BuildError, ConfigError
-from ..inimage.contract import BuildRecord, ContractError
+from ..inimage.contract import BuildRecord, ContractError, KernelRecord
 from ..inimage.fatbin import TARGET_RE
 from ..recipe.fields import GPU_RE
 from . import dockercli
@@ -55,37 +54,16 @@ def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
     return record, labels
 
 
-def kernels_problem(kernels: object) -> str | None:
-    """Why an image's kernel record cannot be shown (the field and what is wrong), or None. An image may
-    come from anywhere: its GPUs and targets are checked here, where they are read, as a recipe's are."""
+def kernels_problem(kernels: KernelRecord | None) -> str | None:
+    """Why an image's kernel record cannot be shown, or None. The contract has checked its types; an image may
+    come from anywhere, so its GPUs and targets are checked here, where they are read, as a recipe's are."""
     if kernels is None:
         return None
-    if not isinstance(kernels, dict):
-        return "kernels: not a JSON object"
-    gpus = kernels.get("gpus") or []
-    if not isinstance(gpus, list):
-        return "kernels.gpus: not a list"
-    for i, gpu in enumerate(gpus):
-        if not (isinstance(gpu, str) and GPU_RE.fullmatch(gpu)):
+    for i, gpu in enumerate(kernels.gpus):
+        if not GPU_RE.fullmatch(gpu):
             return f"kernels.gpus[{i}]: {gpu!r} is not a compute capability such as '12.1'"
-    for key, kind in (("not_needed", list), ("extensions", list), ("without_device_code", int)):
-        if not isinstance(kernels.get(key, kind()), kind):
-            return f"kernels.{key}: not a JSON {'list' if kind is list else 'number'}"
-    for i, ext in enumerate(kernels.get("extensions", [])):
-        where = f"kernels.extensions[{i}]"
-        if not (isinstance(ext, dict) and isinstance(ext.get("path"), str)):
-            return f"{where}: not an extension with a path"
-        for key in ("cubins", "ptx"):
-            names = ext.get(key)
-            if not (isinstance(names, list) and all(isinstance(n, str) and TARGET_RE.fullmatch(n) for n in names)):
-                return f"{where}.{key}: not a list of targets such as sm_121 or compute_120f"
-        coverage = ext.get("coverage") or {}
-        if not (isinstance(coverage, dict) and all(isinstance(c, dict) and _coverage_ok(c) for c in coverage.values())):
-            return f"{where}.coverage: not what a kernel scan writes"
+    for i, ext in enumerate(kernels.extensions):
+        for key, names in (("cubins", ext.cubins), ("ptx", ext.ptx)):
+            if not all(TARGET_RE.fullmatch(n) for n in names):
+                return f"kernels.extensions[{i}].{key}: not a list of targets such as sm_121 or compute_120f"
     return None
-
-
-def _coverage_ok(cov: dict[str, Any]) -> bool:
-    lists = all(isinstance(cov.get(k, []), list) and all(isinstance(x, str) for x in cov.get(k, []))
-                for k in ("examples", "only_in", "unread"))
-    return lists and type(cov.get("missing", 0)) is int and type(cov.get("kernels") or 0) is int

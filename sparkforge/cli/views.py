@@ -17,7 +17,7 @@ from rich.text import Text
 from ..build.builder import BASE_LABEL
 from ..build.pipeline import LoadedPlan
 from ..imageref import ImageRef
-from ..inimage.contract import BuildRecord, WheelOrigin
+from ..inimage.contract import BuildRecord, KernelRecord, WheelOrigin
 from ..recipe.plan import Plan, platform_of
 from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
@@ -186,7 +186,7 @@ def smoke_table(results: Iterable[TierResult]) -> Table:
     return table
 
 
-def kernels_table(kernels: dict[str, Any]) -> Table:
+def kernels_table(kernels: KernelRecord) -> Table:
     """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
     what it runs there (a cubin; `JIT compute_NN` where it runs PTX only, which the driver compiles
     at first start), NONE, how many kernels it cannot run (`90 missing`), `partial?` (kernel names
@@ -194,24 +194,24 @@ def kernels_table(kernels: dict[str, Any]) -> Table:
     the file) is listed after the SASS as `rel 90 120`."""
     from ..inimage.kernels import exempt, verdicts
 
-    gpus = list(kernels.get("gpus") or [])
+    gpus = kernels.gpus
     table = _table("extension", "SASS", "PTX", *(f"GPU {g}" for g in gpus),
-                   title=f"CUDA extensions (shared libraries without device code: {kernels.get('without_device_code', 0)})")
-    for ext in kernels.get("extensions", []):
-        path = ext["path"]
+                   title=f"CUDA extensions (shared libraries without device code: {kernels.without_device_code})")
+    for ext in kernels.extensions:
+        path = ext.path
         short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
         runs = verdicts(ext, gpus)
-        not_needed = exempt(path, kernels.get("not_needed") or [])
+        not_needed = exempt(path, kernels.not_needed)
         cells = [_styled(label, "green") if state in ("ok", "relocatable")
                  else _styled(label, "yellow") if state == "jit"
                  else _styled("not needed", "yellow") if not_needed and state != "unreadable"
                  else _styled(label, "bold red") for state, label in runs.values()]
-        sass = " ".join(n.removeprefix("sm_") for n in ext["cubins"]) or "-"
-        if ext.get("relocatable"):
-            sass += "  rel " + " ".join(n.removeprefix("sm_") for n in ext["relocatable"])
-        ptx = " ".join(n.removeprefix("compute_") for n in ext["ptx"]) or "-"
-        if ext.get("error"):
-            sass, ptx = "unreadable", ext["error"]
+        sass = " ".join(n.removeprefix("sm_") for n in ext.cubins) or "-"
+        if ext.relocatable:
+            sass += "  rel " + " ".join(n.removeprefix("sm_") for n in ext.relocatable)
+        ptx = " ".join(n.removeprefix("compute_") for n in ext.ptx) or "-"
+        if ext.error:
+            sass, ptx = "unreadable", ext.error
         table.add_row(Text(short), Text(sass), Text(ptx), *cells)
     return table
 

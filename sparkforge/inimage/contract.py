@@ -24,6 +24,7 @@ RESULT_VERSION = 1  # record/mods/NN-NAME.json
 WHEEL_VERSION = 1  # record/vllm-wheel.json
 RECORD_VERSION = 1  # build-record.json, and each mod entry in it
 SMOKE_VERSION = 1  # a smoke check's line
+KERNELS_FORMAT = 3  # record/kernels.json (its field `format`): 3 added relocatable code and coverage's `kernels`
 OLD_OR = (0, 1)  # 0: written before documents carried a version, with the fields of version 1
 
 
@@ -280,6 +281,52 @@ class RecordedMod(Document):
 
 
 @dataclass(frozen=True)
+class GpuCoverage(Document):
+    """What one GPU cannot run of an extension's device code of its own major (coverage.py): how many kernels
+    that code holds (None: unknown), how many of them no code the GPU runs holds, two of their names, the
+    targets that hold them, and the targets whose kernel names could not be read (which leaves it open)."""
+
+    NAME: ClassVar[str] = "kernel coverage"
+
+    kernels: int | None = None
+    missing: int = 0
+    examples: tuple[str, ...] = ()
+    only_in: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelExtension(Document):
+    """One shared library with device code: its cubins, PTX and relocatable code, its coverage per GPU, or
+    why its device code could not be read."""
+
+    NAME: ClassVar[str] = "kernel record"
+
+    path: str
+    cubins: tuple[str, ...]
+    ptx: tuple[str, ...]
+    relocatable: tuple[str, ...] = ()
+    coverage: dict[str, GpuCoverage] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class KernelRecord(Document):
+    """The kernel scan (kernels.py): record/kernels.json, and the build record's `kernels`. `format` counts
+    what the scan writes (3: relocatable code, coverage's `kernels`); an older image's record lacks those
+    fields and is read with their defaults."""
+
+    NAME: ClassVar[str] = "kernel record"
+
+    extensions: tuple[KernelExtension, ...]
+    without_device_code: int
+    gpus: tuple[str, ...] = ()
+    not_needed: tuple[str, ...] = ()
+    dists: dict[str, int] = field(default_factory=dict)  # per scanned distribution, its extensions with device code
+    format: int = KERNELS_FORMAT
+
+
+@dataclass(frozen=True)
 class BuildRecord(Document):
     """What an image says about itself: /opt/sparkforge/build-record.json. The plan's own parts
     (base, vllm, components, build) are kept as plan.json holds them, and read as JSON (an image of any
@@ -306,7 +353,7 @@ class BuildRecord(Document):
     unpinned: list[Any]
     packages: dict[str, Any] | None = None
     source_date_epoch: int | None = None
-    kernels: dict[str, Any] | None = None  # the kernel scan (kernels.py): each CUDA extension's cubins and PTX
+    kernels: KernelRecord | None = None
     machine: str | None = None  # the machine the image's Python ran on when it wrote this (aarch64, x86_64)
     schema: int = RECORD_VERSION
 

@@ -20,15 +20,12 @@ import stat
 import struct
 import sys
 from pathlib import Path
-from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-from .contract import parse_json
+from .contract import GpuCoverage, KernelExtension, KernelRecord
 from .coverage import parse_gpu, read_extension, usable
 from .coverage import runs_on as runs_on  # the rule, re-exported: kernels.runs_on for the host too
 from .fatbin import FatbinError, Target
-
-FORMAT = 3  # 3: relocatable code, `jit`, coverage's `kernels` counts the code a GPU cannot run
 
 
 # ------------------------------------------------------------------ scan and record
@@ -69,13 +66,13 @@ def distribution_files(name: str) -> list[Path] | None:
     return sorted(found)
 
 
-def exempt(path: str, not_needed: list[str]) -> bool:
+def exempt(path: str, not_needed: Collection[str]) -> bool:
     """Whether an extension is one the recipe says no listed GPU needs: `_vllm_fa3_C` names every
     `_vllm_fa3_C.abi3.so` the scan finds, in whichever package (its file name up to the first dot)."""
     return Path(path).name.split(".", 1)[0] in not_needed
 
 
-def _read(path: Path, gpus: list[str]) -> dict[str, Any] | None:
+def _read(path: Path, gpus: list[str]) -> KernelExtension | None:
     """One file's entry of the record, None without device code; a file that cannot be read is
     listed with the reason, in one line (the check of the other files goes on)."""
     try:
@@ -84,21 +81,17 @@ def _read(path: Path, gpus: list[str]) -> dict[str, Any] | None:
         # The reader checks every size before use; the last three are the net under those checks.
         reason = (str(exc) if isinstance(exc, FatbinError) else exc.strerror or str(exc) if isinstance(exc, OSError)
                   else f"malformed device code ({type(exc).__name__})")
-        return {"path": str(path), "cubins": [], "ptx": [], "relocatable": [], "coverage": {},
-                "error": " ".join(reason.split())}
+        return KernelExtension(str(path), (), (), error=" ".join(reason.split()))
     if read is None or not (read[0] or read[1]):
         return None
     loadable, relocatable, per_gpu = read
-    return {"path": str(path),
-            "cubins": [t.name for t in loadable if t.kind == "cubin"],
-            "ptx": [t.name for t in loadable if t.kind == "ptx"],
-            "relocatable": [t.name for t in relocatable],
-            "coverage": per_gpu,
-            "error": None}
+    return KernelExtension(str(path), tuple(t.name for t in loadable if t.kind == "cubin"),
+                           tuple(t.name for t in loadable if t.kind == "ptx"), tuple(t.name for t in relocatable),
+                           {gpu: GpuCoverage.from_dict(cov) for gpu, cov in per_gpu.items()})
 
 
 def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, ...] = (),
-         dists: dict[str, list[Path]] | None = None) -> dict[str, Any]:
+         dists: dict[str, list[Path]] | None = None) -> KernelRecord:
     """The kernel record of these files, for these GPUs: per extension its cubins, PTX and
     relocatable code and, per GPU, its per-kernel coverage (see coverage()); files without device
     code are only counted; a file that cannot be read is listed with the reason. `not_needed` names
@@ -112,33 +105,32 @@ def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, 
             without += 1
         else:
             extensions.append(ext)
-    with_code = {e["path"] for e in extensions}
+    with_code = {e.path for e in extensions}
     counts = {name: sum(str(p) in with_code for p in dict.fromkeys(files)) for name, files in (dists or {}).items()}
-    return {"format": FORMAT, "gpus": list(gpus), "not_needed": sorted(not_needed), "extensions": extensions,
-            "without_device_code": without, "dists": counts}
+    return KernelRecord(tuple(extensions), without, tuple(gpus), tuple(sorted(not_needed)), counts)
 
 
-def verdict(ext: dict[str, Any], gpu: str) -> tuple[str, str]:
+def verdict(ext: KernelExtension, gpu: str) -> tuple[str, str]:
     """(state, what the table shows) of one extension on one GPU. States: `ok` (the label is the
     best cubin it runs), `jit` (it runs PTX only, which the driver compiles at first start: the
     label is `JIT compute_NN`), `relocatable` (its only device code is relocatable: nothing of it
     is loaded from this file), `none` (nothing it runs), `missing` (kernels that exist only in
     code it cannot run), `partial` (it cannot run some code of its major, and the kernel names that
     would tell are unreadable), `unreadable` (the file)."""
-    if ext.get("error"):
+    if ext.error:
         return "unreadable", "unreadable"
-    targets = [Target.parse(n) for n in ext["cubins"] + ext["ptx"]]
-    if not targets and ext.get("relocatable"):
+    targets = [Target.parse(n) for n in ext.cubins + ext.ptx]
+    if not targets and ext.relocatable:
         return "relocatable", "relocatable only"
     ok = usable(targets, gpu)
     if not ok:
         return "none", "NONE"
     major = parse_gpu(gpu)[0]
     blocked = [t for t in targets if t.arch // 10 == major and not runs_on(t, gpu)]
-    cov = (ext.get("coverage") or {}).get(gpu)
-    if cov is not None and cov.get("missing"):
-        return "missing", f"{cov['missing']} missing"
-    if blocked and (cov is None or cov.get("unread")):
+    cov = ext.coverage.get(gpu)
+    if cov is not None and cov.missing:
+        return "missing", f"{cov.missing} missing"
+    if blocked and (cov is None or cov.unread):
         return "partial", "partial?"
     if ok[0].kind == "ptx":
         return "jit", f"JIT {ok[0].name}"
@@ -148,57 +140,57 @@ def verdict(ext: dict[str, Any], gpu: str) -> tuple[str, str]:
 RUNS = ("ok", "jit", "relocatable")  # the states in which a GPU runs (or needs nothing of) an extension
 
 
-def verdicts(ext: dict[str, Any], gpus: list[str]) -> dict[str, tuple[str, str]]:
+def verdicts(ext: KernelExtension, gpus: list[str] | tuple[str, ...]) -> dict[str, tuple[str, str]]:
     """Per GPU, verdict(ext, gpu)."""
     return {gpu: verdict(ext, gpu) for gpu in gpus}
 
 
-def _problem(ext: dict[str, Any], gpu: str, state: str) -> str:
+def _problem(ext: KernelExtension, gpu: str, state: str) -> str:
     """The one-line reason an extension fails a GPU."""
-    have = ", ".join(ext["cubins"] + ext["ptx"])
-    cov = (ext.get("coverage") or {}).get(gpu) or {}
+    have = ", ".join(ext.cubins + ext.ptx)
+    cov = ext.coverage.get(gpu) or GpuCoverage()
     if state == "none":
         return f"no kernel for GPU {gpu} (it holds {have})"
     if state == "missing":
-        examples = ", ".join(n if len(n) <= 100 else n[:97] + "..." for n in cov.get("examples", []))
-        return (f"GPU {gpu} cannot run {cov['missing']} kernels, which exist only in "
-                f"{', '.join(cov.get('only_in', []))} (e.g. {examples})")
-    blocked = [t.name for t in map(Target.parse, ext["cubins"] + ext["ptx"])
+        examples = ", ".join(n if len(n) <= 100 else n[:97] + "..." for n in cov.examples)
+        return (f"GPU {gpu} cannot run {cov.missing} kernels, which exist only in "
+                f"{', '.join(cov.only_in)} (e.g. {examples})")
+    blocked = [t.name for t in map(Target.parse, ext.cubins + ext.ptx)
                if t.arch // 10 == parse_gpu(gpu)[0] and not runs_on(t, gpu)]
-    why = (f"the kernel names of {', '.join(cov['unread'])} cannot be read" if cov.get("unread")
+    why = (f"the kernel names of {', '.join(cov.unread)} cannot be read" if cov.unread
            else "its kernels were not read for this GPU")
     return (f"GPU {gpu} may lack kernels: it cannot run {', '.join(blocked)}, and {why}")
 
 
-def _runs(gpu: str, state: str, label: str, ext: dict[str, Any]) -> str:
+def _runs(gpu: str, state: str, label: str, ext: KernelExtension) -> str:
     """What a GPU runs of an extension that passes, for the check's detail."""
     if state == "jit":
         return f"{gpu}: {label.removeprefix('JIT ')} PTX only, compiled by the driver at first start"
     if state == "relocatable":
-        return f"{gpu}: nothing to load (only relocatable code: {', '.join(ext['relocatable'])})"
+        return f"{gpu}: nothing to load (only relocatable code: {', '.join(ext.relocatable)})"
     return f"{gpu}: {label}"
 
 
-def check(record: dict[str, Any], gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
+def check(record: KernelRecord, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """(check, ok|failed|skipped, detail) per extension: the GPUs it lacks kernels for, or what each
     runs (saying so where that is PTX only). The GPUs are the record's own unless given."""
     checks = []
-    gpus = list(record.get("gpus") or []) if gpus is None else gpus
+    gpus = list(record.gpus) if gpus is None else gpus
     if not gpus:
         return [("kernels: GPUs to check", "skipped", "the plan lists no GPUs")]
-    counts = record.get("dists") or {}
+    counts = record.dists
     if "vllm" in counts and not counts["vllm"]:
         checks.append(("kernels: vllm's extensions", "failed",
                        "vllm installed no extension with device code, yet the plan lists GPU "
                        f"{', '.join(gpus)} (a CPU-only vLLM; a recipe says `gpus: []` for that)"))
-    for ext in record["extensions"]:
-        path = ext["path"]
-        if ext.get("error"):
-            checks.append((f"kernels {path}", "failed", f"cannot read its device code: {ext['error']}"))
+    for ext in record.extensions:
+        path = ext.path
+        if ext.error:
+            checks.append((f"kernels {path}", "failed", f"cannot read its device code: {ext.error}"))
             continue
         runs = verdicts(ext, gpus)
         problems = [_problem(ext, g, state) for g, (state, _) in runs.items() if state not in RUNS]
-        if problems and exempt(path, record.get("not_needed") or []):
+        if problems and exempt(path, record.not_needed):
             checks.append((f"kernels {path}", "skipped",
                            "; ".join(problems) + "; not needed: listed in the recipe's kernels_not_needed"))
         elif problems:
@@ -207,17 +199,17 @@ def check(record: dict[str, Any], gpus: list[str] | None = None) -> list[tuple[s
             checks.append((f"kernels {path}", "ok", "; ".join(_runs(g, *runs[g], ext) for g in runs)))
     per_dist = "".join(f"; {name}: {n}" for name, n in sorted(counts.items()))
     checks.append(("kernels: extensions checked", "ok",
-                   f"{len(record['extensions'])} with device code, {record['without_device_code']} without, "
+                   f"{len(record.extensions)} with device code, {record.without_device_code} without, "
                    f"for GPU {', '.join(gpus)}{per_dist}"))
     return checks
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write data whole or not at all (a temporary file renamed into place)."""
+def write_json(path: Path, record: KernelRecord) -> None:
+    """Write the record whole or not at all (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(record.to_json(indent=2))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -250,22 +242,23 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"kernels scan: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    bad = [e for e in record["extensions"] if e["error"]]
-    print(f"kernels: {len(record['extensions']) - len(bad)} extensions with device code, "
-          f"{record['without_device_code']} libraries without, {len(bad)} unreadable -> {args.out}")
+    bad = [e for e in record.extensions if e.error]
+    print(f"kernels: {len(record.extensions) - len(bad)} extensions with device code, "
+          f"{record.without_device_code} libraries without, {len(bad)} unreadable -> {args.out}")
     return 0
 
 
 def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """The checks of the kernels record under home against gpus (default: the record's own)."""
+    path = home / "record" / "kernels.json"
     try:
-        record = parse_json((home / "record" / "kernels.json").read_text())
-        gpus = list(gpus or []) or list(record.get("gpus") or [])
+        record = KernelRecord.from_json(path.read_bytes(), str(path))
+        gpus = list(gpus or []) or list(record.gpus)
         for gpu in gpus:
             parse_gpu(gpu)
     except FileNotFoundError as exc:
         return [("kernels record present", "failed", str(exc))]
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # ContractError is a ValueError: the record's own line
         return [("kernels record readable", "failed", str(exc))]
     return check(record, gpus)
 

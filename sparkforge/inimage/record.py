@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .contract import BuildRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json
+from .contract import BuildRecord, KernelRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json
 from .paths import last_line
 from .run import IMPORT_TIMEOUT, TimeLimit, run, text
 from .seam import ComponentKind, read_plan
@@ -121,7 +121,7 @@ def write_record(home: Path) -> BuildRecord:
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
         python=sys.version.split()[0], machine=platform.machine(), tool_version=plan.tool_version,
         unpinned=[u.to_dict() for u in plan.unpinned],
-        kernels=parse_json(kernels_file.read_text()) if kernels_file.exists() else None,
+        kernels=KernelRecord.from_json(kernels_file.read_bytes(), str(kernels_file)) if kernels_file.exists() else None,
     )
     (home / "build-record.json").write_text(record.to_json(indent=2))
     return record

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
+from collections.abc import Sequence
 
 from ..errors import ConfigError
 from ..imageref import ImageRef
@@ -145,7 +146,7 @@ def _build(arch: str | None, max_jobs: Any, nvcc: Any, env: Any, epoch: int | No
     return tuple(out)
 
 
-def _kernels(gpus: Any, not_needed: Any) -> Entries:
+def _kernels(gpus: tuple[str, ...] | None, not_needed: Sequence[tuple[str, str | None]] | None) -> Entries:
     """The kernel check's inputs: the GPUs, and the extensions not needed (names, then each reason;
     a build record keeps the names only, so its reasons are not known)."""
     out: list[tuple[str, str | None]] = [("gpus", None if gpus is None else " ".join(gpus))]
@@ -304,8 +305,8 @@ def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None =
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),
                      record.source_date_epoch)
-        + _kernels((record.kernels or {}).get("gpus"),
-                   [(n, None) for n in record.kernels.get("not_needed", [])] if record.kernels else None),
+        + _kernels(record.kernels.gpus if record.kernels else None,
+                   [(n, None) for n in record.kernels.not_needed] if record.kernels else None),
         env=tuple((k, val) for k, val in record.env),
         mods=tuple((m.name, m.digest) for m in record.mods),
         tooling=(("template and tools", None), ("sparkforge", record.tool_version)),

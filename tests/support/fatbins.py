@@ -82,7 +82,7 @@ import json
 paths = [Path(p) for p in sys.argv[1:]]
 record = kernels.scan(paths, ["8.0", "9.0", "12.0", "12.1"])
 checks = kernels.check(record)
-print(json.dumps({"record": record, "checks": checks}))
+print(json.dumps({"record": record.to_dict(), "checks": checks}))
 """
 
 

@@ -84,8 +84,8 @@ def test_a_compressed_entry_that_claims_too_much_is_refused_before_decoding(tmp_
     message = _one_line_error(path)
     assert f"says it decodes to {claim} bytes" in message and "at offset 0x" in message
     record = kernels.scan([path, FIXTURES / "two.so"], ["12.1"])
-    bad, good = record["extensions"]
-    assert "decodes to" in bad["error"] and good["error"] is None and good["coverage"]["12.1"]["missing"] == 1
+    bad, good = record.extensions
+    assert bad.error and "decodes to" in bad.error and good.error is None and good.coverage["12.1"].missing == 1
 
 
 @pytest.mark.parametrize("name", ["two_lz4.so", "two_zstd.so"])

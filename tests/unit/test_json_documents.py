@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sparkforge.distribute.images import read_state
 from sparkforge.errors import DistributeError
-from sparkforge.inimage.contract import BuildRecord, ContractError, JsonError, parse_json
+from sparkforge.inimage.contract import BuildRecord, ContractError, JsonError, KernelRecord, parse_json
 from sparkforge.build.inspect import kernels_problem
 from sparkforge.recipe.lock import make_lock
 from sparkforge.recipe.lockfile import lock_path, write_lock
@@ -173,22 +173,42 @@ SCAN = {"format": 1, "gpus": ["12.1"], "not_needed": [], "without_device_code": 
                                               "unread": []}}}]}
 
 
+def _kernels_problem(kernels: object) -> str | None:
+    """What inspect says of an image's kernel record: the contract's line for a field of another type, else
+    the check of its GPUs and targets."""
+    try:
+        record = KernelRecord.from_dict(kernels, "build record", "kernels")
+    except ContractError as exc:
+        return str(exc)
+    return kernels_problem(record)
+
+
 @pytest.mark.parametrize("change, words", [
     (lambda k: k.update(gpus=["12.10"]), "kernels.gpus[0]: '12.10' is not a compute capability"),
-    (lambda k: k.update(gpus="12.1"), "kernels.gpus: not a list"),
-    (lambda k: k["extensions"][0].update(cubins=["sm_12.1"]), "kernels.extensions[0].cubins"),
-    (lambda k: k["extensions"][0].update(path=None), "kernels.extensions[0]: not an extension"),
-    (lambda k: k["extensions"][0]["coverage"]["12.1"].update(missing="3"), "kernels.extensions[0].coverage"),
-    (lambda k: k.update(extensions={}), "kernels.extensions: not a JSON list"),
+    (lambda k: k.update(gpus="12.1"), "kernels.gpus is a string, not a list"),
+    (lambda k: k["extensions"][0].update(cubins=["sm_12.1"]), "kernels.extensions[0].cubins: not a list of targets"),
+    (lambda k: k["extensions"][0].update(path=None), "kernels.extensions[0].path is null, not a string"),
+    (lambda k: k["extensions"][0]["coverage"]["12.1"].update(missing="3"),
+     "kernels.extensions[0].coverage.12.1.missing is a string, not a number"),
+    (lambda k: k.update(extensions={}), "kernels.extensions is an object, not a list"),
+    (lambda k: k.pop("without_device_code"), "kernels: field 'without_device_code' is missing"),
 ])
 def test_an_images_kernel_record_is_checked_where_it_is_read(change, words: str) -> None:
-    assert kernels_problem(SCAN) is None and kernels_problem(None) is None
+    assert _kernels_problem(SCAN) is None and kernels_problem(None) is None
     record = json.loads(json.dumps(SCAN))
     change(record)
-    assert words in (kernels_problem(record) or ""), kernels_problem(record)
+    assert words in (_kernels_problem(record) or ""), _kernels_problem(record)
+
+
+def test_a_kernel_record_reads_back_as_the_scan_wrote_it() -> None:
+    """The record's JSON, as the image writes it, gives the same document again; a format 1 record (no
+    relocatable code, no coverage count) reads with those fields' defaults."""
+    record = KernelRecord.from_dict(SCAN)
+    assert KernelRecord.from_json(record.to_json(indent=2)) == record
+    assert record.extensions[0].relocatable == () and record.format == 1
 
 
 def test_the_shown_kernel_table_reads_every_record_the_check_passes() -> None:
     from sparkforge.cli.views import kernels_table
 
-    assert kernels_table(SCAN).row_count == 1
+    assert kernels_table(KernelRecord.from_dict(SCAN)).row_count == 1

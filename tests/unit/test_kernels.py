@@ -101,8 +101,8 @@ def test_every_fixture_is_listed():
 def test_a_library_without_device_code_is_not_an_extension():
     assert read_targets(FIXTURES / "host_only.so") is None
     record = kernels.scan([FIXTURES / "host_only.so", FIXTURES / "sm90.so"], ["9.0"])
-    assert [e["path"] for e in record["extensions"]] == [str(FIXTURES / "sm90.so")]
-    assert record["without_device_code"] == 1
+    assert [e.path for e in record.extensions] == [str(FIXTURES / "sm90.so")]
+    assert record.without_device_code == 1
 
 
 def test_a_file_that_is_not_elf_is_skipped(tmp_path):
@@ -132,7 +132,7 @@ def test_a_broken_elf_is_an_error(tmp_path, damage, message):
     with pytest.raises(FatbinError, match=message):
         read_targets(path)
     record = kernels.scan([path], ["12.1"])
-    assert record["extensions"][0]["error"]
+    assert record.extensions[0].error
     assert kernels.check(record)[0][1] == "failed"
 
 
@@ -226,7 +226,7 @@ def test_check_names_the_extension_and_the_gpu():
     assert results["sm120a.so"] == ("failed", "no kernel for GPU 12.1 (it holds sm_120a)")
     assert results["sm120f.so"] == ("ok", "12.1: sm_120f")
     assert results["ptx120.so"] == ("ok", "12.1: compute_120 PTX only, compiled by the driver at first start")
-    assert kernels.verdict(record["extensions"][2], "12.1") == ("jit", "JIT compute_120")
+    assert kernels.verdict(record.extensions[2], "12.1") == ("jit", "JIT compute_120")
     assert results["kernels: extensions checked"][0] == "ok"
     assert kernels.check(record, [])[0][1] == "skipped"
 
@@ -313,10 +313,10 @@ def test_kernel_names_are_read_from_each_cubin(name):
 @pytest.mark.parametrize("name", ["two.so", "two_lz4.so", "two_zstd.so"])
 def test_a_kernel_only_in_arch_specific_code_fails_the_gpu_that_cannot_run_it(name):
     record = kernels.scan([FIXTURES / name], ["12.0", "12.1"])
-    (ext,) = record["extensions"]
+    (ext,) = record.extensions
     assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("missing", "1 missing")}
-    assert ext["coverage"]["12.1"]["examples"] == ["_Z9scale_fp4Pfi"]
-    assert ext["coverage"]["12.1"]["kernels"] == 2  # what sm_120a, which 12.1 cannot run, holds
+    assert ext.coverage["12.1"].examples == ("_Z9scale_fp4Pfi",)
+    assert ext.coverage["12.1"].kernels == 2  # what sm_120a, which 12.1 cannot run, holds
     (result, total) = kernels.check(record)
     assert result[1] == "failed"
     assert result[2] == "GPU 12.1 cannot run 1 kernels, which exist only in sm_120a (e.g. _Z9scale_fp4Pfi)"
@@ -336,14 +336,14 @@ def test_unreadable_kernel_names_do_not_claim_coverage(tmp_path):
     path = tmp_path / "two_odd.so"
     path.write_bytes(bytes(data))
     record = kernels.scan([path], ["12.0", "12.1"])
-    (ext,) = record["extensions"]
-    assert ext["cubins"] == ["sm_120", "sm_120?"]
+    (ext,) = record.extensions
+    assert ext.cubins == ("sm_120", "sm_120?")
     assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("partial", "partial?")}
     (result, _) = kernels.check(record)
     assert result[1] == "failed" and "cannot run sm_120?" in result[2] and "cannot be read" in result[2]
     # A GPU the scan did not read names for: per file only, and not claimed either.
     plain = kernels.scan([FIXTURES / "two.so"], [])
-    assert kernels.verdict(plain["extensions"][0], "12.1") == ("partial", "partial?")
+    assert kernels.verdict(plain.extensions[0], "12.1") == ("partial", "partial?")
 
 
 def test_lz4_entries_decode_to_their_size_and_nothing_else():
@@ -376,8 +376,8 @@ def test_every_zstd_entry_of_the_fixtures_decodes_to_its_size():
 def test_an_image_without_the_library_fails_its_scan_in_one_line_naming_the_package(name, library):
     with without_libraries():
         record = kernels.scan([FIXTURES / name], ["12.1"])
-    (ext,) = record["extensions"]
-    assert library in ext["error"] and "os_packages" in ext["error"] and "\n" not in ext["error"]
+    (ext,) = record.extensions
+    assert ext.error and library in ext.error and "os_packages" in ext.error and "\n" not in ext.error
     (result, _) = kernels.check(record)
     assert result[1] == "failed" and library in result[2]
 
@@ -439,12 +439,12 @@ def test_a_named_distribution_must_be_installed(tmp_path):
 
 def test_a_vllm_without_device_code_fails_when_gpus_are_listed():
     record = kernels.scan([FIXTURES / "host_only.so"], ["12.1"], dists={"vllm": [FIXTURES / "host_only.so"]})
-    assert record["dists"] == {"vllm": 0}
+    assert record.dists == {"vllm": 0}
     results = kernels.check(record)
     assert results[0][:2] == ("kernels: vllm's extensions", "failed") and "gpus: []" in results[0][2]
     assert kernels.check(record, [])[0][1] == "skipped"  # a recipe with `gpus: []`
     good = kernels.scan([FIXTURES / "sm120.so"], ["12.1"], dists={"vllm": [FIXTURES / "sm120.so"]})
-    assert good["dists"] == {"vllm": 1} and all(state == "ok" for _, state, _ in kernels.check(good))
+    assert good.dists == {"vllm": 1} and all(state == "ok" for _, state, _ in kernels.check(good))
 
 
 def test_the_table_shows_missing_partial_and_unreadable(tmp_path):
@@ -476,8 +476,8 @@ def test_a_library_with_only_relocatable_code_needs_nothing_of_a_gpu(tmp_path):
     path.write_bytes(data.replace(b".nv_fatbin\0", b".nv_fatbiX\0"))
     assert read_targets(path) == []
     record = kernels.scan([path], ["12.1"])
-    (ext,) = record["extensions"]
-    assert ext["cubins"] == ext["ptx"] == [] and ext["relocatable"] == ["sm_90", "sm_120"]
+    (ext,) = record.extensions
+    assert ext.cubins == ext.ptx == () and ext.relocatable == ("sm_90", "sm_120")
     assert kernels.verdict(ext, "12.1") == ("relocatable", "relocatable only")
     (result, _) = kernels.check(record)
     assert result[1:] == ("ok", "12.1: nothing to load (only relocatable code: sm_90, sm_120)")

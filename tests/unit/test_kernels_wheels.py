@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkforge.inimage import fatbin, kernels
+from sparkforge.inimage.contract import GpuCoverage
 from tests.support.fatbins import fuzz
 from tests.support.needs import require
 from tests.support.wheelmember import wheel_member
@@ -67,12 +68,12 @@ def test_torch_libtorch_cuda_covers_a_gb10():
     sm_120; a 12.1 runs sm_121a and sm_120, which hold all 360: the check passes, per kernel."""
     path = wheel_member("torch", TORCH, "torch/lib/libtorch_cuda.so")
     record = kernels.scan([path], ["12.0", "12.1"])
-    (ext,) = record["extensions"]
-    assert ext["cubins"] == ["sm_80", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_103f", "sm_110", "sm_110a",
+    (ext,) = record.extensions
+    assert list(ext.cubins) == ["sm_80", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_103f", "sm_110", "sm_110a",
                              "sm_120", "sm_120a", "sm_121a"]
-    assert ext["ptx"] == [] and ext["relocatable"] == []
+    assert ext.ptx == () and ext.relocatable == ()
     for gpu in ("12.0", "12.1"):
-        assert ext["coverage"][gpu] == {"kernels": 360, "missing": 0, "examples": [], "only_in": [], "unread": []}
+        assert ext.coverage[gpu] == GpuCoverage(kernels=360)
     assert kernels.verdicts(ext, ["12.0", "12.1"]) == {"12.0": ("ok", "sm_120"), "12.1": ("ok", "sm_121a")}
     assert [state for _, state, _ in kernels.check(record)] == ["ok", "ok"]
 
@@ -104,8 +105,8 @@ def test_relocatable_code_of_libtorch_nvshmem():
     assert [t.name for t in relocatable] == ["sm_75", "sm_80", "sm_89", "sm_90", "sm_100", "sm_110", "sm_120",
                                              "compute_120"]
     record = kernels.scan([path], ["12.1"])
-    (ext,) = record["extensions"]
-    assert ext["relocatable"] == [t.name for t in relocatable]
+    (ext,) = record.extensions
+    assert list(ext.relocatable) == [t.name for t in relocatable]
     assert [state for _, state, _ in kernels.check(record)] == ["ok", "ok"]
     listed = subprocess.run([str(cuobjdump()), "--all-fatbin", "--list-elf", "--list-ptx", str(path)],
                             capture_output=True, text=True, timeout=600, check=True).stdout
