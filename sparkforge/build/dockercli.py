@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal, NoReturn, overload
 
@@ -187,6 +188,27 @@ def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | Non
         _alive.add(_engine_key(host))
         return None
     return f"the Docker engine does not answer: {_why_not(done.stderr, where)}"
+
+
+@dataclass(frozen=True)
+class ImageStore:
+    """Where an engine keeps its images: the containerd image store (Docker 29's default for new installs) or
+    the classic one, and its storage driver as `docker info` names it."""
+
+    containerd: bool
+    driver: str
+
+
+def image_store(host: str | None = None, env: dict[str, str] | None = None) -> ImageStore:
+    """The image store of the engine the CLI would use (host, else DOCKER_HOST, else the current context; env
+    for the CLI, when given); EngineError, in one line, where the engine does not say."""
+    done = run(["info", "--format", "{{json .DriverStatus}} {{.Driver}}"], what="docker info", host=host, env=env)
+    status, _, driver = done.stdout.strip().rpartition(" ")
+    try:
+        pairs = dict(parse_json(status) or [])
+    except (ValueError, TypeError):  # not JSON, or not a list of pairs: an engine that says nothing of it
+        pairs = {}
+    return ImageStore(pairs.get("driver-type") == "io.containerd.snapshotter.v1", driver)
 
 
 def _where(host: str | None) -> str:

@@ -91,12 +91,14 @@ def push(
     registry: Registry = None,
     cluster: Cluster = None,
     base: Base = None,
-    compression: Annotated[Compression, typer.Option("--compression", help="zstd: layers compressed on every core "
-                                                     "(Docker 23+ pulls them, both image stores); none: uncompressed, "
-                                                     "for a fast LAN; gzip: the engine's own push (one core, any "
-                                                     "Docker). A containerd-store head sends the layers it built as "
-                                                     "it keeps them (gzip) whatever is chosen; there gzip is "
-                                                     "fastest, where the engine trusts the registry.")] = Compression.zstd,
+    compression: Annotated[Compression | None, typer.Option("--compression", help="zstd: layers compressed on "
+                                                            "every core (Docker 23+ pulls them, both image stores); "
+                                                            "none: uncompressed, for a fast LAN; gzip: the engine's "
+                                                            "own push (one core, any Docker). Default: the route a "
+                                                            "first deploy is fastest after: the engine's own push on a "
+                                                            "containerd-store head (blobs, zstd, where the engine "
+                                                            "cannot push to the registry), zstd on a classic-store "
+                                                            "head.", show_default=False)] = None,
 ) -> None:
     """Push a built image's immutable tag and moving tag to a registry.
 
@@ -105,19 +107,23 @@ def push(
     from ..distribute.cluster import push_registry
     from ..distribute.deploy import human_bytes
     from ..distribute.images import head_image
-    from ..distribute.push import push_to
+    from ..distribute.push import push_by_default, push_to
 
     plan = plan_of(variant, base)
     reg = push_registry(registry, _cluster_path(cluster))
     image = head_image(plan)
-    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}, layers {compression.value}")
-    result = push_to(image, reg, compression.value, progress=_distribute_printer())
+    if compression is None:
+        out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}")
+        result = push_by_default(image, reg, out.print, progress=_distribute_printer())
+    else:
+        out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}, layers {compression.value}")
+        result = push_to(image, reg, compression.value, progress=_distribute_printer())
     for ref in result.refs:
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
               f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
     for stored, n in result.sent_as_stored:
-        if stored != compression.value:
+        if compression is not None and stored != compression.value:
             faster = ("; here `--compression gzip` (the engine's own push) makes a first deploy faster, where this "
                       "engine trusts the registry") if stored == "gzip" else ""
             out.print(f"note: {n} layer{'' if n == 1 else 's'} went as this engine keeps them ({stored}), not "

@@ -86,22 +86,17 @@ def _docker(host: str | None, *args: str, timeout: float = dockercli.ASK,
 def check_engine(host: str | None) -> str:
     """Refuse, in one line, an engine whose builder cannot export reproducibly; else describe it."""
     where = host or "the default Docker engine"
-    proc = _docker(host, "info", "--format", "{{json .DriverStatus}} {{.Driver}}")
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ReproError(f"{where} does not answer: {tail}", field="--builder-host")
-    status, _, driver = proc.stdout.strip().rpartition(" ")
     try:
-        pairs = dict(parse_json(status) or [])
-    except ValueError:
-        pairs = {}
-    if pairs.get("driver-type") != "io.containerd.snapshotter.v1":
+        store = dockercli.image_store(host, env=_plain_env())
+    except dockercli.EngineError as exc:
+        raise ReproError(f"{where} does not answer: {exc.detail}", field="--builder-host") from None
+    if not store.containerd:
         raise ReproError(
-            f"{where} keeps images in the classic store ({driver}): its builder ignores rewrite-timestamp and "
+            f"{where} keeps images in the classic store ({store.driver}): its builder ignores rewrite-timestamp and "
             "cannot export to a file, so two builds would differ whatever the recipe; pass --builder-host "
             "unix:///PATH/docker.sock of a dockerd with the containerd image store "
             '({"features": {"containerd-snapshotter": true}} in its daemon.json)', field="--builder-host")
-    return f"{where} (containerd image store, {driver})"
+    return f"{where} (containerd image store, {store.driver})"
 
 
 def ensure_base(plan: Plan, host: str | None, progress: Callable[[str], None] = lambda _: None) -> None:

@@ -18,10 +18,12 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from sparkforge.build import dockercli
 from sparkforge.distribute import deploy, images, push, stream
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.distribute.cluster import Registry as RegistrySpec
@@ -92,12 +94,19 @@ def test_the_head_keeps_built_layers_compressed_and_saves_them_under_their_own_d
     assert image.image_id != image.identity.layers[0]
 
 
-@pytest.mark.parametrize("compression", ["zstd", "none", "gzip"])
-def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, engines, on_head, registry,
+@pytest.mark.parametrize("compression", ["zstd", "none", "gzip", None])
+def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str | None, engines, on_head, registry,
                                                              tmp_path: Path) -> None:
+    """Each compression, and push's default (None): on this head, the engine's own push, which says so."""
     state = tmp_path / "state"
-    pushed = push.push_to(images.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""),
-                          compression, state_dir=state)
+    head_image, where, said = images.image_on_head(TAG, MOVING, state), RegistrySpec(registry.address, ""), []
+    if compression is None:
+        pushed = push.push_by_default(head_image, where, said.append, state_dir=state)
+        assert said == [f"route: {push.default_route(dockercli.ImageStore(True, 'overlayfs'))[1]} "
+                        "(`--compression` chooses another)"], said
+        assert said[0].startswith("route: the engine's own push")
+    else:
+        pushed = push.push_to(head_image, where, compression, state_dir=state)
     assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 3, pushed
     assert pushed.layers_pushed == 0 or pushed.bytes_pushed > 0, pushed  # the layers sent have their sizes
     image = images.image_on_head(TAG, MOVING, state)
@@ -116,6 +125,38 @@ def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str, en
         assert images.same_image(image.identity, seen), (name, seen)
         run = node.docker("run", "--rm", "--network", "none", MOVING, "cat", "/one", "/two")
         assert run.stdout.split() == [b"one", b"two"], (name, run.stderr)
+
+
+def test_a_classic_head_pushes_zstd_by_blobs_by_default(engines, base_image: str, registry, monkeypatch,
+                                                        tmp_path: Path) -> None:
+    """push's default on a classic-store head (the store of every Docker before 29): zstd on every core, by
+    blobs, and it says so; the registry then holds zstd layers under the immutable and the moving tag. The
+    image is the base, loaded into the classic engine again (a deploy test above may have pruned it there),
+    under the two tags."""
+    classic = engines["classic"]
+    tag, moving = "sparkforge-test/classic-head:1", "sparkforge-test/classic-head:latest"
+    save = subprocess.Popen(["docker", "save", base_image], stdout=subprocess.PIPE)
+    load = subprocess.run(["docker", "-H", classic.endpoint, "load", "-q"], stdin=save.stdout, capture_output=True,
+                          timeout=600)
+    assert save.wait() == 0 and load.returncode == 0, load.stderr
+    for ref in (tag, moving):
+        tagged = subprocess.run(["docker", "-H", classic.endpoint, "tag", base_image, ref], capture_output=True,
+                                text=True, timeout=120)
+        assert tagged.returncode == 0, tagged.stderr
+    monkeypatch.setenv("DOCKER_HOST", classic.endpoint)
+    assert not dockercli.image_store().containerd
+    said: list[str] = []
+    pushed = push.push_by_default(images.image_on_head(tag, moving, tmp_path), RegistrySpec(registry.address, ""),
+                                  said.append, state_dir=tmp_path)
+    assert said == ["route: layers zstd-compressed on every core, by blobs: this engine's classic store keeps them "
+                    "unpacked (`--compression` chooses another)"], said
+    assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 1, pushed  # one: the base's layer
+    request = urllib.request.Request(f"http://{registry.address}/v2/sparkforge-test/classic-head/manifests/1",
+                                     headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        layers = json.load(resp)["layers"]
+    assert {layer["mediaType"] for layer in layers} == {push.LAYER_TYPES["zstd"]}, layers
+    assert registry.has_tag("sparkforge-test/classic-head", "latest")
 
 
 def test_the_engines_push_to_a_registry_that_is_not_there_is_one_line(on_head, tmp_path: Path) -> None:
