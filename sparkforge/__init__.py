@@ -6,4 +6,3 @@ and the image side (inimage, whose proc is the one way every stage starts a proc
 """
 
 __version__ = "0.1.0"
-

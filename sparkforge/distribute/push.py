@@ -159,6 +159,7 @@ def push_by_default(image: HeadImage, registry: Registry, say: Callable[[str], N
             "the engine")
         return push_blobs(image, registry, "zstd", progress, state_dir)
 
+
 # ------------------------------------------------------------------- push by blobs (zstd or none)
 
 LAYER_TYPES = {"zstd": "application/vnd.oci.image.layer.v1.tar+zstd", "none": "application/vnd.oci.image.layer.v1.tar"}
