@@ -25,6 +25,7 @@ from tests.support.docker import BASE, VARIANTS, config_digest
 from tests.support.paths import ROOT, TEST_MODS
 from sparkforge.distribute import deploy, images, stream
 from sparkforge.distribute.push import LAYER_TYPES
+from sparkforge.registry import MANIFEST_TYPES
 from sparkforge.distribute.cluster import Node as ClusterNode
 from sparkforge.recipe.layout import Layout
 from sparkforge.recipe.planner import plan_variant
@@ -171,10 +172,8 @@ def test_push_puts_both_tags_in_the_registry(pushed, registry, test_image, shown
     # What the engine pushed under the tag: an image index or a manifest, OCI's or Docker's media types.
     reference, layers = tag, None
     while layers is None:
-        request = urllib.request.Request(f"http://{registry.address}/v2/{repo}/manifests/{reference}", headers={
-            "Accept": ", ".join(["application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
-                                 "application/vnd.docker.distribution.manifest.list.v2+json",
-                                 "application/vnd.docker.distribution.manifest.v2+json"])})
+        request = urllib.request.Request(f"http://{registry.address}/v2/{repo}/manifests/{reference}",
+                                         headers={"Accept": ", ".join(MANIFEST_TYPES)})
         with urllib.request.urlopen(request, timeout=10) as resp:
             document = json.load(resp)
         if "manifests" in document:
