@@ -116,8 +116,9 @@ def measure(store: str, cluster: NetnsCluster, nodes: tuple[Node, ...], reg: Reg
     subprocess.run(["docker", "builder", "prune", "--all", "--force"], check=True, capture_output=True)
     sparkforge("--images", str(IMAGES), "build", VARIANT, "--base", BASE, "--ca-cert", CA, "--move-tag")
     head = images.head_image(plan_of(), state)
-    print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} as the engine counts it (compressed on the "
-          f"containerd store), {len(head.identity.layers)} layers")
+    counted = "compressed, on the containerd store" if store == "containerd" else "unpacked, on the classic store"
+    print(f"  image {head.tag} {head.image_id[:19]}, {gb(head.size)} as the engine counts it ({counted}), "
+          f"{len(head.identity.layers)} layers")
 
     def note(name: str, seconds: float, moved: int, what: str) -> None:
         rows[name] = {"seconds": seconds, "bytes": moved, "what": what}
