@@ -8,6 +8,7 @@ recorded on the head, as one more name of the image (:func:`.images.record_manif
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -50,41 +51,23 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
                state_dir: Path | None = None) -> PushResult:
     """Push the immutable tag, then the moving tag, to registry (HOST:PORT) through the engine (`docker tag`,
     `docker push`); record the manifest digest. The bytes sent are the sizes the stored manifest gives the layers
-    the engine said it pushed."""
+    the engine said it pushed. The registry's names exist on the head only while their push runs (one the head
+    had before is left as it was)."""
     t0 = time.monotonic()
     refs, digest = [], None
     pushed: set[str] = set()  # the short IDs the engine said it pushed
     present: set[str] = set()  # and those it found in the registry already
-    for name in (image.tag, image.moving_tag):
-        full = registry_ref(registry.address, name)
-        dockercli.run(["tag", image.image_id, full], what="docker tag")
-        child = dockercli.start(["push", full], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        said: list[str] = []
-        try:
-            for line in dockercli.lines_until_stall(child, TRANSFER_TIMEOUT):
-                text = one_line(line)
-                said = (said + [text])[-5:] if text else said
-                short, _, status = text.partition(": ")
-                if status == "Pushed":
-                    pushed.add(short)
-                elif status == "Layer already exists" or status.startswith("Mounted from "):
-                    present.add(short)  # "Mounted from REPO": a layer the registry had under another name
-                if m := _PUSHED_DIGEST.search(text):
-                    digest = m.group(1)
-                if progress and status:
-                    progress(Progress(registry.address, "push", 0, None, f"{full}: {text}"))
-        except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the push stops too
-            dockercli.stop(child)
-            dockercli.finish(child)
-            raise
-        finally:
-            if child.stdout is not None:
-                child.stdout.close()
-        code = dockercli.finish(child, CONTROL_TIMEOUT)  # its output ended: it is exiting
-        if code != 0:
-            raise DistributeError(f"push of {full} failed: {said[-1] if said else f'exit code {code}'}"[:300],
-                                  field="--registry")
-        refs.append(full)
+    fulls = [registry_ref(registry.address, name) for name in (image.tag, image.moving_tag)]
+    had = {ref for ref, data in dockercli.inspect_images(*fulls).items() if data is not None}
+    try:
+        for full in fulls:
+            dockercli.run(["tag", image.image_id, full], what="docker tag")
+            digest = _engine_push(full, registry, pushed, present, progress) or digest
+            refs.append(full)
+    finally:
+        for full in set(fulls) - had:
+            with contextlib.suppress(dockercli.EngineError):  # the push's own outcome is what is reported
+                dockercli.run(["image", "rm", full], what="docker image rm", check=False)
     n_pushed, n_present, sent = len(pushed), len(present - pushed), 0  # the moving tag's push finds what the first sent
     if digest and (layers := _layers(registry, ImageRef.parse(refs[0]).path, digest, image.identity.layers)):
         # A containerd-store engine reports the config blob, and an attestation's blobs, as it does a layer, and
@@ -96,6 +79,39 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
     if digest:
         record_manifest(state_dir, image.tag, digest)
     return PushResult(tuple(refs), digest, n_pushed, n_present, sent, time.monotonic() - t0)
+
+
+def _engine_push(full: str, registry: Registry, pushed: set[str], present: set[str],
+                 progress: ProgressFn | None) -> str | None:
+    """`docker push FULL`, its layer lines counted into pushed and present; the manifest digest it printed."""
+    digest = None
+    child = dockercli.start(["push", full], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said: list[str] = []
+    try:
+        for line in dockercli.lines_until_stall(child, TRANSFER_TIMEOUT):
+            text = one_line(line)
+            said = (said + [text])[-5:] if text else said
+            short, _, status = text.partition(": ")
+            if status == "Pushed":
+                pushed.add(short)
+            elif status == "Layer already exists" or status.startswith("Mounted from "):
+                present.add(short)  # "Mounted from REPO": a layer the registry had under another name
+            if m := _PUSHED_DIGEST.search(text):
+                digest = m.group(1)
+            if progress and status:
+                progress(Progress(registry.address, "push", 0, None, f"{full}: {text}"))
+    except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the push stops too
+        dockercli.stop(child)
+        dockercli.finish(child)
+        raise
+    finally:
+        if child.stdout is not None:
+            child.stdout.close()
+    code = dockercli.finish(child, CONTROL_TIMEOUT)  # its output ended: it is exiting
+    if code != 0:
+        raise DistributeError(f"push of {full} failed: {said[-1] if said else f'exit code {code}'}"[:300],
+                              field="--registry")
+    return digest
 
 
 def _layers(registry: Registry, repo: str, digest: str,

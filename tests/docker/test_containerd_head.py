@@ -109,6 +109,10 @@ def test_push_from_a_containerd_head_deploys_to_both_stores(compression: str | N
         pushed = push.push_to(head_image, where, compression, state_dir=state)
     assert pushed.digest and pushed.layers_pushed + pushed.layers_present == 3, pushed
     assert pushed.layers_pushed == 0 or pushed.bytes_pushed > 0, pushed  # the layers sent have their sizes
+    # The engine's push names the image after the registry only while it runs: the head keeps no such tag.
+    names = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                           text=True, timeout=120).stdout.split()
+    assert not [n for n in names if n.startswith(f"{registry.address}/")], names
     image = images.image_on_head(TAG, MOVING, state)
     assert pushed.digest in image.identity.manifests
     for name in ("classic", "ctd"):
