@@ -96,7 +96,9 @@ def main() -> int:
         took = time.monotonic() - t0
         log = max(logs.glob("*.log"), key=lambda p: p.stat().st_mtime, default=None)
         if build.returncode != 0:
-            print(f"check-arm64: build failed after {took:.0f} s: {build.stderr.strip()[-2000:]}", file=sys.stderr)
+            said = build.stderr.strip()
+            tail = said[-2000:].split("\n", 1)[-1] if len(said) > 2000 else said  # whole lines only
+            print(f"check-arm64: build failed after {took:.0f} s: {tail}", file=sys.stderr)
             if log:
                 shutil.copy(log, ROOT / "build" / "check-arm64-failed.log")
                 print(f"check-arm64: its log: {ROOT / 'build' / 'check-arm64-failed.log'}", file=sys.stderr)
