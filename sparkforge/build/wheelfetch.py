@@ -61,7 +61,7 @@ def _stamp(folder: Path) -> Path:
 
 
 def _stats(folder: Path) -> dict[str, list[int]]:
-    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir())}
+    return {p.name: [(st := p.stat()).st_size, st.st_mtime_ns] for p in sorted(folder.iterdir())}
 
 
 def _complete(plan: Plan, folder: Path) -> bool:

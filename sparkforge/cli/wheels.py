@@ -145,7 +145,8 @@ def prune_head(
             said(item)
     for name, why in found.left:
         out.print(f"kept {name}: {why}", markup=False)
-    gone = [x for x in found.leftovers if x not in {item for item, _ in failed}]
+    refused = {item for item, _ in failed}
+    gone = [x for x in found.leftovers if x not in refused]
     n = len(gone)
     out.print(f"{verb} {n} {'item' if n == 1 else 'items'}, {_size(sum(x.size for x in gone if not x.shared))}"
               if n else "nothing to remove", markup=False)
