@@ -415,7 +415,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
             raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
                               "build it again", field="--image")
         packages = record.packages
-        built_from = BuiltFrom(image_id_of(image), record.plan_hash)
+        built_from = BuiltFrom(image_id=image_id_of(image), plan_hash=record.plan_hash)
     lock = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from,
                      wheels=wheels)
     write_lock(path, lock)
@@ -432,7 +432,7 @@ def lock_wheels(plan: Plan, ca_cert: Path | None = None,
         found = resolve_wheel_set(plan, ca_cert=ca_cert)
     except Unresolvable as exc:
         say(f"wheels for {plan.python.platform}: unresolved: {exc}")
-        return LockedWheels(plan.python, None, (), f"{exc}; lock again where the index answers")
+        return LockedWheels.of(plan.python, None, (), f"{exc}; lock again where the index answers")
     say(f"wheels for Python {plan.python.version} on {plan.python.platform}: {len(found.packages)} wheels, "
         f"{found.download / 1e9:.2f} GB to download ({found.resolver})")
-    return LockedWheels(found.python, found.resolver, found.packages)
+    return LockedWheels.of(found.python, found.resolver, found.packages)

@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 
 from ..errors import ConfigError, SparkforgeError
-from ..inimage.contract import Phase
+from ..inimage.contract import Phase, Unpinned
 from ..inimage.seam import (
     BaseDoc,
     BuildDoc,
@@ -28,7 +28,6 @@ from ..inimage.seam import (
     PinDoc,
     PlanDoc,
     PlannedMod,
-    UnpinnedDoc,
     VllmDoc,
     VllmSource,
     WheelDoc,
@@ -168,7 +167,7 @@ def plan_document(plan: Plan) -> PlanDoc:
         mods=tuple(PlannedMod(name=m.name, digest=m.digest, phase=Phase(m.spec.phase), patch=_origin(m.spec.patch))
                    for m in plan.mods),
         tool_version=plan.tool_version,
-        unpinned=tuple(UnpinnedDoc(field=f, reason=r) for f, r in plan.unpinned()),
+        unpinned=tuple(Unpinned(field=f, reason=r) for f, r in plan.unpinned()),
     )
 
 

@@ -253,7 +253,7 @@ def record_lines(image: str, record: BuildRecord, labels: dict[str, str]) -> lis
                     + (f"; patch {_patch_origin(m.patch)}" if m.patch else ""))
               for m in record.mods]
     lines += [_line(f"  protected    {name} {version}") for name, version in sorted(record.protected.items())]
-    lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u['field']}: {u['reason']}") for u in record.unpinned]
+    lines += [_line("  ", ("UNPINNED", "yellow"), f"     {u.field}: {u.reason}") for u in record.unpinned]
     lines += [_line(f"  label        {key}={labels[key]}") for key in sorted(labels)]
     return lines
 
@@ -374,9 +374,9 @@ def lock_lines(variant: str, path: Path | None, lock: Lock) -> list[Text]:
         _line(f"locked {variant} -> {path}"),
         _line(f"  base      {lock.base.repository}:{lock.base.tag} @ "
               f"{lock.base.digest.value or 'unresolved (below)'}"),
-        _line(f"  packages  {len(lock.packages)} installed" if lock.packages_unresolved is None
+        _line(f"  packages  {len(lock.installed)} installed" if lock.packages_unresolved is None
               else "  packages  unresolved"),
-        _line(f"  mods      {', '.join(f'{n} {d[:19]}' for n, d in lock.mods) or '-'}"),
+        _line(f"  mods      {', '.join(f'{m.name} {m.digest[:19]}' for m in lock.mods) or '-'}"),
         _line(f"  epoch     SOURCE_DATE_EPOCH={lock.source_date_epoch}"),
     ]
     return lines + [_line("  ", ("UNRESOLVED", "yellow"), f" {fld}: {reason}") for fld, reason in lock.unresolved()]

@@ -188,7 +188,7 @@ def named_sets(layout: Layout, loaded: list[LoadedPlan]) -> set[Path]:
         path = lock_path(layout.images_dir, x.plan.variant)
         wheels = read_lock(path).wheels if path.exists() else None
         if wheels is not None and wheels.packages:
-            named.add(folder_of(wheels.python.version, wheels.python.platform, wheels.packages))
+            named.add(folder_of(wheels.python, wheels.platform, wheels.pins))
     return named
 
 

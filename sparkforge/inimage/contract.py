@@ -327,6 +327,17 @@ class KernelRecord(Document):
 
 
 @dataclass(frozen=True)
+class Unpinned(Document):
+    """A value the plan does not pin yet, and the reason: in plan.json and in the build record."""
+
+    NAME: ClassVar[str] = "unpinned value"
+    OPEN: ClassVar[bool] = False
+
+    field: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class BuildRecord(Document):
     """What an image says about itself: /opt/sparkforge/build-record.json. The plan's own parts
     (base, vllm, components, build) are kept as plan.json holds them, and read as JSON (an image of any
@@ -342,16 +353,16 @@ class BuildRecord(Document):
     base: dict[str, Any]
     vllm: dict[str, Any]
     components: list[Any]
-    installed: dict[str, Any]
+    installed: dict[str, str | None]  # each component's package (and vllm): its version, or None: not installed
     mods: tuple[RecordedMod, ...]
-    protected: dict[str, Any]
+    protected: dict[str, str]
     build: dict[str, Any]
-    env: list[Any]
+    env: tuple[tuple[str, str], ...]
     built_at: str
     python: str
     tool_version: str
-    unpinned: list[Any]
-    packages: dict[str, Any] | None = None
+    unpinned: tuple[Unpinned, ...]
+    packages: dict[str, str] | None = None
     source_date_epoch: int | None = None
     kernels: KernelRecord | None = None
     machine: str | None = None  # the machine the image's Python ran on when it wrote this (aarch64, x86_64)

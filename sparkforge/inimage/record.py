@@ -116,11 +116,11 @@ def write_record(home: Path) -> BuildRecord:
         mods=tuple(RecordedMod(m.name, m.digest, m.phase, results.get(m.name), m.patch.to_dict() if m.patch else None)
                    for m in plan.mods),
         protected=parse_json((home / "protect" / "protected.json").read_text()),
-        build=plan.build.to_dict(), env=[list(pair) for pair in plan.env],
+        build=plan.build.to_dict(), env=plan.env,
         built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built)),
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
         python=sys.version.split()[0], machine=platform.machine(), tool_version=plan.tool_version,
-        unpinned=[u.to_dict() for u in plan.unpinned],
+        unpinned=plan.unpinned,
         kernels=KernelRecord.from_json(kernels_file.read_bytes(), str(kernels_file)) if kernels_file.exists() else None,
     )
     (home / "build-record.json").write_text(record.to_json(indent=2))

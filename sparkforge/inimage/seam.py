@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import ClassVar
 
-from .contract import ContractError, Document, ModKind, Phase
+from .contract import ContractError, Document, ModKind, Phase, Unpinned
 from .paths import ModFailure, read_file
 
 PLAN_VERSION = 3  # 1: the whole resolved plan, under the one version every document shared; 2: before vllm.package
@@ -122,14 +122,6 @@ class PlannedMod(_Part):
 
 
 @dataclass(frozen=True)
-class UnpinnedDoc(_Part):
-    """A value the plan does not pin yet, and the reason."""
-
-    field: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class PlanDoc(_Part):
     """/opt/sparkforge/plan.json: the plan as the image reads it (smoke tiers, build record)."""
 
@@ -148,7 +140,7 @@ class PlanDoc(_Part):
     env: tuple[tuple[str, str], ...]
     mods: tuple[PlannedMod, ...]
     tool_version: str
-    unpinned: tuple[UnpinnedDoc, ...]
+    unpinned: tuple[Unpinned, ...]
     schema: int = PLAN_VERSION
 
 

@@ -15,7 +15,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..errors import ConfigError, DownloadError, Hint
-from .lockfile import BuiltFrom, Lock, LockedBase, LockedComponent, LockedVllm, LockedWheels, Pinned
+from .lockfile import BuiltFrom, Lock, LockedBase, LockedComponent, LockedMod, LockedVllm, LockedWheels, Pinned, \
+    Unresolved
 from .plan import BaseImage, Pin, Plan, rehash
 
 # ------------------------------------------------------------------ recipe versus lock
@@ -62,19 +63,18 @@ def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
                 ("base.digest", lb.digest), ("vllm.source", lv.source), ("vllm.version", lv.version),
                 ("vllm.repo", lv.repo), ("vllm.ref", lv.ref), ("vllm.commit", lv.commit),
                 ("vllm.sha256", lv.sha256), ("vllm.install_deps", lv.install_deps),
-                ("vllm.package", lv.package or "vllm"), ("components", [c.name for c in lock.components])]
-        for lc in lock.components:
-            out += [(f"components.{lc.name}.kind", lc.kind), (f"components.{lc.name}.package", lc.package),
-                    (f"components.{lc.name}.version", lc.version), (f"components.{lc.name}.repo", lc.repo),
-                    (f"components.{lc.name}.ref", lc.ref), (f"components.{lc.name}.commit", lc.commit),
-                    (f"components.{lc.name}.dest", lc.dest)]
-        out += [("mods", [n for n, _ in lock.mods])]
-        out += [(f"mods.{n}.digest", d) for n, d in lock.mods]
+                ("vllm.package", lv.package or "vllm"), ("components", list(lock.components))]
+        for name, lc in lock.components.items():
+            out += [(f"components.{name}.kind", lc.kind), (f"components.{name}.package", lc.package),
+                    (f"components.{name}.version", lc.version), (f"components.{name}.repo", lc.repo),
+                    (f"components.{name}.ref", lc.ref), (f"components.{name}.commit", lc.commit),
+                    (f"components.{name}.dest", lc.dest)]
+        out += [("mods", [m.name for m in lock.mods])]
+        out += [(f"mods.{m.name}.digest", m.digest) for m in lock.mods]
         out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
         w = lock.wheels
-        out += [("python.version", w.python.version if w else None),
-                ("python.platform", w.python.platform if w else None),
-                ("python.leave_out", list(w.python.leave_out) if w else [])]
+        out += [("python.version", w.python if w else None), ("python.platform", w.platform if w else None),
+                ("python.leave_out", sorted(w.leave_out or ()) if w else [])]
     return out
 
 
@@ -143,18 +143,17 @@ def apply_lock(plan: Plan, lock: Lock) -> Plan:
     vllm = plan.vllm
     if vllm.source == "git" and vllm.commit.value is None and lock.vllm.commit and lock.vllm.commit.value:
         vllm = replace(vllm, commit=Pin(lock.vllm.commit.value))
-    locked = {c.name: c for c in lock.components}
     components = []
     for c in plan.components:
-        lc = locked.get(c.name)
+        lc = lock.components.get(c.name)
         if lc and c.kind == "pip" and c.version.value is None and lc.version and lc.version.value:
             c = replace(c, version=Pin(lc.version.value))
         if lc and c.kind == "git" and c.commit.value is None and lc.commit and lc.commit.value:
             c = replace(c, commit=Pin(lc.commit.value))
         components.append(c)
-    wheel_set = lock.wheels.packages if lock.wheels is not None else ()
+    wheel_set = lock.wheels.pins if lock.wheels is not None else ()
     return rehash(replace(plan, base=base, vllm=vllm, components=tuple(components),
-                          pins=constraints(lock.packages), source_date_epoch=lock.source_date_epoch,
+                          pins=constraints(lock.installed), source_date_epoch=lock.source_date_epoch,
                           wheel_set=wheel_set))
 
 
@@ -182,8 +181,8 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
               packages: dict[str, str] | None, packages_unresolved: str | None,
               built_from: BuiltFrom | None = None, wheels: LockedWheels | None = None) -> Lock:
     """A Lock from the plan, the resolved pins and (from a real build) the installed packages."""
-    installed = {canonicalize_name(k): v for k, v in (packages or {}).items()}
-    comps = []
+    installed: dict[str, str] = {canonicalize_name(k): v for k, v in (packages or {}).items()}
+    comps: dict[str, LockedComponent] = {}
     for c in plan.components:
         if c.kind == "pip":
             if c.version.value:
@@ -193,24 +192,25 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
                 version = Pinned(got) if got else Pinned(None, f"the build did not install {c.package}")
             else:
                 version = Pinned(None, f"{packages_unresolved} (recipe: {c.version.unknown})")
-            comps.append(LockedComponent(c.name, "pip", c.package, version, None, None, None, None))
+            comps[c.name] = LockedComponent(kind="pip", package=c.package, version=version)
         else:
-            comps.append(LockedComponent(c.name, "git", None, None, c.repo, c.ref,
-                                         pins.get(f"components.{c.name}.commit", _plan_pin(c.commit)), c.dest))
+            comps[c.name] = LockedComponent(kind="git", repo=c.repo, ref=c.ref, dest=c.dest,
+                                            commit=pins.get(f"components.{c.name}.commit", _plan_pin(c.commit)))
     v = plan.vllm
     return Lock(
         variant=plan.variant,
         source_date_epoch=source_date_epoch,
-        base=LockedBase(plan.base.repository, plan.base.tag, pins.get("base.digest", _plan_pin(plan.base.digest))),
-        vllm=LockedVllm(v.source, v.version, v.ref,
-                        pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None, v.install_deps,
-                        v.wheel.sha256 if v.wheel else None, v.repo, v.package if v.package != "vllm" else None),
-        components=tuple(comps),
-        mods=tuple((m.name, m.digest) for m in plan.mods),
+        base=LockedBase(repository=plan.base.repository, tag=plan.base.tag,
+                        digest=pins.get("base.digest", _plan_pin(plan.base.digest))),
+        vllm=LockedVllm(source=v.source, version=v.version, ref=v.ref, install_deps=v.install_deps,
+                        commit=pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None,
+                        sha256=v.wheel.sha256 if v.wheel else None, repo=v.repo,
+                        package=v.package if v.package != "vllm" else None),
+        components=comps,
+        mods=tuple(LockedMod(name=m.name, digest=m.digest) for m in plan.mods),
         protect=plan.protect,
         os_packages=plan.os_packages,
-        packages=tuple(sorted(installed.items())),
-        packages_unresolved=None if packages is not None else packages_unresolved,
+        packages=installed if packages is not None else Unresolved(unresolved=packages_unresolved or "not known"),
         built_from=built_from,
         wheels=wheels,
     )
@@ -233,18 +233,20 @@ def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
     if (before.vllm.source, before.vllm.repo or after.vllm.repo, before.vllm.ref) == \
             (after.vllm.source, after.vllm.repo, after.vllm.ref):
         check("vllm.commit", before.vllm.commit, after.vllm.commit)
-    named = {c.name: c for c in before.components if c.kind == "git"}
-    by_source = {(c.repo, c.ref): c.commit for c in before.components  # what a renamed component had
+    named = {name: c for name, c in before.components.items() if c.kind == "git"}
+    by_source = {(c.repo, c.ref): c.commit for c in before.components.values()  # what a renamed component had
                  if c.kind == "git" and c.commit is not None and c.commit.value is not None}
-    for c in (c for c in after.components if c.kind == "git"):
-        was = named.get(c.name)
+    for name, c in after.components.items():
+        was = named.get(name)
+        if c.kind != "git":
+            continue  # a pip component's version comes from a build, not from asking its source
         if was is not None and (was.repo, was.ref) == (c.repo, c.ref):
-            check(f"components.{c.name}.commit", was.commit, c.commit)
+            check(f"components.{name}.commit", was.commit, c.commit)
         elif was is None and (c.repo, c.ref) in by_source:
-            check(f"components.{c.name}.commit", by_source[(c.repo, c.ref)], c.commit)
+            check(f"components.{name}.commit", by_source[(c.repo, c.ref)], c.commit)
     if before.wheels is not None and after.wheels is not None and before.wheels.unresolved is None \
             and after.wheels.unresolved is not None and _same_requirements(before, after):
-        n = len(before.wheels.packages)
+        n = len(before.wheels.packages or ())
         lost.append(("wheels", f"a set of {n} wheel{'' if n == 1 else 's'}"))
     return lost
 
@@ -253,11 +255,11 @@ def _same_requirements(before: Lock, after: Lock) -> bool:
     """The wheel set of `after` is asked for what `before`'s was: the Python target, the vLLM release and the
     pip components (each version the recipe pins; `after`, locked without a build, holds only those)."""
     assert before.wheels is not None and after.wheels is not None
-    if (before.wheels.python, before.vllm.version, before.vllm.install_deps) != \
-            (after.wheels.python, after.vllm.version, after.vllm.install_deps):
+    if (before.wheels.target, before.vllm.version, before.vllm.install_deps) != \
+            (after.wheels.target, after.vllm.version, after.vllm.install_deps):
         return False
-    old_pip = {c.name: c for c in before.components if c.kind == "pip"}
-    new_pip = {c.name: c for c in after.components if c.kind == "pip"}
+    old_pip = {name: c for name, c in before.components.items() if c.kind == "pip"}
+    new_pip = {name: c for name, c in after.components.items() if c.kind == "pip"}
     return old_pip.keys() == new_pip.keys() and all(
         old_pip[n].package == c.package and (c.version is None or c.version.value is None
                                              or (old_pip[n].version or Pinned(None)).value == c.version.value)

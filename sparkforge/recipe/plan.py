@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .. import __version__
 from ..imageref import ImageRef
@@ -88,9 +88,12 @@ class WheelPin:
     files: tuple[tuple[str, str, int], ...]
 
 
+VllmSource = Literal["git", "pypi", "wheel", "base"]
+
+
 @dataclass(frozen=True)
 class Vllm:
-    source: str  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel;
+    source: VllmSource  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel;
     # "base": keep the vLLM the base image carries
     version: str
     repo: str | None

@@ -187,7 +187,7 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         if c.pip_install:
             comps.append((f"{c.name}.pip_install", "yes"))
     if lock is not None and not lock.packages_unresolved:
-        packages: Entries | None = lock.packages
+        packages: Entries | None = lock.installed
     else:
         packages = plan.pins or None
     unknown: tuple[tuple[str, str], ...] = ()
@@ -227,11 +227,10 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
     """A lock file: what it pins. It does not record the image, build options, env or tooling."""
     v = lock.vllm
     comps: list[tuple[str, str | None]] = []
-    for c in lock.components:
-        comps.append((c.name, _component_text(c.kind, c.package, _p(c.version), c.repo, c.ref, _p(c.commit),
-                                              c.dest)))
+    for name, c in lock.components.items():
+        comps.append((name, _component_text(c.kind, c.package, _p(c.version), c.repo, c.ref, _p(c.commit), c.dest)))
         if c.kind == "git":
-            comps.append((f"{c.name}.pip_install", None))
+            comps.append((f"{name}.pip_install", None))
     base = f"{lock.base.repository}:{lock.base.tag}"
     base += f"@{lock.base.digest.value}" if lock.base.digest.value else " (digest unknown)"
     not_in_lock = "a lock file does not record it"
@@ -247,15 +246,15 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
               ("repo", "none" if v.source != "git" else v.repo), ("package", v.package or "vllm"),
               ("install_deps", _yes(v.install_deps)),
               ("wheel", None))
-        + (_wheels(lock.wheels.python, lock.wheels.packages, lock.wheels.unresolved) if lock.wheels else _wheels(None, ()))
+        + (_wheels(lock.wheels.target, lock.wheels.pins, lock.wheels.unresolved) if lock.wheels else _wheels(None, ()))
         + (("venv", None),),
         components=tuple(comps),
         protect=_names(lock.protect),
         build=_build(None, None, None, None, lock.source_date_epoch) + _kernels(None, None),
         env=None,
-        mods=lock.mods,
+        mods=tuple((m.name, m.digest) for m in lock.mods),
         tooling=None,
-        packages=None if lock.packages_unresolved else lock.packages,
+        packages=None if lock.packages_unresolved else lock.installed,
         unknown=tuple(unknown),
     )
 
@@ -307,7 +306,7 @@ def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None =
                      record.source_date_epoch)
         + _kernels(record.kernels.gpus if record.kernels else None,
                    [(n, None) for n in record.kernels.not_needed] if record.kernels else None),
-        env=tuple((k, val) for k, val in record.env),
+        env=record.env,
         mods=tuple((m.name, m.digest) for m in record.mods),
         tooling=(("template and tools", None), ("sparkforge", record.tool_version)),
         packages=tuple(sorted(packages.items())) if packages is not None else None,

@@ -48,6 +48,11 @@ def images(tmp_path: Path) -> Path:
     return unlocked_images(tmp_path / "images")
 
 
+def _with(model, **changes):
+    """A copy of a lock's model with some fields changed (the models are frozen)."""
+    return model.model_copy(update=changes)
+
+
 def locked(images: Path, variant: str = "ng17e", packages: dict | None = PACKAGES):
     plan = plan_variant(layout(images), variant)
     lock = make_lock(plan, {"base.digest": Pinned(DIGEST)}, 1767225600, packages=packages,
@@ -69,7 +74,7 @@ def test_a_fresh_lock_agrees_and_round_trips(images: Path) -> None:
     assert again == lock
     assert compare(plan, again) == []
     # ray has no version in the recipe: the lock pins what the build installed, or says why not
-    ray = next(c for c in lock.components if c.name == "ray")
+    ray = lock.components["ray"]
     assert ray.version == Pinned(None, "the build did not install ray[default]")
 
 
@@ -155,7 +160,7 @@ def test_a_recipe_moved_to_a_fork_at_the_same_ref_is_not_built_from_the_locked_c
     assert ("vllm.commit", lock.vllm.commit.value) not in lost_pins(lock, unanswered)  # not the fork's to keep
     same = make_lock(plan, {"vllm.commit": Pinned(None, "no answer")}, 1767225600, packages=None,
                      packages_unresolved="x")
-    older = replace(lock, vllm=replace(lock.vllm, repo=None))  # a lock made before locks named the repository
+    older = _with(lock, vllm=_with(lock.vllm, repo=None))  # a lock made before locks named the repository
     assert ("vllm.commit", lock.vllm.commit.value) in lost_pins(older, same)  # kept: relocking is refused
 
     edit(images, "ng17", f"  repo: {fork_url}", f"  repo: {upstream}")
@@ -430,33 +435,30 @@ def test_a_pin_the_earlier_lock_made_is_lost_only_for_the_same_source(images: Pa
                            packages_unresolved="x")
     assert lost_pins(lock, unresolved) == [("base.digest", DIGEST)]
     assert lost_pins(unresolved, lock) == []  # a pin gained
-    other_tag = replace(unresolved, base=replace(unresolved.base, tag="other"))
+    other_tag = _with(unresolved, base=_with(unresolved.base, tag="other"))
     assert lost_pins(lock, other_tag) == []  # another base: the old digest is not its
     gone = make_lock(plan, {"base.digest": Pinned(None, "no such tag", answered=True)}, 1767225600, packages=None,
                      packages_unresolved="x")
     assert lost_pins(lock, gone) == []  # the registry answered that the tag is gone: nothing to keep
     target = PythonTarget("3.12", "aarch64-manylinux_2_34")
     pin = WheelPin("vllm", "0.17.0", (("vllm-0.17.0-cp38-abi3-manylinux_2_28_aarch64.whl", "ab" * 32, 1),))
-    with_set = replace(lock, wheels=LockedWheels(target, "uv", (pin,)))
-    no_answer = replace(unresolved, wheels=LockedWheels(target, None, (), "the index did not answer"))
+    with_set = _with(lock, wheels=LockedWheels.of(target, "uv", (pin,)))
+    no_answer = _with(unresolved, wheels=LockedWheels.of(target, None, (), "the index did not answer"))
     assert lost_pins(with_set, no_answer) == [("base.digest", DIGEST), ("wheels", "a set of 1 wheel")]
-    bumped = replace(no_answer, vllm=replace(no_answer.vllm, version="0.18.0"))
+    bumped = _with(no_answer, vllm=_with(no_answer.vllm, version="0.18.0"))
     assert lost_pins(with_set, bumped) == [("base.digest", DIGEST)]  # another release: another wheel set
     commit = "cd" * 20
-    cutlass = next(c for c in lock.components if c.kind == "git")
-    had = replace(lock, components=tuple(replace(c, commit=Pinned(commit)) if c is cutlass else c
-                                         for c in lock.components))
-    renamed = replace(unresolved, components=tuple(replace(c, name="cutlass44", commit=Pinned(None, "no answer"))
-                                                   if c.name == cutlass.name else c for c in unresolved.components))
+    name, cutlass = next((n, c) for n, c in lock.components.items() if c.kind == "git")
+    had = _with(lock, components=lock.components | {name: _with(cutlass, commit=Pinned(commit))})
+    others = {n: c for n, c in unresolved.components.items() if n != name}
+    renamed = _with(unresolved, components=others | {"cutlass44": _with(cutlass, commit=Pinned(None, "no answer"))})
     assert ("components.cutlass44.commit", commit) in lost_pins(had, renamed)  # the same repo and ref, renamed
-    moved = replace(renamed, components=tuple(replace(c, ref="v4.5.0") if c.name == "cutlass44" else c
-                                              for c in renamed.components))
+    moved = _with(renamed, components=others | {"cutlass44": _with(renamed.components["cutlass44"], ref="v4.5.0")})
     assert [f for f, _ in lost_pins(had, moved) if f.startswith("components.")] == []  # another ref
-    twin = replace(cutlass, name="zz-cutlass-twin", commit=Pinned("ef" * 20))  # the same source, its own pin
-    unanswered = tuple(replace(c, commit=Pinned(None, "no answer")) if c.name == cutlass.name else c
-                       for c in unresolved.components)
-    assert ("components.cutlass.commit", commit) in lost_pins(replace(had, components=had.components + (twin,)),
-                                                              replace(unresolved, components=unanswered))
+    twin = _with(cutlass, commit=Pinned("ef" * 20))  # the same source, its own pin
+    unanswered = others | {name: _with(cutlass, commit=Pinned(None, "no answer"))}
+    assert ("components.cutlass.commit", commit) in lost_pins(_with(had, components=had.components | {"zz-cutlass-twin": twin}),
+                                                              _with(unresolved, components=unanswered))
 
 
 @pytest.mark.needs("git")

@@ -157,7 +157,7 @@ def test_the_base_vllm_check_takes_a_local_build_of_the_release_only(monkeypatch
 def test_the_locked_vllm_wheels_are_the_ones_pypi_serves() -> None:
     served = {name: url.partition("#sha256=")[2] for name, url in sources.project_files("vllm", refresh=True)}
     lock = read_lock(lock_path(IMAGES, "pypi033"))
-    (vllm,) = [p for p in lock.wheels.packages if p.name == "vllm"]
+    (vllm,) = [p for p in lock.wheels.pins if p.name == "vllm"]
     assert [(f[0], served[f[0]]) for f in vllm.files] == [(f[0], f[1]) for f in vllm.files]
 
 
