@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from .. import inimage
-from ..errors import ConfigError
+from ..errors import ConfigError, Hint
 from ..files import read_regular
 from ..inimage.contract import ModKind, Phase
 from ..inimage.seam import ModDoc, ModFileDoc, PatchOrigin, VerifyDoc
@@ -143,10 +143,11 @@ def _is_branch(part: Any) -> bool:
 
 
 # The union members of the schemas below, as pydantic names them in a location.
-_UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec", "RemotePatch"}
+_UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec", "RemotePatch",
+                   "Unresolved"}
 
 
-def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA) -> ConfigError:
+def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA, hint: Hint | None = None) -> ConfigError:
     """One ConfigError for a pydantic error: the field in the user's terms and what is wrong."""
     errors = exc.errors()
     # Of the branches of a union, report the one the user meant: a value error over a type mismatch.
@@ -157,11 +158,11 @@ def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA) -> 
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "required field is missing"
-    elif err["type"] == "string_type":
+    elif err["type"] == "string_type" and path.suffix in (".yaml", ".yml"):
         msg = f"expected a string, got {type(err['input']).__name__} (quote numbers in YAML)"
     elif err["type"].endswith("_type"):
         msg = f"{msg}, got {type(err['input']).__name__}"
-    return ConfigError(msg, path=path, field=loc or None)
+    return ConfigError(msg, path=path, field=loc or None, hint=hint)
 
 
 def load_recipe_file(path: Path) -> RecipeFile:

@@ -27,7 +27,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field
 from ..errors import ConfigError, Hint, SparkforgeError
 from ..files import write_atomic
 from ..inimage.contract import JsonError, parse_json
-from .config import read_text
+from .config import read_text, validation_error
 from .fields import (
     AbsPath,
     Commit,
@@ -96,19 +96,19 @@ class Pinned(Strict):
 
 def _pin_of(kind: Any) -> BeforeValidator:
     """Reads a pin from the file: a value of `kind`, or {"unresolved": "<why>"}."""
-    value, why = TypeAdapter(kind), TypeAdapter(Unresolved)
+    value, why = TypeAdapter(kind), TypeAdapter(Text)
 
     def read(raw: object) -> object:
         if isinstance(raw, Pinned):
             return raw
+        if isinstance(raw, dict) and set(raw) != {"unresolved"}:
+            raise ValueError('a pin is its value, or {"unresolved": "<why>"}')
         try:
             if isinstance(raw, dict):
-                return Pinned(None, why.validate_python(raw, strict=True).unresolved)
+                return Pinned(None, why.validate_python(raw["unresolved"], strict=True))
             return Pinned(value.validate_python(raw, strict=True))
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise ValueError("unknown key" if err["type"] == "extra_forbidden" else
-                             err["msg"].removeprefix("Value error, ")) from None
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
     return BeforeValidator(read)
 
@@ -212,7 +212,7 @@ class Lock(Strict):
     protect: tuple[Package, ...]
     os_packages: tuple[OsPackage, ...]
     # Every installed Python package, by normalized name in name order, or why they are not known.
-    packages: Unresolved | dict[Package, InstalledVersion]
+    packages: dict[Package, InstalledVersion] | Unresolved
     built_from: BuiltFrom | None = None
     wheels: LockedWheels | None = None
 
@@ -220,6 +220,12 @@ class Lock(Strict):
     @classmethod
     def _by_name(cls, v: dict[str, LockedComponent]) -> dict[str, LockedComponent]:
         return dict(sorted(v.items()))
+
+    @field_validator("packages", mode="before")
+    @classmethod
+    def _unresolved(cls, v: object) -> object:
+        """{"unresolved": "<why>"} says why the packages are not known, whatever the why (a version-like one too)."""
+        return Unresolved.model_validate(v) if isinstance(v, dict) and list(v) == ["unresolved"] else v
 
     @field_validator("packages")
     @classmethod
@@ -264,10 +270,6 @@ class Lock(Strict):
         return json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2) + "\n"
 
 
-# The branches of a union that pydantic names in an error's location: not fields of the file.
-_BRANCHES = re.compile(r"^(str|Unresolved|dict\[.*\]|function-.*|none|int|bool|\[key\])$")
-
-
 def read_lock(path: Path) -> Lock:
     """Read and check a lock file; any fault is one line naming the file and the field."""
     text = read_text(path, missing="no such lock file")
@@ -280,15 +282,8 @@ def read_lock(path: Path) -> Lock:
     try:
         return Lock.model_validate_json(text)
     except ValidationError as exc:
-        err = next((e for e in exc.errors() if not e["type"].endswith("_type")), exc.errors()[0])
-        loc = ".".join(str(p) for p in err["loc"] if not _BRANCHES.match(str(p)))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        raise ConfigError(msg, path=path, field=loc or None,
-                          hint=Hint("write the lock again with", ("lock", path.name.removesuffix(LOCK_SUFFIX)))) from None
+        again = Hint("write the lock again with", ("lock", path.name.removesuffix(LOCK_SUFFIX)))
+        raise validation_error(exc, path, raw, hint=again) from None
 
 
 def write_lock(path: Path, lock: Lock) -> bool:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Any
-from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -19,11 +18,26 @@ from .layout import Layout, digest_tooling, digest_tree
 from .plan import (MACHINE, BaseImage, BuildArgs, Component, Mod, Pin, Plan, PythonTarget, Vllm, WheelFile,
                    platform_of, rehash)
 from .fields import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE
-from .schema import ModSpec
+from .schema import ComponentSpec, ModChanges, ModSpec, PythonSpec, RecipeFile, Unknown, VllmSpec
 
 DEFAULT_IMAGE = "sparkforge/vllm"
 # The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
 WHEEL_FILE_RE = re.compile(r"\A[A-Za-z0-9._+-]+\.whl\Z")
+T = TypeVar("T")
+
+
+def _missing(leaf: Path, fld: str) -> NoReturn:
+    raise ConfigError("required field is missing (set it here or in a parent)", path=leaf, field=fld)
+
+
+def _need(value: T | None, leaf: Path, fld: str) -> T:
+    """A field the plan cannot do without, set in the recipe or in a parent."""
+    return _missing(leaf, fld) if value is None else value
+
+
+def _pin(raw: str | Unknown | None, leaf: Path, fld: str) -> Pin:
+    """A field the plan cannot do without that pins a value, or says why it is not known yet ({unknown: why})."""
+    return _missing(leaf, fld) if raw is None else Pin.of(raw, "")
 
 
 def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
@@ -45,23 +59,18 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None, platform
     data = recipe.data
     leaf = layout.images_dir / f"{recipe.variant}.yaml"
 
-    def need(value: Any, fld: str) -> Any:
-        if value is None:
-            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf, field=fld)
-        return value
-
-    b = need(data.base, "base")
-    base_image = BaseImage(need(b.repository, "base.repository"), need(b.tag, "base.tag"),
-                           Pin.of(need(b.digest, "base.digest"), ""))
+    b = _need(data.base, leaf, "base")
+    base_image = BaseImage(_need(b.repository, leaf, "base.repository"), _need(b.tag, leaf, "base.tag"),
+                           _pin(b.digest, leaf, "base.digest"))
     if base is not None:
         base_image = parse_image_ref(base)
 
-    vllm = _vllm(need(data.vllm, "vllm"), leaf, need)
-    components = _components(data.components or {}, leaf, need)
+    vllm = _vllm(_need(data.vllm, leaf, "vllm"), leaf)
+    components = _components(data.components or {}, leaf)
 
-    bs = need(data.build, "build")
+    bs = _need(data.build, leaf, "build")
     build_env = {k: v for k, v in (getattr(bs, "env", None) or {}).items() if v is not None}
-    build = BuildArgs(need(bs.torch_cuda_arch_list, "build.torch_cuda_arch_list"),
+    build = BuildArgs(_need(bs.torch_cuda_arch_list, leaf, "build.torch_cuda_arch_list"),
                       bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
 
     mods, env = _mods(data, layout, leaf, vllm, components)
@@ -121,29 +130,28 @@ def _platform(recipe_value: str | None, python: PythonTarget | None, leaf: Path,
     return chosen
 
 
-def _python(spec: Any, vllm: Vllm, leaf: Path) -> PythonTarget | None:
+def _python(spec: PythonSpec | None, vllm: Vllm, leaf: Path) -> PythonTarget | None:
     """The recipe's `python:`: both fields, and only where pip resolves what the image installs (source pypi)."""
     if spec is None:
         return None
     if vllm.source != "pypi":
         raise ConfigError(f"a wheel set is resolved for a pypi source only (this variant's vllm.source is "
                           f"{vllm.source})", path=leaf, field="python")
-    for fld in ("version", "platform"):
-        if getattr(spec, fld) is None:
-            raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
-                              field=f"python.{fld}")
+    if spec.version is None or spec.platform is None:
+        raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
+                          field=f"python.{'version' if spec.version is None else 'platform'}")
     left = sorted((name, reason) for name, reason in (spec.leave_out or {}).items() if reason is not None)
     return PythonTarget(spec.version, spec.platform, tuple(n for n, _ in left), tuple(r for _, r in left),
                         spec.venv)
 
 
-def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
+def _vllm(v: VllmSpec, leaf: Path) -> Vllm:
     """The recipe's vllm: section as a Vllm, each source with only the fields it takes."""
-    source = need(v.source, "vllm.source")
-    version = need(v.version, "vllm.version")
+    source = _need(v.source, leaf, "vllm.source")
+    version = _need(v.version, leaf, "vllm.version")
     if source == "git":
-        vllm = Vllm("git", version, need(v.repo, "vllm.repo"), need(v.ref, "vllm.ref"),
-                    Pin.of(need(v.commit, "vllm.commit"), ""), bool(v.install_deps))
+        vllm = Vllm("git", version, _need(v.repo, leaf, "vllm.repo"), _need(v.ref, leaf, "vllm.ref"),
+                    _pin(v.commit, leaf, "vllm.commit"), bool(v.install_deps))
     if source != "pypi" and v.package is not None:
         raise ConfigError(f"a {source} source does not take package: it names the distribution to install from the "
                           "index (source pypi)", path=leaf, field="vllm.package")
@@ -171,7 +179,7 @@ def _vllm(v: Any, leaf: Path, need: Callable[[Any, str], Any]) -> Vllm:
     return vllm
 
 
-def _components(entries: dict[str, Any], leaf: Path, need: Callable[[Any, str], Any]) -> list[Component]:
+def _components(entries: dict[str, ComponentSpec | None], leaf: Path) -> list[Component]:
     """The recipe's components, by name: each is pip (with version) or git (with ref, commit, dest)."""
     components = []
     for name, c in sorted(entries.items()):
@@ -181,22 +189,22 @@ def _components(entries: dict[str, Any], leaf: Path, need: Callable[[Any, str], 
         if c.pip and not c.git:
             if c.ref or c.commit or c.dest or c.pip_install is not None:
                 raise ConfigError("a pip component takes only pip and version", path=leaf, field=fld)
-            components.append(Component(name, "pip", c.pip, Pin.of(need(c.version, f"{fld}.version"), ""),
+            components.append(Component(name, "pip", c.pip, _pin(c.version, leaf, f"{fld}.version"),
                                         None, None, Pin(None), None))
         elif c.git and not c.pip:
             if c.version:
                 raise ConfigError("a git component is pinned by ref and commit, not version", path=leaf,
                                   field=f"{fld}.version")
-            components.append(Component(name, "git", None, Pin(None), c.git, need(c.ref, f"{fld}.ref"),
-                                        Pin.of(need(c.commit, f"{fld}.commit"), ""),
-                                        need(c.dest, f"{fld}.dest"), bool(c.pip_install)))
+            components.append(Component(name, "git", None, Pin(None), c.git, _need(c.ref, leaf, f"{fld}.ref"),
+                                        _pin(c.commit, leaf, f"{fld}.commit"),
+                                        _need(c.dest, leaf, f"{fld}.dest"), bool(c.pip_install)))
         else:
             raise ConfigError("a component is either pip (with version) or git (with ref, commit, dest)",
                               path=leaf, field=fld)
     return components
 
 
-def _mods(data: Any, layout: Layout, leaf: Path, vllm: Vllm,
+def _mods(data: RecipeFile, layout: Layout, leaf: Path, vllm: Vllm,
           components: list[Component]) -> tuple[list[Mod], dict[str, str]]:
     """The recipe's mods, loaded and checked against the plan, and the env they and the recipe set; no env
     name or drop-in file may belong to two mods."""
@@ -204,6 +212,7 @@ def _mods(data: Any, layout: Layout, leaf: Path, vllm: Vllm,
     mods = []
     env: dict[str, str] = {}
     owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
+    assert not isinstance(data.mods, ModChanges), "merged: a parent's list with the changes made"
     for name in data.mods or []:
         spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
         check_mod_fits(spec, folder, vllm, known_components, leaf)
@@ -231,7 +240,7 @@ def gpus_of(arch_list: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(caps))
 
 
-def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
+def _wheel_file(v: VllmSpec, version: str, leaf: Path) -> WheelFile:
     """The wheel of a `source: wheel` recipe; its file name must be a vLLM wheel of the recipe's version."""
     for fld in ("repo", "ref", "commit"):
         if getattr(v, fld) is not None:
@@ -244,7 +253,7 @@ def _wheel_file(v: Any, version: str, leaf: Path) -> WheelFile:
         raise ConfigError("required field is missing: the wheel's sha256 (`sha256sum FILE` prints it)", path=leaf,
                           field="vllm.sha256")
     fld = "vllm.url" if v.url else "vllm.path"
-    filename = urllib.parse.unquote(v.url.rsplit("/", 1)[1]) if v.url else v.path.rsplit("/", 1)[-1]
+    filename = urllib.parse.unquote(v.url.rsplit("/", 1)[1]) if v.url else (v.path or "").rsplit("/", 1)[-1]
     try:
         if not WHEEL_FILE_RE.fullmatch(filename):
             raise InvalidWheelFilename(filename)

@@ -6,7 +6,7 @@ needs another, one path written twice).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
@@ -160,21 +160,21 @@ class RecipeFile(Strict):
 
     @field_validator("gpus")
     @classmethod
-    def _gpus_once(cls, v: Any) -> Any:
+    def _gpus_once(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and len(set(v)) != len(v):
             raise ValueError("a GPU is listed twice")
         return v
 
     @field_validator("kernels_scan")
     @classmethod
-    def _scan_once(cls, v: Any) -> Any:
+    def _scan_once(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and len({name.lower().replace("_", "-") for name in v}) != len(v):
             raise ValueError("a distribution is listed twice")
         return v
 
     @field_validator("protect", "os_packages")
     @classmethod
-    def _packages_once(cls, v: Any, info: ValidationInfo) -> Any:
+    def _packages_once(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         """A package once: pip reads `Torch` and `torch_x` as `torch` and `torch-x` (PEP 503), apt one name at
         one version."""
         key = (lambda p: canonicalize_name(p.split("[")[0])) if info.field_name == "protect" else (
@@ -190,7 +190,7 @@ class RecipeFile(Strict):
 
     @field_validator("mods")
     @classmethod
-    def _unique(cls, v: Any) -> Any:
+    def _unique(cls, v: list[str] | ModChanges | None) -> list[str] | ModChanges | None:
         if isinstance(v, list) and len(set(v)) != len(v):
             raise ValueError("a mod is listed twice")
         return v

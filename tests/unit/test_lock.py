@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from sparkforge.errors import ConfigError
 from sparkforge.repro.diff import diff, diff_snapshots, from_plan
 from sparkforge.recipe.lock import apply_lock, compare, lost_pins, make_lock
-from sparkforge.recipe.lockfile import MAX_EPOCH, MIN_EPOCH, LockedWheels, Pinned, lock_path, read_lock, write_lock
+from sparkforge.recipe.lockfile import MAX_EPOCH, MIN_EPOCH, LockedWheels, Pinned, Unresolved, lock_path, read_lock, \
+    write_lock
 from sparkforge.recipe.plan import PythonTarget, WheelPin
 from sparkforge.repro.outdated import check_components, newer_releases
 from sparkforge.recipe.sources import SourceUnavailable
@@ -76,6 +77,17 @@ def test_a_fresh_lock_agrees_and_round_trips(images: Path) -> None:
     # ray has no version in the recipe: the lock pins what the build installed, or says why not
     ray = lock.components["ray"]
     assert ray.version == Pinned(None, "the build did not install ray[default]")
+
+
+@pytest.mark.parametrize("why", ["offline", "no build here", "1.0"])
+def test_unresolved_packages_read_back_as_unresolved_whatever_the_reason(images: Path, why: str) -> None:
+    """{"unresolved": WHY} is the reason the packages are not known, even where WHY could be read as a version."""
+    _, lock = locked(images, packages=None)
+    path = lock_path(images, "ng17e")
+    write_lock(path, lock.model_copy(update={"packages": Unresolved(unresolved=why)}))
+    again = read_lock(path)
+    assert (again.packages_unresolved, again.installed) == (why, ())
+    assert json.loads(path.read_text())["packages"] == {"unresolved": why}
 
 
 def test_a_lock_names_the_field_the_recipe_changed(images: Path) -> None:
@@ -197,7 +209,7 @@ def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
 @pytest.mark.parametrize("damage, field", [
     (lambda d: d.update(source_date_epoch="1704067200"), "source_date_epoch"),
     (lambda d: d["base"].update(digest="sha256:short"), "base.digest"),
-    (lambda d: d["mods"][0].pop("digest"), "mods.0.digest"),
+    (lambda d: d["mods"][0].pop("digest"), "mods[0].digest"),
     (lambda d: d.update(extra=1), "extra"),
     (lambda d: d["components"]["flashinfer"].update(version={"unknown": "x"}), "components.flashinfer.version"),
     (lambda d: d["packages"].update({"bad name!": "1"}), "packages"),

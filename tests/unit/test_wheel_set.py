@@ -106,7 +106,7 @@ def test_a_recipe_whose_python_changed_is_refused_by_its_lock(tmp_path: Path, cl
 
 @pytest.mark.parametrize("damage, field", [
     (lambda w: w.update(unresolved="both"), "wheels"),
-    (lambda w: w["packages"]["vllm"]["files"][0].update(sha256="e9e4"), "wheels.packages.vllm.files.0.sha256"),
+    (lambda w: w["packages"]["vllm"]["files"][0].update(sha256="e9e4"), "wheels.packages.vllm.files[0].sha256"),
     (lambda w: w["packages"]["vllm"].update(files=[]), "wheels.packages.vllm.files"),
     (lambda w: w.update(platform="arm64"), "wheels.platform"),
 ])
