@@ -79,7 +79,7 @@ class BuildOptions:
     source_date_epoch: int | None = None
     log_dir: Path = Path("build/logs")
     builder: str | None = None
-    # Instead of --load: a buildx --output, e.g. type=docker,dest=X.tar,rewrite-timestamp=true.
+    # Instead of INTO_ENGINE: a buildx --output, e.g. type=docker,dest=X.tar,rewrite-timestamp=true.
     output: str | None = None
     # The Docker engine to build on (DOCKER_HOST), e.g. unix:///run/other/docker.sock.
     docker_host: str | None = None
@@ -107,10 +107,19 @@ def candidate_tag(plan: Plan) -> str:
     return f"{plan.tag}-candidate"
 
 
+# How a build goes into the engine: `--load`'s exporter, with zstd at level 1 for the layers it writes. The
+# containerd image store (Docker 29's default) keeps each layer compressed as exported, and unpacked beside it:
+# zstd exports and unpacks there in about half the time of the default gzip and stores fewer bytes, and the
+# engine's push sends the layers as stored, so the nodes pull zstd too (README, performance). OCI media types are
+# the ones Docker 23+ and containerd pull zstd layers by. The classic store keeps layers unpacked and ignores it;
+# another builder than the engine's own (docker-container) loads them into the engine as such a tarball.
+INTO_ENGINE = "type=docker,compression=zstd,compression-level=1,oci-mediatypes=true"
+
+
 def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None,
                    target: str | None = None) -> list[str]:
     """The exact `docker buildx build` command for a rendered context (of one stage, with target)."""
-    cmd = ["docker", "buildx", "build", "--progress=plain", *(["--output", opts.output] if opts.output else ["--load"]),
+    cmd = ["docker", "buildx", "build", "--progress=plain", "--output", opts.output or INTO_ENGINE,
            "--provenance=false", "--platform", plan.platform, "--file", str(context.dockerfile)]
     if target:
         cmd += ["--target", target]
@@ -282,7 +291,7 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
         resolved = base_on_engine(plan, opts.docker_host)
         if resolved:
             opts = replace(opts, labels=(*opts.labels, (BASE_LABEL, resolved)))
-    loads = opts.output is None  # --load: into the engine, tagged as the candidate; else an exporter's file
+    loads = opts.output is None  # into the engine, tagged as the candidate; else an exporter's file
     candidate = candidate_tag(plan) if loads else ""
     reader = _buildx(plan, buildx_command(plan, context, opts, tag=candidate or None), opts, log_path, progress)
     image_id = (image_ids(candidate)[candidate] or "") if loads else ""

@@ -231,6 +231,8 @@ NEEDS: dict[str, Need] = {
     "cuda-driver": Need(f"an NVIDIA driver that runs CUDA {CUDA_DRIVER[0]}.{CUDA_DRIVER[1]}", _cuda_driver),
     "docker-cli": Need("the docker CLI (no engine needed)", _docker_cli),
     "dockerd": Need("root and dockerd on PATH, for engines of the tests' own", _dockerd),
+    "old-dockerd": Need("an older engine for a node of the tests' own: dockerd-26 on PATH (.ci/provision)",
+                        lambda: _dockerd() or (None if shutil.which("dockerd-26") else "dockerd-26 is not on PATH")),
     "base-local": Need(f"the local base {BASE}, or root and debootstrap to make it", _base_local),
     "docker-registry": Need("Debian's docker-registry", _docker_registry),
     "test-user": Need(f"root, runuser and a non-root member of the docker group ({TEST_USER})", _test_user),
