@@ -149,8 +149,9 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
 
 
 def require_engine(host: str | None) -> None:
-    """Raise BuildError, in one line, unless the engine at host (None: the CLI's own) answers in time."""
-    problem = dockercli.engine_problem(host)
+    """Raise BuildError, in one line, unless the engine at host (None: the CLI's own) answers in time (or has
+    answered already in this process)."""
+    problem = None if dockercli.answered(host) else dockercli.engine_problem(host)
     if problem:
         raise BuildError(problem, field="docker")
 
@@ -162,7 +163,8 @@ EMULATION_HINT = ("register QEMU's binfmt handlers on the engine's machine (Debi
 
 def engine_arch(host: str | None) -> str:
     """The engine's own architecture, as Docker names it (amd64, arm64)."""
-    return dockercli.run(["version", "--format", "{{.Server.Arch}}"], what="docker version", host=host).stdout.strip()
+    return dockercli.answered(host) or \
+        dockercli.run(["version", "--format", "{{.Server.Arch}}"], what="docker version", host=host).stdout.strip()
 
 
 def builder_platforms(opts: BuildOptions) -> tuple[str, ...]:

@@ -93,17 +93,24 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, h
     return done
 
 
-_alive: set[str] = set()  # the engines (DOCKER_HOST, or the current context) that answered in this process
+# The engines (DOCKER_HOST, or the current context) that answered in this process, and their architecture.
+_alive: dict[str, str] = {}
 
 
 def _engine_key(host: str | None) -> str:
     return host or os.environ.get("DOCKER_HOST") or f"context {os.environ.get('DOCKER_CONTEXT') or 'current'}"
 
 
+def answered(host: str | None) -> str | None:
+    """The architecture of the engine at host (None: the CLI's own) as Docker names it (amd64, arm64), where
+    that engine answered engine_problem in this process; else None."""
+    return _alive.get(_engine_key(host))
+
+
 def _require_alive(host: str | None) -> None:
     """Before the first longer call to an engine: raise EngineError, after at most QUICK seconds, unless it
     answers (a stopped or wedged engine is said within seconds, not after the longer call's limit)."""
-    if _engine_key(host) in _alive:
+    if answered(host):
         return
     problem = engine_problem(host)
     if problem:
@@ -178,14 +185,14 @@ def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | Non
     that answers is remembered for run()."""
     where = _where(host)
     try:
-        done = proc.run(["docker", "version", "--format", "{{.Server.Version}}"], what="docker version",
-                        timeout=timeout, env=_env(host), capture_output=True, text=True)
+        done = proc.run(["docker", "version", "--format", "{{.Server.Version}} {{.Server.Arch}}"],
+                        what="docker version", timeout=timeout, env=_env(host), capture_output=True, text=True)
     except proc.TimedOut:
         return f"the Docker engine does not answer: the engine{where} did not answer within {timeout:.0f} s (is it wedged?)"
     except proc.CommandError as exc:
         return f"the Docker engine does not answer: {exc.why}"
     if done.returncode == 0 and done.stdout.strip():
-        _alive.add(_engine_key(host))
+        _alive[_engine_key(host)] = done.stdout.split()[-1]
         return None
     return f"the Docker engine does not answer: {_why_not(done.stderr, where)}"
 
