@@ -1,6 +1,7 @@
 """Push stage of distribution: the head puts both tags of an image in a registry.
 
-Two ways: the engine's own push (gzip on one core, any Docker; :func:`push_image`), or by blobs (:func:`push_blobs`):
+Two ways: the engine's own push (:func:`push_image`: gzip on one core, any Docker; from the containerd image store,
+the layers as it keeps them), or by blobs (:func:`push_blobs`):
 one `docker save`, each layer compressed with zstd on every core (or not at all) and streamed to the registry, then
 the manifest under the immutable tag and, last, the moving tag. Either way the manifest digest the registry stored is
 recorded on the head, as one more name of the image (:func:`.images.record_manifest`).
@@ -150,12 +151,13 @@ def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", pro
 
 def default_route(store: dockercli.ImageStore) -> tuple[str, str]:
     """The push after which a first deploy is fastest from a head on this store (`make bench-distribute`), and
-    why: a containerd-store head keeps the layers BuildKit built gzip-compressed, and the engine's own push sends
-    them as kept, while the blob push would first read them out with `docker save`; a classic-store head keeps
-    them unpacked, and zstd on every core sends fewer bytes sooner than the engine's gzip on one core."""
+    why: a containerd-store head keeps the layers BuildKit built compressed (zstd, as sparkforge builds), and the
+    engine's own push sends them as kept, while the blob push would first read them out with `docker save`; a
+    classic-store head keeps them unpacked, and zstd on every core sends fewer bytes sooner than the engine's gzip
+    on one core."""
     if store.containerd:
         return "gzip", ("the engine's own push: this engine's containerd image store keeps the built layers "
-                        "gzip-compressed and sends them as kept")
+                        "compressed and sends them as kept")
     return "zstd", "layers zstd-compressed on every core, by blobs: this engine's classic store keeps them unpacked"
 
 
@@ -212,7 +214,7 @@ class _SavedImage:
         data = _file_of(tar, member)
         stored = stored_compression(data.peek(4)[:4])
         digest = f"sha256:{hexname}"
-        if stored is not None:  # a compressed layer (the containerd store keeps gzip): sent as it is
+        if stored is not None:  # a compressed layer (the containerd store keeps what was built so): sent as it is
             if self.client.blob_exists(self.repo, digest):
                 self.present += 1
             else:
