@@ -118,8 +118,12 @@ def bench_git_source(work: Path) -> bool:
             return result, time.monotonic() - start
 
         def edit(mod: str) -> None:
-            spec = git.mods / mod / "mod.yaml"
-            spec.write_text(spec.read_text().replace("summary: ", "summary: (bench-edited) ", 1))
+            """Change what the mod applies: a line its patch adds (its summary alone reaches no step: the
+            image reads only what it applies)."""
+            (patch,) = (git.mods / mod).glob("*.patch")
+            text = patch.read_text()
+            line = next(n for n in text.splitlines() if n.startswith("+") and not n.startswith("+++") and n[1:].strip())
+            patch.write_text(text.replace(line, line + "  # bench-edited", 1))
 
         def compiled(result: BuildResult) -> bool:
             return any(s.stage == "vllm-build" for s in result.ran)
