@@ -124,12 +124,12 @@ def push(
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
               f"{result.layers_present} already in the registry; {result.seconds:.1f}s")
-    for stored, n in result.sent_as_stored:
+    for stored, n in result.sent_as_stored:  # only a containerd-store head keeps layers compressed
         if compression is not None and stored != compression.value:
-            faster = ("; here `--compression gzip` (the engine's own push) makes a first deploy faster, where this "
-                      "engine trusts the registry") if stored == "gzip" else ""
             out.print(f"note: {n} layer{'' if n == 1 else 's'} went as this engine keeps them ({stored}), not "
-                      f"{compression.value}: the containerd image store keeps what BuildKit built compressed{faster}")
+                      f"{compression.value}: the containerd image store keeps what BuildKit built compressed; here "
+                      "`--compression gzip` (the engine's own push) makes a first deploy faster, where this engine "
+                      "trusts the registry")
 
 
 @app.command()
