@@ -224,7 +224,10 @@ class Lock(Strict):
     @field_validator("packages", mode="before")
     @classmethod
     def _unresolved(cls, v: object) -> object:
-        """{"unresolved": "<why>"} says why the packages are not known, whatever the why (a version-like one too)."""
+        """{"unresolved": "<why>"} says why the packages are not known, whatever the why (a version-like one too);
+        beside packages it says nothing a reader could trust."""
+        if isinstance(v, dict) and "unresolved" in v and len(v) > 1:
+            raise ValueError('give the installed packages or {"unresolved": "<why>"}, not both')
         return Unresolved.model_validate(v) if isinstance(v, dict) and list(v) == ["unresolved"] else v
 
     @field_validator("packages")

@@ -215,6 +215,7 @@ def test_build_locked_without_a_lock_is_refused(images: Path, cli) -> None:
     (lambda d: d["packages"].update({"bad name!": "1"}), "packages"),
     (lambda d: d["packages"].update({"VLLM": "0.17.0"}), "packages: 'vllm' and 'VLLM' name one package"),
     (lambda d: d["packages"].update({"pip": "23.0.1\n"}), "packages"),
+    (lambda d: d["packages"].update({"unresolved": "offline"}), "packages: give the installed packages or"),
     (lambda d: d.update(source_date_epoch=10 ** 30), "source_date_epoch"),
     (lambda d: d.update(source_date_epoch=MAX_EPOCH + 1), "source_date_epoch"),
     (lambda d: d.update(source_date_epoch=True), "source_date_epoch"),
