@@ -97,6 +97,7 @@ class BuildResult:
     log_path: Path
     seconds: float
     steps: list[Step] = field(default_factory=list)
+    tags: dict[str, str | None] = field(default_factory=dict)  # the image ID each tag asked for (`also`) points to
 
     @property
     def ran(self) -> list[Step]:
@@ -284,9 +285,11 @@ def base_on_engine(plan: Plan, host: str | None) -> str | None:
 
 
 def build_image(plan: Plan, context: Context, opts: BuildOptions,
-                progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
+                progress: Callable[[Step, float], None] = lambda step, elapsed: None,
+                also: tuple[str, ...] = ()) -> BuildResult:
     """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`. Where the plan
-    pins no base digest, the image is labelled with the base the engine held (BASE_LABEL)."""
+    pins no base digest, the image is labelled with the base the engine held (BASE_LABEL). The engine is asked
+    for the image ID of the candidate and of each tag in `also` in one call afterwards (result.tags)."""
     log_path = _log_path(plan, opts, "")
     if opts.output is None and not any(key == BASE_LABEL for key, _ in opts.labels):
         require_engine(opts.docker_host)
@@ -296,12 +299,13 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
     loads = opts.output is None  # into the engine, tagged as the candidate; else an exporter's file
     candidate = candidate_tag(plan) if loads else ""
     reader = _buildx(plan, buildx_command(plan, context, opts, tag=candidate or None), opts, log_path, progress)
-    image_id = (image_ids(candidate)[candidate] or "") if loads else ""
+    tags = image_ids(candidate, *also) if loads else {}
+    image_id = tags.get(candidate) or ""
     if loads and not image_id:
         raise BuildError(f"the build finished but the engine has no image {candidate} (build log: {log_path})",
                          field="docker")
     return BuildResult(plan, image_id, candidate, log_path, time.monotonic() - reader.start,
-                       sorted(reader.steps.values(), key=lambda s: s.number))
+                       sorted(reader.steps.values(), key=lambda s: s.number), tags)
 
 
 def export_stage(plan: Plan, context: Context, opts: BuildOptions, target: str, dest: Path,

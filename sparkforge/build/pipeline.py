@@ -317,11 +317,12 @@ def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, w
     try:
         wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
         ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
-        result = build_image(plan, ctx, with_wheel_set(plan, with_wheel(opts, wheel), say), progress=progress)
+        result = build_image(plan, ctx, with_wheel_set(plan, with_wheel(opts, wheel), say), progress=progress,
+                             also=(plan.tag, plan.moving_tag))
     except BuildError as exc:
         exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
         raise
-    now = image_ids(plan.tag, plan.moving_tag, result.candidate)
+    now = result.tags
     static = None
     already = smoke and now[plan.tag] == result.image_id
     if smoke and not already:

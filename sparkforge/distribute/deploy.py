@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable
 from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
+from ..imageref import ImageRef
 from ..net import time_left
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
-from .images import (DeployRecord, HeadImage, NodeImage, check_node, deployed_tag, image_on_head, inspect,
-                     registry_ref, require_arch, same_image, update_state)
+from .images import (DeployRecord, HeadImage, check_node, deployed_tag, image_on_head, inspect, registry_ref,
+                     same_image, update_state)
 from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_dockers,
                     run_nodes)
 
@@ -172,15 +173,29 @@ def set_tags(node: Node, node_id: str, image: HeadImage) -> None:
                           f"{last_line(proc.stderr, 'no message')}")
 
 
-def verify_and_tag(node: Node, image: HeadImage, ref: str) -> NodeImage:
-    """Check that ref on the node is the head's image, then move the tags to it."""
+def verify_and_tag(node: Node, image: HeadImage, ref: str, digest: str = "") -> str:
+    """Check that ref on the node is the head's image, then move the tags to it; the node's ID of it.
+
+    digest: the manifest digest a pull of ref ended with. One the head pushed names the head's image by
+    its content (the node's engine checked every blob against it), so the node is told in one call to tag
+    ref@digest and to give its ID for it.
+    """
+    if digest in image.identity.manifests:
+        pulled = f"{ImageRef.parse(ref).repository}@{digest}"
+        proc = run_dockers(node, [("tag", pulled, image.tag), ("tag", pulled, image.moving_tag),
+                                  ("image", "inspect", "--format", "{{.Id}}", pulled)], timeout=CONTROL_TIMEOUT)
+        said = proc.stdout.decode(errors="replace").split()
+        if proc.returncode != 0 or not said:
+            raise NodeFailure(f"tagging {pulled} as {image.tag}, then {image.moving_tag}, failed: "
+                              f"{last_line(proc.stderr, 'no message')}")
+        return said[-1]
     got = inspect(node, ref)[ref]
     if got is None or not same_image(image.identity, got):
         shown = got.id[:19] if got else "missing"
         raise NodeFailure(f"{ref} on the node is {shown}, not the head's image {image.image_id[:19]} "
                           "(layers or digests differ); moving tag left where it was")
     set_tags(node, got.id, image)
-    return got
+    return got.id
 
 
 # ------------------------------------------------------------------------------ the deploy loop
@@ -223,6 +238,7 @@ class NodeRun:
     start: float  # time.monotonic() its time counts from
     previous: str | None = None  # where the moving tag pointed before
     moved: int = 0  # bytes moved so far
+    digest: str = ""  # the manifest digest the node's pull ended with (registry)
 
     def result(self, outcome: Outcome, image_id: str | None, error: str | None = None) -> NodeResult:
         return NodeResult(self.node, outcome, image_id, self.moved, time.monotonic() - self.start, error,
@@ -251,7 +267,6 @@ def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeRes
     run, told = NodeRun(node, time.monotonic()), False  # told: the transfer heard whether this node moves
     try:
         progress(Progress(node.name, "check"))
-        require_arch(node, transfer.image)
         before, have = check_node(node, transfer.image)
         run.previous = before.id if before else None
         told = True
@@ -262,9 +277,9 @@ def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeRes
             return run.result(CURRENT, have.id)
         transfer.move(node, run, progress)
         progress(Progress(node.name, "verify", run.moved, run.moved))
-        got = verify_and_tag(node, transfer.image, transfer.ref)
+        got = verify_and_tag(node, transfer.image, transfer.ref, run.digest)
         progress(Progress(node.name, "done", run.moved, run.moved, "updated"))
-        return run.result(UPDATED, got.id)
+        return run.result(UPDATED, got)
     except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
         if not told:
             transfer.skip(node)
@@ -318,7 +333,7 @@ class RegistryPull:
             run.moved = done
             progress(Progress(node.name, "pull", done, total, detail))
 
-        run.moved = pull(node, self.source, self.sizes, seen, self.stall)
+        run.moved, run.digest = pull(node, self.source, self.sizes, seen, self.stall)
 
     def skip(self, node: Node) -> None:
         pass
@@ -342,9 +357,8 @@ def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = N
 
     def one(node: Node) -> NodeStatus:
         try:
-            if image is not None:
-                require_arch(node, image)  # a node of another architecture cannot run it, whatever its tags say
-            found = inspect(node, plan.moving_tag, tag)
+            # a node of another architecture cannot run the head's image, whatever its tags say
+            found = inspect(node, plan.moving_tag, tag, runs=image)
             moving, tagged = found[plan.moving_tag], found[tag]
         except DistributeError as exc:
             return NodeStatus(node, None, None, str(exc))

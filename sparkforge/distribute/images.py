@@ -27,7 +27,7 @@ from ..recipe.layout import PROJECT_ROOT
 from ..recipe.plan import Plan
 from ..recipe.fields import DIGEST_RE, REPOSITORY_RE, TAG_RE
 from .cluster import Node
-from .nodes import CONTROL_TIMEOUT, NodeFailure, one_line, run_docker
+from .nodes import CONTROL_TIMEOUT, NodeFailure, one_line, run_dockers
 
 STATE_DIR = PROJECT_ROOT / "build" / "distribute"
 
@@ -298,37 +298,39 @@ def registry_ref(registry: str, ref: str) -> str:
 # ----------------------------------------------------------------------------------- nodes
 
 
-def inspect(node: Node, *refs: str) -> dict[str, NodeImage | None]:
-    """The image each reference names on a node (None where there is none), in one call to the node."""
-    proc = run_docker(node, "image", "inspect", *refs, timeout=CONTROL_TIMEOUT)
+ARCH_SAID = "engine-arch: "  # how the node's engine names its architecture in an answer (see inspect)
+
+
+def inspect(node: Node, *refs: str, runs: HeadImage | None = None) -> dict[str, NodeImage | None]:
+    """The image each reference names on a node (None where there is none), in one call to the node.
+
+    runs: an image that must be able to run there. The same call first asks the node's engine its
+    architecture, and a node whose engine runs another than the image's is refused (NodeFailure), so that
+    nothing is sent to it.
+    """
+    arch = runs.arch if runs else ""
+    asks = [("version", "--format", ARCH_SAID + "{{.Server.Arch}}")] if arch else []
+    proc = run_dockers(node, [*asks, ("image", "inspect", *refs)], timeout=CONTROL_TIMEOUT)
+    out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+    if runs and arch:
+        lines = out.splitlines()
+        said = [line.removeprefix(ARCH_SAID).strip() for line in lines if line.startswith(ARCH_SAID)]
+        if not said:
+            raise NodeFailure(f"docker version failed: {one_line(err) or 'no answer'}")
+        if said[-1] != arch:
+            raise NodeFailure(f"its engine runs {said[-1]} images, and {runs.tag} is built for linux/{arch}; "
+                              "nothing was sent to it")
+        out = "\n".join(line for line in lines if not line.startswith(ARCH_SAID))
     try:
-        seen = dockercli.read_inspect(refs, proc.returncode, proc.stdout.decode(errors="replace"),
-                                      proc.stderr.decode(errors="replace"))
+        seen = dockercli.read_inspect(refs, proc.returncode, out, err)
         return {ref: None if data is None else NodeImage.from_inspect(data) for ref, data in seen.items()}
     except (ValueError, LookupError, TypeError) as exc:  # also an image without an ID or with odd digests
         raise NodeFailure(f"inspect of {' '.join(refs)} failed: {exc}") from None
 
 
-def node_arch(node: Node) -> str:
-    """The architecture of a node's engine, as Docker names it (arm64, amd64)."""
-    proc = run_docker(node, "version", "--format", "{{.Server.Arch}}", timeout=CONTROL_TIMEOUT)
-    if proc.returncode != 0:
-        raise NodeFailure(f"docker version failed: {one_line(proc.stderr.decode(errors='replace'))}")
-    return proc.stdout.decode(errors="replace").strip()
-
-
-def require_arch(node: Node, image: HeadImage) -> None:
-    """Refuse, as this node's one-line failure, a node whose engine runs another architecture than the image's."""
-    if not image.arch:
-        return
-    arch = node_arch(node)
-    if arch != image.arch:
-        raise NodeFailure(f"its engine runs {arch} images, and {image.tag} is built for linux/{image.arch}; "
-                          "nothing was sent to it")
-
-
 def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
-    """(the image the moving tag points to, the head's image when either tag names it), in one call."""
-    found = inspect(node, image.moving_tag, image.tag)
+    """(the image the moving tag points to, the head's image when either tag names it), in one call that
+    also refuses a node of another architecture (inspect)."""
+    found = inspect(node, image.moving_tag, image.tag, runs=image)
     have = next((i for i in found.values() if i is not None and same_image(image.identity, i)), None)
     return found[image.moving_tag], have

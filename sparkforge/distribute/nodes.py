@@ -25,6 +25,7 @@ from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..inimage.proc import CommandError, TimedOut, run
+from ..recipe.fields import DIGEST_RE
 from ..registry import Client as RegistryClient
 from ..registry import RegistryError
 from .cluster import SSH_RE, Node, Registry
@@ -90,16 +91,19 @@ def run_docker(node: Node, *args: str, timeout: float,
 def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> subprocess.CompletedProcess[bytes]:
     """Run docker commands on a node, each only after the one before succeeded; over ssh, in one session.
 
-    Returns the last command run: the first that failed, or the last of all.
+    Returns what they printed, in order, with the exit code of the last command run: the first that failed,
+    or the last of all.
     """
     if node.endpoint.startswith("ssh://"):
         line = " && ".join("docker " + " ".join(shlex.quote(a) for a in args) for args in commands)
         return _run_on(node, ssh_argv(node) + [line], commands[0][0], timeout)
+    out, err = b"", b""
     for args in commands:
         proc = run_docker(node, *args, timeout=timeout)
+        out, err = out + proc.stdout, err + proc.stderr
         if proc.returncode != 0:
             break
-    return proc
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _run_on(node: Node, argv: list[str], verb: str, timeout: float,
@@ -179,6 +183,7 @@ class PullLog:
         self.fetching: set[str] = set()
         self.present = 0
         self.done = 0  # registry sizes of the layers downloaded so far
+        self.digest = ""  # the manifest digest the pull ended with ("Digest: sha256:…")
         self.lines: list[str] = []  # the last lines: docker's error, when it fails
         self._partial = b""
 
@@ -193,6 +198,9 @@ class PullLog:
                 continue
             self.lines = (self.lines + [text])[-5:]
             short, _, status = text.partition(": ")
+            if short == "Digest" and DIGEST_RE.fullmatch(status):
+                self.digest = status
+                continue
             if status == "Pulling fs layer":
                 self.fetching.add(short)
             elif status == "Already exists" and (not self.sizes or short in self.sizes):
@@ -218,8 +226,9 @@ class PullLog:
 
 
 def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str], None],
-         stall: float = PULL_STALL_TIMEOUT) -> int:
-    """`docker pull` on a node; the bytes are the registry sizes of the layers it downloaded.
+         stall: float = PULL_STALL_TIMEOUT) -> tuple[int, str]:
+    """`docker pull` on a node: the registry sizes of the layers it downloaded, and the manifest digest it
+    pulled ("" when docker did not say).
 
     The pull runs on a terminal (ssh -tt, or a pseudo-terminal here for a local engine), so docker
     prints its byte progress as the layers download and extract. A pull that prints nothing for
@@ -292,7 +301,7 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
         said = stderr.decode(errors="replace")
         reason = transport_error(node, code, "\n".join([said, *log.lines, log.last]))
         raise NodeFailure(f"pull of {ref} failed: {reason or log.last or last_line(said, 'no message')}")
-    return log.done
+    return log.done, log.digest
 
 
 def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:

@@ -43,3 +43,15 @@ def test_progress_alone_is_no_layer_change_and_the_error_is_the_last_line() -> N
     assert log.last.endswith("connection refused") and log.last.startswith("Error response from daemon")
     log.feed(b"unexpected EOF")  # no newline at the end
     assert log.last == "unexpected EOF"
+
+
+def test_the_manifest_digest_the_pull_ended_with_is_kept() -> None:
+    digest = "sha256:" + "7e" * 32
+    log = PullLog({"aaaaaaaaaaaa": 1000})
+    assert log.digest == ""
+    log.feed(redraw(b"aaaaaaaaaaaa", b"Pull complete", line=True) + b"Digest: " + digest.encode()[:20])
+    assert log.digest == ""  # not yet a whole line
+    log.feed(digest.encode()[20:] + b"\r\nStatus: Downloaded newer image for r/x:1\r\n")
+    assert log.digest == digest
+    log.feed(b"Digest: sha256:not-hex\r\n")  # not a digest: the one before stays
+    assert log.digest == digest
