@@ -210,14 +210,23 @@ class _BuildLog:
     fetch_failures: list[str] = field(default_factory=list)
     base_failures: list[tuple[str, str]] = field(default_factory=list)
     outputs: dict[int, deque[str]] = field(default_factory=dict)  # each step's last lines
+    # A step that has started but is not shown yet. BuildKit prints "#N CACHED" right after the step's first
+    # line, so a step is shown at the next line that is not that: steps from the cache are never shown.
+    pending: int | None = None
 
     def feed(self, line: str) -> None:
+        if self.pending is not None and line.strip():
+            n, self.pending = self.pending, None
+            if line == f"#{n} CACHED":
+                self.steps[n].cached = True
+                return
+            self.progress(self.steps[n], self.shown[n] - self.start)
         if m := _STEP.match(line):
             n = int(m.group(1))
             if n not in self.steps:
                 self.steps[n] = Step(n, m.group(2), m.group(3))
                 self.shown[n] = self.clock()
-                self.progress(self.steps[n], self.shown[n] - self.start)
+                self.pending = n
         elif (m := _CACHED.match(line)) and int(m.group(1)) in self.steps:
             self.steps[int(m.group(1))].cached = True
         elif (m := _DONE.match(line)) and int(m.group(1)) in self.steps:

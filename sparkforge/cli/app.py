@@ -265,7 +265,8 @@ def plan_of(variant: str, base: str | None = None, *, locked: bool = False,
 
 
 def progress_printer(label: str) -> Callable[[Any, float], None]:
-    """Show each BuildKit step as it starts: live on a terminal, one line per step in logs."""
+    """Show each BuildKit step that runs as it starts (a step from the cache is not shown): live on a terminal,
+    one line per step in logs."""
     from ..build.builder import Step
 
     def show(step: Step, elapsed: float) -> None:
