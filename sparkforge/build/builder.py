@@ -40,6 +40,7 @@ _DONE = re.compile(r"^#(\d+) DONE ([0-9.]+)s$")
 _ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 _OUTPUT = re.compile(r"^#(\d+) [0-9.]+ (.*)$")  # a line a step's command wrote, after its time
 SHOWN_LINES = 12  # of a failed step's output, printed above the error
+SHOW_AFTER = 1.0  # seconds: a step still running this long after it started is shown, even with no line of its own
 STILL_RUNNING = 10.0  # seconds: a step that runs longer has its progress shown again, with its latest line
 _MOD_FAILED = re.compile(r"mod ([a-z0-9-]+): FAILED: (.*)$")
 _FETCH_FAILED = re.compile(r"gitfetch: (\S+ \S+: .*)$")  # gitfetch.py's one line when a ref cannot be fetched
@@ -210,17 +211,20 @@ class _BuildLog:
     fetch_failures: list[str] = field(default_factory=list)
     base_failures: list[tuple[str, str]] = field(default_factory=list)
     outputs: dict[int, deque[str]] = field(default_factory=dict)  # each step's last lines
-    # A step that has started but is not shown yet. BuildKit prints "#N CACHED" right after the step's first
-    # line, so a step is shown at the next line that is not that: steps from the cache are never shown.
+    # A step that has started but is not shown yet. BuildKit says "#N CACHED" of a step from the cache at
+    # once, so a step is shown once a line of it says more than where its base comes from, or another step's
+    # line comes, or SHOW_AFTER seconds pass (feed("") with no line, see _buildx): never a step from the cache.
     pending: int | None = None
 
     def feed(self, line: str) -> None:
-        if self.pending is not None and line.strip():
-            n, self.pending = self.pending, None
+        if (n := self.pending) is not None:
             if line == f"#{n} CACHED":
                 self.steps[n].cached = True
+                self.pending = None
                 return
-            self.progress(self.steps[n], self.shown[n] - self.start)
+            if (line.strip() and not line.startswith(f"#{n} resolve ")) or self.clock() - self.shown[n] >= SHOW_AFTER:
+                self.pending = None
+                self.progress(self.steps[n], self.shown[n] - self.start)
         if m := _STEP.match(line):
             n = int(m.group(1))
             if n not in self.steps:
@@ -350,7 +354,7 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
             proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
             try:
-                for line in dockercli.lines_until_stall(proc, BUILD_STALL):
+                for line in dockercli.lines_until_stall(proc, BUILD_STALL, tick=SHOW_AFTER):
                     log.write(line)
                     reader.feed(line.rstrip("\n"))
             except BaseException:  # Ctrl-C, SIGTERM, a failing progress callback: the build stops too

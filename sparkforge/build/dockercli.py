@@ -16,6 +16,7 @@ them with the CLI.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import signal
@@ -25,7 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Literal, NoReturn, overload
+from typing import IO, Any, Literal, NoReturn, overload
 
 from ..errors import SparkforgeError
 from ..inimage import proc
@@ -260,10 +261,11 @@ def _named(child: proc.Child[Any]) -> str:
     return " ".join(map(str, args[:3])) if isinstance(args, (list, tuple)) else str(args)
 
 
-def lines_until_stall(child: proc.Child[str], stall: float) -> Iterator[str]:
+def lines_until_stall(child: proc.Child[str], stall: float, tick: float | None = None) -> Iterator[str]:
     """The lines a child from start() writes to its stdout; when it writes none for `stall` seconds, it is
     stopped (the lines end) and EngineError names it. A watchdog thread does the stopping, so a child
-    that neither writes nor ends cannot hold the caller."""
+    that neither writes nor ends cannot hold the caller. With `tick`, an empty string comes after each
+    `tick` seconds without a line, so that the caller can act on time passing."""
     last = [time.monotonic()]
     done = threading.Event()
     stalled = threading.Event()
@@ -278,14 +280,40 @@ def lines_until_stall(child: proc.Child[str], stall: float) -> Iterator[str]:
     watchdog = threading.Thread(target=watch, name="stall-watchdog", daemon=True)
     watchdog.start()
     try:
-        for line in child.stdout or ():
-            last[0] = time.monotonic()
+        for line in _with_ticks(child.stdout, tick) if tick and child.stdout else child.stdout or ():
+            if line:
+                last[0] = time.monotonic()
             yield line
     finally:
         done.set()
         watchdog.join()
     if stalled.is_set():
         raise EngineError(f"wrote nothing for {stall:.0f} s and was stopped", field=_named(child))
+
+
+def _with_ticks(stream: IO[str], tick: float) -> Iterator[str]:
+    """The lines of stream, read on a thread of its own, and "" after each `tick` seconds without one."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for line in stream:
+                lines.put(line)
+        except (OSError, ValueError):  # the stream was closed under the reader: the child was stopped
+            pass
+        finally:
+            lines.put(None)
+
+    threading.Thread(target=read, name="line-reader", daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=tick)
+        except queue.Empty:
+            yield ""
+            continue
+        if line is None:
+            return
+        yield line
 
 
 def track(child: proc.Child[Any]) -> proc.Child[Any]:

@@ -185,6 +185,18 @@ def test_a_streaming_child_that_goes_silent_is_stopped_at_its_stall_limit() -> N
     dockercli.finish(child)
 
 
+def test_a_streaming_child_read_with_ticks_gives_an_empty_line_for_each_silent_tick() -> None:
+    """The build's lines with time passing between them (lines_until_stall with a tick): every line, in order,
+    an empty string for each silent tick, and the end when the child ends."""
+    from sparkforge.build import dockercli
+
+    child = dockercli.spawn(["sh", "-c", "echo one; sleep 0.5; echo two"], stdout=subprocess.PIPE, text=True)
+    seen = list(dockercli.lines_until_stall(child, stall=30, tick=0.1))
+    assert [line for line in seen if line] == ["one\n", "two\n"]
+    assert seen[0] == "one\n" and seen[-1] == "two\n" and seen.count("") >= 2
+    assert dockercli.finish(child) == 0
+
+
 # Many runs, each stopped by a signal at a random moment across the child's start-up (before the fork, inside
 # Popen, as it returns, once it runs): whatever the moment, nothing the run started is left.
 WINDOW = AS_THE_CLI + textwrap.dedent("""

@@ -40,7 +40,8 @@ def test_a_step_from_the_cache_is_not_shown_and_one_that_runs_is_shown_with_the_
     now = [0.0]
     shown: list[tuple[str, float]] = []
     log = _BuildLog(progress=lambda step, elapsed: shown.append((step.name, elapsed)), clock=lambda: now[0], start=0.0)
-    for at, line in ((0, "#4 [base 1/3] FROM docker.io/library/debian:bookworm"), (0, "#4 DONE 0.0s"), (0, ""),
+    for at, line in ((0, "#4 [base 1/3] FROM docker.io/library/debian:bookworm@sha256:00"),
+                     (0, "#4 resolve docker.io/library/debian:bookworm@sha256:00 done"), (0, "#4 CACHED"), (0, ""),
                      (1, "#6 [base 2/3] COPY sparkforge/inimage/ /opt/sparkforge/inimage/"), (1, "#6 CACHED"), (1, ""),
                      (2, "#8 [runtime 1/2] RUN pip install vllm.whl"), (2, ""), (4, "#8 2.1 Processing vllm.whl"),
                      (9, "#9 [runtime 2/2] COPY plan.json /opt/plan.json"), (9, "#9 CACHED"),
@@ -48,8 +49,26 @@ def test_a_step_from_the_cache_is_not_shown_and_one_that_runs_is_shown_with_the_
         now[0] = at
         log.feed(line)
     # shown at its next line, with the time it started; the cached steps never
-    assert shown == [("base 1/3", 0.0), ("runtime 1/2", 2.0), ("runtime 3/3", 12.0)]
-    assert [n for n, step in sorted(log.steps.items()) if step.cached] == [6, 9]
+    assert shown == [("runtime 1/2", 2.0), ("runtime 3/3", 12.0)]
+    assert [n for n, step in sorted(log.steps.items()) if step.cached] == [4, 6, 9]
+
+
+def test_a_step_that_runs_without_a_line_is_shown_once_a_second_has_passed() -> None:
+    from sparkforge.build.builder import SHOW_AFTER, _BuildLog
+
+    now = [0.0]
+    shown: list[tuple[str, float]] = []
+    log = _BuildLog(progress=lambda step, elapsed: shown.append((step.name, elapsed)), clock=lambda: now[0], start=0.0)
+    log.feed("#5 [2/2] RUN sleep 600")
+    now[0] = SHOW_AFTER / 2
+    log.feed("")  # the build's time passing, no line yet
+    assert shown == []
+    now[0] = SHOW_AFTER
+    log.feed("")
+    assert shown == [("2/2", 0.0)]
+    now[0] = 600
+    log.feed("#5 DONE 600.0s")
+    assert shown == [("2/2", 0.0)] and log.steps[5].ran
 
 
 def test_a_download_says_its_bytes_of_the_whole_and_the_time_left_at_most_every_few_seconds() -> None:
