@@ -212,17 +212,17 @@ class _BuildLog:
     base_failures: list[tuple[str, str]] = field(default_factory=list)
     outputs: dict[int, deque[str]] = field(default_factory=dict)  # each step's last lines
     # A step that has started but is not shown yet. BuildKit says "#N CACHED" of a step from the cache at
-    # once, so a step is shown once a line of it says more than where its base comes from, or another step's
-    # line comes, or SHOW_AFTER seconds pass (feed("") with no line, see _buildx): never a step from the cache.
+    # once, and "#N DONE" of a base the engine holds, so a step is shown once a line of it says more than where
+    # its base comes from, or another step's line comes, or SHOW_AFTER seconds pass (feed("") with no line,
+    # see _buildx): never a step from the cache, nor a base that was there.
     pending: int | None = None
 
     def feed(self, line: str) -> None:
         if (n := self.pending) is not None:
-            if line == f"#{n} CACHED":
-                self.steps[n].cached = True
+            base = self.steps[n].command.startswith("FROM ")
+            if line == f"#{n} CACHED" or (base and line.startswith(f"#{n} DONE ")):
                 self.pending = None
-                return
-            if (line.strip() and not line.startswith(f"#{n} resolve ")) or self.clock() - self.shown[n] >= SHOW_AFTER:
+            elif (line.strip() and not line.startswith(f"#{n} resolve ")) or self.clock() - self.shown[n] >= SHOW_AFTER:
                 self.pending = None
                 self.progress(self.steps[n], self.shown[n] - self.start)
         if m := _STEP.match(line):

@@ -42,13 +42,15 @@ def test_a_step_from_the_cache_is_not_shown_and_one_that_runs_is_shown_with_the_
     log = _BuildLog(progress=lambda step, elapsed: shown.append((step.name, elapsed)), clock=lambda: now[0], start=0.0)
     for at, line in ((0, "#4 [base 1/3] FROM docker.io/library/debian:bookworm@sha256:00"),
                      (0, "#4 resolve docker.io/library/debian:bookworm@sha256:00 done"), (0, "#4 CACHED"), (0, ""),
+                     (1, "#5 [other 1/2] FROM docker.io/library/debian:trixie@sha256:01"),
+                     (1, "#5 resolve docker.io/library/debian:trixie@sha256:01 done"), (1, "#5 DONE 0.0s"),
                      (1, "#6 [base 2/3] COPY sparkforge/inimage/ /opt/sparkforge/inimage/"), (1, "#6 CACHED"), (1, ""),
                      (2, "#8 [runtime 1/2] RUN pip install vllm.whl"), (2, ""), (4, "#8 2.1 Processing vllm.whl"),
                      (9, "#9 [runtime 2/2] COPY plan.json /opt/plan.json"), (9, "#9 CACHED"),
                      (12, "#10 [runtime 3/3] RUN record"), (14, "#10 DONE 2.0s")):
         now[0] = at
         log.feed(line)
-    # shown at its next line, with the time it started; the cached steps never
+    # shown at its next line, with the time it started; the cached steps and a base the engine had, never
     assert shown == [("runtime 1/2", 2.0), ("runtime 3/3", 12.0)]
     assert [n for n, step in sorted(log.steps.items()) if step.cached] == [4, 6, 9]
 
