@@ -315,7 +315,7 @@ def inspect(node: Node, *refs: str, runs: HeadImage | None = None) -> dict[str, 
     if runs and arch:
         lines = out.splitlines()
         said = [line.removeprefix(ARCH_SAID).strip() for line in lines if line.startswith(ARCH_SAID)]
-        if not said:
+        if not said or not said[-1]:  # the engine did not say (a failed `docker version` prints the marker alone)
             raise NodeFailure(f"docker version failed: {one_line(err) or 'no answer'}")
         if said[-1] != arch:
             raise NodeFailure(f"its engine runs {said[-1]} images, and {runs.tag} is built for linux/{arch}; "
