@@ -164,13 +164,15 @@ def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[No
 # ----------------------------------------------------------------------------------- nodes
 
 
-def set_tags(node: Node, node_id: str, image: HeadImage) -> None:
-    """Point the immutable tag, then (last) the moving tag, at the node's copy of the image."""
-    proc = run_dockers(node, [("tag", node_id, image.tag), ("tag", node_id, image.moving_tag)],
+def set_tags(node: Node, source: str, image: HeadImage, *then: tuple[str, ...]) -> str:
+    """Point the immutable tag, then (last) the moving tag, at the node's copy of the image (source: its ID, or
+    a reference that names it), then run `then` in the same call; what that printed."""
+    proc = run_dockers(node, [("tag", source, image.tag), ("tag", source, image.moving_tag), *then],
                        timeout=CONTROL_TIMEOUT)
     if proc.returncode != 0:
         raise NodeFailure(f"tagging {image.tag}, then {image.moving_tag}, failed: "
                           f"{last_line(proc.stderr, 'no message')}")
+    return proc.stdout.decode(errors="replace")
 
 
 def verify_and_tag(node: Node, image: HeadImage, ref: str, digest: str = "") -> str:
@@ -182,12 +184,9 @@ def verify_and_tag(node: Node, image: HeadImage, ref: str, digest: str = "") -> 
     """
     if digest in image.identity.manifests:
         pulled = f"{ImageRef.parse(ref).repository}@{digest}"
-        proc = run_dockers(node, [("tag", pulled, image.tag), ("tag", pulled, image.moving_tag),
-                                  ("image", "inspect", "--format", "{{.Id}}", pulled)], timeout=CONTROL_TIMEOUT)
-        said = proc.stdout.decode(errors="replace").split()
-        if proc.returncode != 0 or not said:
-            raise NodeFailure(f"tagging {pulled} as {image.tag}, then {image.moving_tag}, failed: "
-                              f"{last_line(proc.stderr, 'no message')}")
+        said = set_tags(node, pulled, image, ("image", "inspect", "--format", "{{.Id}}", pulled)).split()
+        if not said:
+            raise NodeFailure(f"{pulled} on the node gave no image ID after its tags were set")
         return said[-1]
     got = inspect(node, ref)[ref]
     if got is None or not same_image(image.identity, got):
