@@ -1,9 +1,8 @@
 """The image side of sparkforge: the one mod applier and the in-image checks, stdlib only.
 
-Render copies this folder into every image as /opt/sparkforge/inimage, where it runs as
-`python3 -I -B /opt/sparkforge/inimage COMMAND ...`; the host imports it as `sparkforge.inimage`
-(check-mods applies mods with the same code). Its modules import each other relatively, so the
-folder works under either name.
+Render copies this folder into every image as /opt/sparkforge/inimage (run as `python3 -I -B
+/opt/sparkforge/inimage COMMAND ...`); the host imports it as `sparkforge.inimage`. Its modules import each
+other relatively, so the folder works under either name.
 """
 
 from .apply import apply_mod, check_static, verify_mod

@@ -39,9 +39,7 @@ def check_paths(spec: ModDoc, folder: Path) -> None:
 
 
 def check_static(spec: ModDoc, folder: Path) -> None:
-    """Every refusal that needs no target tree, so that the config stage can make it before any build:
-    the spec's paths, the patch as git reads it (its file names, hunk counts, and nothing but text changes),
-    a patcher's TARGETS when they are a literal."""
+    """Every refusal that needs no target tree (paths, the patch as git reads it, a literal TARGETS), before a build."""
     check_paths(spec, folder)
     if spec.kind == ModKind.PATCH and spec.patch:
         check_patch(read_file(asset(folder, spec.patch, "patch"), spec.patch))
@@ -104,8 +102,7 @@ Check = tuple[str, CheckState, str]  # (what was checked, its state, the detail:
 
 
 def verify_mod(spec: ModDoc, root: Path, *, in_image: bool, limit: float = VERIFY_TIMEOUT) -> list[Check]:
-    """Run a mod's verify checks: (check, ok|failed|skipped, detail) for each; a python check has limit
-    seconds."""
+    """(check, ok|failed|skipped, detail) of each of a mod's verify checks; a python check has limit seconds."""
     out: list[Check] = []
     for i, check in enumerate(spec.verify):
         if check.python is not None:

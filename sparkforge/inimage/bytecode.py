@@ -1,10 +1,9 @@
 """Byte-compile what pip installed with --no-compile, on every core.
 
-pip compiles the files of each wheel it installs one at a time, in one process: for a wheel set of a few
-thousand modules that is most of the install, and under emulation (an arm64 build on an x86-64 head) it
-is most of the build. compileall compiles the same files, with the same settings (the invalidation mode
-follows SOURCE_DATE_EPOCH, as pip's does), in a process per core, and the bytes it writes are the same.
-A file the image's Python cannot compile is left as pip leaves it: named, not fatal.
+pip compiles each wheel's files one at a time, in one process: for a few thousand modules that is most of the
+install (most of the build under emulation). compileall writes the same bytes, with the same settings (the
+invalidation mode follows SOURCE_DATE_EPOCH, as pip's does), in a process per core. A file the image's Python
+cannot compile is left as pip leaves it: named, not fatal.
 """
 
 from __future__ import annotations
@@ -26,20 +25,13 @@ def site_dirs() -> list[Path]:
     return found
 
 
-def compile_site(dirs: list[Path] | None = None) -> tuple[int, bool]:
-    """Compile every .py under dirs (default: site_dirs()). Returns (the number of .py files, all compiled)."""
-    dirs = site_dirs() if dirs is None else dirs
-    count = sum(1 for d in dirs for _root, _dirs, files in os.walk(d) for f in files if f.endswith(".py"))
-    ok = True
-    for d in dirs:
-        # quiet=1: only the files that fail are named; force: as pip does, whatever is there already
-        ok = compileall.compile_dir(str(d), quiet=1, force=True, workers=0) and ok
-    return count, bool(ok)
-
-
 def main(dirs: list[str]) -> int:
     paths = [Path(d) for d in dirs] or site_dirs()
-    count, ok = compile_site(paths)
+    count = sum(1 for d in paths for _root, _dirs, files in os.walk(d) for f in files if f.endswith(".py"))
+    ok = True
+    for d in paths:
+        # quiet=1: only the files that fail are named; force: as pip does, whatever is there already
+        ok = compileall.compile_dir(str(d), quiet=1, force=True, workers=0) and ok
     where = ", ".join(str(p) for p in paths)
     print(f"bytecode: {count} .py files under {where}, on {os.cpu_count()} cores"
           + ("" if ok else "; the files named above do not compile for this Python and stay as pip leaves them"),

@@ -1,5 +1,5 @@
-"""The image's command line, as Dockerfile.j2 and the smoke tests call it:
-`python3 -I -B /opt/sparkforge/inimage COMMAND ...`. Each command is one entry of COMMANDS."""
+"""The image's command line, as Dockerfile.j2 and the smoke tests call it: `python3 -I -B /opt/sparkforge/inimage
+COMMAND ...`."""
 
 from __future__ import annotations
 
@@ -117,82 +117,52 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     return 0
 
 
-def _args_preflight(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--master", required=True, help="the master's address or host name")
-    p.add_argument("--master-port", type=int, required=True)
-    p.add_argument("--port", type=int, action="append", default=[], help="a port this rank binds (repeat)")
-    p.add_argument("--model", help="the model folder as the rank sees it")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inimage", description="Apply and verify mods, and record the image.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
 
+    def command(name: str, text: str, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text)
+        p.set_defaults(func=run)
+        return p
 
-def _cmd_kernels(args: argparse.Namespace) -> int:
-    return kernels.main(args.rest)
-
-
-def _cmd_patcher_child(args: argparse.Namespace) -> int:
-    return child_main(args.patcher)
-
-
-def _args_apply(p: argparse.ArgumentParser) -> None:
+    p = command("apply", "apply one mod (a folder holding mod.json and its assets)", _cmd_apply)
     p.add_argument("mod")
     p.add_argument("--root", help="the component root (default: found from the installed package)")
     p.add_argument("--record", help="write the result to this JSON file")
     p.add_argument("--patcher-timeout", type=float, default=PATCHER_TIMEOUT, metavar="SECONDS",
                    help=f"time limit of each run of a patcher (default {PATCHER_TIMEOUT:g})")
-
-
-def _args_verify(p: argparse.ArgumentParser) -> None:
+    command("patcher-child", "(internal) run a patcher for apply, in a child process",
+            lambda args: child_main(args.patcher)).add_argument("patcher")
+    p = command("verify", "run the verify checks of mods", _cmd_verify)
     p.add_argument("mods", nargs="+")
     p.add_argument("--root")
-
-
-def _args_protect(p: argparse.ArgumentParser) -> None:
+    p = command("protect", "record the base's versions of packages pip must not replace", _cmd_protect)
     p.add_argument("--out", required=True)
     p.add_argument("names", nargs="*")
-
-
-def _args_note_wheel(p: argparse.ArgumentParser) -> None:
+    command("check-protected", "fail if a protected package was replaced", _cmd_check_protected).add_argument("dir")
+    command("record", "write the build record into HOME/build-record.json", _cmd_record).add_argument("home")
+    p = command("note-wheel", "record the vLLM wheel installed and where it came from", _cmd_note_wheel)
     p.add_argument("wheel")
     p.add_argument("--origin", required=True, choices=[o.value for o in WheelOrigin])
     p.add_argument("--key", help="the wheel cache key (origin cache and compiled)")
     p.add_argument("--compiled-for", help="origin cache: the build that compiled it (VARIANT-HASH at TIME)")
     p.add_argument("--out", required=True)
-
-
-def _args_smoke(p: argparse.ArgumentParser) -> None:
+    command("base-vllm", "check that the base carries the vLLM release VERSION (vllm.source: base)",
+            _cmd_base_vllm).add_argument("version")
+    p = command("smoke", "run a smoke tier inside the image; one JSON line per check", _cmd_smoke)
     p.add_argument("--tier", choices=["static", "gpu"], default="static")
     p.add_argument("--home", default="/opt/sparkforge")
-
-
-# name -> (help, add its arguments, run it); a new command is one more entry.
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Callable[[argparse.Namespace], int]]] = {
-    "apply": ("apply one mod (a folder holding mod.json and its assets)", _args_apply, _cmd_apply),
-    "patcher-child": ("(internal) run a patcher for apply, in a child process",
-                      lambda p: p.add_argument("patcher"), _cmd_patcher_child),
-    "verify": ("run the verify checks of mods", _args_verify, _cmd_verify),
-    "protect": ("record the base's versions of packages pip must not replace", _args_protect, _cmd_protect),
-    "check-protected": ("fail if a protected package was replaced", lambda p: p.add_argument("dir"),
-                        _cmd_check_protected),
-    "record": ("write the build record into HOME/build-record.json", lambda p: p.add_argument("home"), _cmd_record),
-    "note-wheel": ("record the vLLM wheel installed and where it came from", _args_note_wheel, _cmd_note_wheel),
-    "base-vllm": ("check that the base carries the vLLM release VERSION (vllm.source: base)",
-                  lambda p: p.add_argument("version"), _cmd_base_vllm),
-    "smoke": ("run a smoke tier inside the image; one JSON line per check", _args_smoke, _cmd_smoke),
-    "preflight": ("before a launch: the model folder, the ports, and the interface to the master (one JSON line)",
-                  _args_preflight, _cmd_preflight),
-    "compile": ("byte-compile what pip installed with --no-compile, on every core (default: the site-packages)",
-                lambda p: p.add_argument("dirs", nargs="*"), lambda args: bytecode.main(args.dirs)),
-    "kernels": ("record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
-                lambda p: p.add_argument("rest", nargs=argparse.REMAINDER), _cmd_kernels),
-}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="inimage", description="Apply and verify mods, and record the image.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    for name, (text, add_args, run) in COMMANDS.items():
-        p = sub.add_parser(name, help=text)
-        add_args(p)
-        p.set_defaults(func=run)
+    p = command("preflight", "before a launch: the model folder, the ports, and the interface to the master "
+                "(one JSON line)", _cmd_preflight)
+    p.add_argument("--master", required=True, help="the master's address or host name")
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--port", type=int, action="append", default=[], help="a port this rank binds (repeat)")
+    p.add_argument("--model", help="the model folder as the rank sees it")
+    command("compile", "byte-compile what pip installed with --no-compile, on every core (default: the "
+            "site-packages)", lambda args: bytecode.main(args.dirs)).add_argument("dirs", nargs="*")
+    command("kernels", "record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
+            lambda args: kernels.main(args.rest)).add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command: Callable[[argparse.Namespace], int] = args.func
-    return command(args)
+    run: Callable[[argparse.Namespace], int] = args.func
+    return run(args)

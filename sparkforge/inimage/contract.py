@@ -1,13 +1,8 @@
-"""The documents that cross between the host and the image, typed and versioned in one place.
+"""The documents the image writes back to the host (mod result, wheel note, build record, smoke check), typed.
 
-Both sides import this module: the image as `inimage.contract`, the host as
-`sparkforge.inimage.contract`. A document is a frozen dataclass whose field types are read, at run
-time too, from its annotations: `from_json`/`from_dict` give that class or refuse, in one line naming
-the file and the field, a field that is missing or of another type and a version this side cannot
-read. Each document has its own version (its `schema` field). What the image writes back (a mod's
-result, the wheel note, the build record, a smoke check) is here; what the host hands the image
-(plan.json, mod.json) is in seam.py. A record an older sparkforge wrote has no `schema` field; it is
-read as version 0, which holds the same fields, so images built then still inspect.
+Both sides import it (`inimage.contract`, `sparkforge.inimage.contract`); what the host hands the image is in
+seam.py. Each document has its own version (its `schema` field); a record written before documents carried one
+is read as version 0, which holds the same fields, so images built then still inspect.
 """
 
 from __future__ import annotations
@@ -33,13 +28,11 @@ class ContractError(ValueError):
 
 
 class JsonError(ValueError):
-    """A JSON text the tool does not read: malformed, a key written twice in one object, NaN or Infinity
-    (no JSON numbers), or nested deeper than the parser goes."""
+    """A JSON text the tool does not read: malformed, a key written twice, NaN or Infinity, or nested too deep."""
 
 
 def parse_json(text: str | bytes) -> Any:
-    """JSON as sparkforge reads every JSON file and answer (locks, records, cache entries, documents, a
-    registry's replies): Python's json would keep the last of two equal keys silently and take NaN."""
+    """JSON as sparkforge reads every JSON file and answer (Python's json keeps the last of two keys, takes NaN)."""
     try:
         return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except RecursionError:
@@ -107,11 +100,10 @@ _JSON_KINDS = ((bool, "true or false"), (int, "a number"), (float, "a number"), 
 
 
 class Document:
-    """to_dict/to_json and from_dict/from_json for a frozen dataclass, by its field types. A class with a
-    `schema` field is a versioned document: READABLE lists the versions this side reads (0: a document
-    without the field). OPEN documents ignore keys this side does not know (a record a newer sparkforge
-    wrote, version unchanged); the others refuse them, so that a field renamed on one side is a missing
-    field on the other, never a default taken silently."""
+    """to_dict/to_json and from_dict/from_json for a frozen dataclass, by its field types read at run time.
+
+    READABLE lists the versions of a `schema` field this side reads (0: none written). OPEN documents ignore keys
+    they do not know (a newer writer's); the others refuse them, so a renamed field is never a default taken."""
 
     NAME: ClassVar[str] = "document"
     READABLE: ClassVar[tuple[int, ...]] = ()
@@ -282,9 +274,8 @@ class RecordedMod(Document):
 
 @dataclass(frozen=True)
 class GpuCoverage(Document):
-    """What one GPU cannot run of an extension's device code of its own major (coverage.py): how many kernels
-    that code holds (None: unknown), how many of them no code the GPU runs holds, two of their names, the
-    targets that hold them, and the targets whose kernel names could not be read (which leaves it open)."""
+    """What one GPU cannot run of its major's device code: its kernels (None: unknown), how many no code it runs
+    holds, two of their names, the targets holding them, and the targets whose names are unread."""
 
     NAME: ClassVar[str] = "kernel coverage"
 
@@ -297,8 +288,7 @@ class GpuCoverage(Document):
 
 @dataclass(frozen=True)
 class KernelExtension(Document):
-    """One shared library with device code: its cubins, PTX and relocatable code, its coverage per GPU, or
-    why its device code could not be read."""
+    """One shared library with device code: its targets and coverage per GPU, or why they could not be read."""
 
     NAME: ClassVar[str] = "kernel record"
 
@@ -312,9 +302,8 @@ class KernelExtension(Document):
 
 @dataclass(frozen=True)
 class KernelRecord(Document):
-    """The kernel scan (kernels.py): record/kernels.json, and the build record's `kernels`. `format` counts
-    what the scan writes (3: relocatable code, coverage's `kernels`); an older image's record lacks those
-    fields and is read with their defaults."""
+    """The kernel scan (kernels.py): record/kernels.json and the build record's `kernels`; an older `format` lacks
+    fields, read with their defaults."""
 
     NAME: ClassVar[str] = "kernel record"
 
@@ -339,9 +328,8 @@ class Unpinned(Document):
 
 @dataclass(frozen=True)
 class BuildRecord(Document):
-    """What an image says about itself: /opt/sparkforge/build-record.json. The plan's own parts
-    (base, vllm, components, build) are kept as plan.json holds them, and read as JSON (an image of any
-    age may be inspected)."""
+    """What an image says about itself: /opt/sparkforge/build-record.json. The plan's parts are kept as plan.json
+    holds them, and read as JSON (an image of any age may be inspected)."""
 
     NAME: ClassVar[str] = "build record"
     READABLE: ClassVar[tuple[int, ...]] = OLD_OR

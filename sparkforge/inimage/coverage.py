@@ -1,16 +1,14 @@
-"""What a GPU runs of a file's device code: CUDA's compatibility rule, and per kernel, which kernels
-the code a GPU cannot run holds that no code it runs holds (coverage). Stdlib only; kernels.py
-records and checks with it.
-"""
+"""What a GPU runs of a file's device code: CUDA's compatibility rule, and the kernels it cannot run (stdlib only)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-from typing import Any
 
+from .contract import GpuCoverage, KernelExtension
 from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, DeviceCode, Entry, FatbinError, Target,
-                     open_device_code, sort_key)
+                     open_device_code)
 
 GPU_RE = re.compile(r"\A([0-9]+)\.([0-9])\Z")
 
@@ -23,14 +21,8 @@ def parse_gpu(gpu: str) -> tuple[int, int]:
 
 
 def runs_on(target: Target, gpu: str) -> bool:
-    """Whether a GPU of compute capability `gpu` ("12.1") can run this piece of device code.
-
-    CUDA's compatibility rules (CUDA C++ Programming Guide, "Binary Compatibility" and "Feature
-    Set Compiler Targets"): a cubin runs on its own arch; a plain cubin also on later minors of the
-    same major; a family cubin (sm_120f) on later minors of its major too; an arch-specific one
-    (sm_120a) only on its own arch. PTX is JIT-compiled for its own and every later arch, except
-    arch-specific PTX (own arch only) and family PTX (its family only). A target whose kind could
-    not be read counts only for its own arch."""
+    """Whether a GPU of compute capability `gpu` ("12.1") can run this device code, by CUDA's rule (Programming
+    Guide, "Binary Compatibility" and "Feature Set Compiler Targets")."""
     major, minor = parse_gpu(gpu)
     cc = major * 10 + minor
     t_major, t_minor = divmod(target.arch, 10)
@@ -50,43 +42,31 @@ def usable(targets: list[Target], gpu: str) -> list[Target]:
 
 
 def _cover_order(entries: list[Entry], runnable: list[int], blocked: list[int]) -> list[int]:
-    """The order in which to read what a GPU runs until it holds every kernel of what it cannot run:
-    first the entries of the containers that hold the blocked code (nvcc writes one container per
-    compiled file, so the same kernels for other archs sit beside them), uncompressed before
-    compressed, then file order."""
+    """The order to read what a GPU runs in until it covers the blocked code: the blocked code's containers first
+    (nvcc writes one per compiled file, so its kernels for other archs sit there), uncompressed first."""
     containers = {entries[i].container for i in blocked}
     return sorted(runnable, key=lambda i: (entries[i].container not in containers,
                                            bool(entries[i].flags & FLAG_COMPRESSED), i))
 
 
-def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict[str, Any]]:
-    """Per GPU, the kernels that code of the GPU's major holds and no code the GPU runs holds.
-
-    The answer per GPU: `kernels` (how many kernels the code of its major that it cannot run holds,
-    None if unknown), `missing` (how many of them no code it runs holds), `examples` (two of those
-    names, shortest first), `only_in` (the targets that hold them) and `unread` (targets of its
-    major whose kernel names could not be read, which leaves the answer open). Only the entries of
-    code a GPU cannot run, and what it runs until that covers them, are decompressed. Raises
-    FatbinError for an entry that cannot be decoded."""
+def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, GpuCoverage]:
+    """Per GPU, the kernels that code of its major holds and no code it runs holds (read only as far as needed)."""
     entries = code.entries
-    names: dict[int, frozenset[str] | None] = {}
 
+    @functools.cache
     def names_of(i: int) -> frozenset[str] | None:
-        if i not in names:
-            names[i] = code.kernel_names(entries[i])
-        return names[i]
+        return code.kernel_names(entries[i])
 
     loadable = [i for i, e in enumerate(entries) if not e.relocatable]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, GpuCoverage] = {}
     for gpu in gpus:
         major = parse_gpu(gpu)[0]
         runnable = [i for i in loadable if runs_on(entries[i].target, gpu)]
         can = set(runnable)
         blocked = [i for i in loadable if entries[i].target.arch // 10 == major and i not in can]
-        answer: dict[str, Any] = {"kernels": None, "missing": 0, "examples": [], "only_in": [], "unread": []}
-        out[gpu] = answer
         if not blocked:
-            continue  # every piece of code of its major runs: nothing of that major is out of reach
+            out[gpu] = GpuCoverage()  # every piece of code of its major runs: nothing of that major is out of reach
+            continue
         wanted: set[str] = set()
         unread = set()
         for i in blocked:
@@ -107,23 +87,28 @@ def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, dict[str, Any]]:
             else:
                 covered |= found
         lacking = set() if runnable_unread else wanted - covered
-        answer.update(unread=sorted(unread), kernels=None if unread else len(wanted), missing=len(lacking),
-                      examples=sorted(lacking, key=lambda n: (len(n), n))[:2],
-                      only_in=sorted({entries[i].target.name for i in blocked if (names[i] or frozenset()) & lacking}))
+        out[gpu] = GpuCoverage(None if unread else len(wanted), len(lacking),
+                               tuple(sorted(lacking, key=lambda n: (len(n), n))[:2]),
+                               tuple(sorted({entries[i].target.name for i in blocked
+                                             if (names_of(i) or frozenset()) & lacking})),
+                               tuple(sorted(unread)))
     return out
 
 
-def read_extension(path: Path, gpus: list[str]) -> tuple[list[Target], list[Target], dict[str, dict[str, Any]]] | None:
-    """The targets of an ELF file (the loadable and the relocatable ones) and their per-kernel
-    coverage of each GPU, or None without device code. Raises FatbinError for an ELF file that
-    cannot be read."""
+def read_extension(path: Path, gpus: list[str]) -> KernelExtension | None:
+    """An ELF file's entry of the kernel record: its targets and coverage per GPU; None without device code."""
     code = open_device_code(path)
     if code is None:
         return None
     with code:
-        loadable = sorted({e.target for e in code.entries if not e.relocatable}, key=sort_key)
-        relocatable = sorted({e.target for e in code.entries if e.relocatable}, key=sort_key)
+        loadable = sorted({e.target for e in code.entries if not e.relocatable})
+        relocatable = sorted({e.target for e in code.entries if e.relocatable})
+        if not (loadable or relocatable):
+            return None
         try:
-            return loadable, relocatable, coverage(code, gpus)
+            per_gpu = coverage(code, gpus)
         except MemoryError:
             raise FatbinError("out of memory reading its kernel names") from None
+    return KernelExtension(str(path), tuple(t.name for t in loadable if t.kind == "cubin"),
+                           tuple(t.name for t in loadable if t.kind == "ptx"), tuple(t.name for t in relocatable),
+                           per_gpu)

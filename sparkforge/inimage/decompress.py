@@ -1,9 +1,8 @@
 """The decoders of compressed fat-binary entries: LZ4 blocks (CUDA 12.x) and zstd frames (CUDA 13).
 
-Stdlib only: the system's own liblz4 and libzstd, through ctypes. Every base sparkforge builds on has
-both (Debian's and Ubuntu's dpkg pre-depends on libzstd1, apt depends on liblz4-1); an image without
-one says so in one line, naming the package to add to `os_packages`. Each decoder writes at most the
-room it is given and gives exactly the size the entry's header says, or raises DecodeError.
+Stdlib only: the system's liblz4 and libzstd through ctypes (every base has both: dpkg pre-depends on libzstd1,
+apt depends on liblz4-1). Each decoder writes at most the room it is given and gives exactly the size the entry's
+header says, or raises DecodeError.
 """
 
 from __future__ import annotations
@@ -18,37 +17,30 @@ class DecodeError(ValueError):
     """A payload that does not decode to the size its header says, or that nothing here can decode."""
 
 
-# The library each codec needs, by its file name and the Debian/Ubuntu package that installs it.
-LIBRARIES = {"lz4": ("liblz4.so.1", "liblz4-1"), "zstd": ("libzstd.so.1", "libzstd1")}
+# Each codec's library file, the Debian/Ubuntu package that installs it, and its decoder with its C signature.
+CODECS: dict[str, tuple[str, str, str, list[Any], Any]] = {
+    "lz4": ("liblz4.so.1", "liblz4-1", "LZ4_decompress_safe",
+            [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int], ctypes.c_int),
+    "zstd": ("libzstd.so.1", "libzstd1", "ZSTD_decompress",
+             [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t], ctypes.c_size_t),
+}
 SYSTEM: dict[str, Callable[..., Any] | None] = {}  # each codec's function once looked up (None: not there)
 
 
-def _c_function(name: str, symbol: str, argtypes: list[Any], restype: Any) -> Callable[..., Any] | None:
-    """A function of a system library, or None without the library."""
-    try:
-        fn = getattr(ctypes.CDLL(ctypes.util.find_library(name) or f"lib{name}.so.1"), symbol)
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = argtypes, restype
-    return fn  # type: ignore[no-any-return]  # ctypes gives a library's function as Any
-
-
 def system(codec: str) -> Callable[..., Any]:
-    """The system's decoder of codec ("lz4" or "zstd"): liblz4's LZ4_decompress_safe, libzstd's
-    ZSTD_decompress. Raises DecodeError, naming the library and its package, when it is not there."""
+    """The system's decoder of codec ("lz4" or "zstd"); DecodeError, naming the library's package, without it."""
+    library, package, symbol, argtypes, restype = CODECS[codec]
     if codec not in SYSTEM:
-        if codec == "lz4":
-            SYSTEM[codec] = _c_function("lz4", "LZ4_decompress_safe",
-                                        [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int], ctypes.c_int)
-        else:
-            SYSTEM[codec] = _c_function("zstd", "ZSTD_decompress",
-                                        [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t],
-                                        ctypes.c_size_t)
-    fn = SYSTEM[codec]
-    if fn is None:
-        library, package = LIBRARIES[codec]
+        try:
+            fn = getattr(ctypes.CDLL(ctypes.util.find_library(codec) or library), symbol)
+            fn.argtypes, fn.restype = argtypes, restype
+        except (OSError, AttributeError):
+            fn = None
+        SYSTEM[codec] = fn
+    found = SYSTEM[codec]
+    if found is None:
         raise DecodeError(f"{codec}: {library} is not in the image; add {package} to the recipe's os_packages")
-    return fn
+    return found
 
 
 def lz4_decode(src: bytes, plain_size: int) -> bytes:

@@ -1,11 +1,8 @@
 """Unified diffs as text: the `---`/`+++` sections, their hunks, and the lines git would drop.
 
-What a diff does to files (which files, created or changed, renamed, deleted, linked, binary) is
-git's to say: patch.py asks `git apply` and compares its answer with this reader's. The reader
-checks the text only: every hunk matches its header's counts exactly, a header name stays inside
-the tree, and a `diff -r` line git would skip (`Binary files ... differ`, `Only in`) is refused
-rather than dropped. It also tells which prefix the names carry (git's `-p`) and whether the diff
-was made without context lines (`-U0`, which git reads with --unidiff-zero).
+What a diff does to files is git's to say (patch.py compares git's reading with this one's). This reader checks
+the text: every hunk matches its header's counts, a header name stays inside the tree, and a `diff -r` line git
+would skip (`Binary files ... differ`, `Only in`) is refused rather than dropped.
 """
 
 from __future__ import annotations
@@ -22,9 +19,7 @@ class Hunk:
 
     header: str
     old_start: int
-    old_count: int
     new_start: int
-    new_count: int
     old: tuple[bytes, ...]
     new: tuple[bytes, ...]
     context: int  # context lines in all
@@ -69,17 +64,16 @@ def _name(line: bytes, prefix: str) -> tuple[str, bool | None]:
 
 
 def _picked(old: str, new: str) -> str:
-    """The name git applies a section to: the other one beside /dev/null; of two names, the old one
-    when it begins the new one (`f` of `f` and `f.new`), else the new one (`f` of `f.orig` and `f`)."""
+    """The name git applies a section to: not /dev/null; of two, the old one when it begins the new one (`f` of `f`
+    and `f.new`), else the new one (`f` of `f.orig` and `f`)."""
     if new == "/dev/null" or (old != "/dev/null" and len(old) < len(new) and new.startswith(old)):
         return old
     return new
 
 
 def parse_diff(data: bytes) -> list[FilePatch]:
-    """The `---`/`+++` sections of a unified diff (diff -u / -U0, git diff), whose header counts must
-    match their hunks exactly. A git diff's sections without hunks (a new empty file) are not among
-    them: git lists those (patch.py)."""
+    """The `---`/`+++` sections of a unified diff (diff -u / -U0, git diff); a git diff's sections without hunks (a
+    new empty file) are git's to list (patch.py)."""
     lines = lines_of(data)
     patches: list[FilePatch] = []
     git_sections = in_git = False
@@ -133,7 +127,7 @@ def _refuse_dropped(line: bytes) -> None:
 
 
 def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
-    """Read the hunk whose header is lines[i]; return it and the index after it."""
+    """The hunk whose header is lines[i], and the index after it."""
     m = _HUNK_RE.match(lines[i])
     header = lines[i].decode("utf-8", "replace").rstrip("\r\n")
     if not m:
@@ -174,8 +168,7 @@ def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
     body_tags = [t for t in tags if t != b"\\"]
     if all(t == b" " for t in body_tags):
         raise ModFailure(f"{path}: hunk {header} changes nothing")
-    return Hunk(header, old_start, old_count, new_start, new_count, tuple(old), tuple(new),
-                body_tags.count(b" ")), i
+    return Hunk(header, old_start, new_start, tuple(old), tuple(new), body_tags.count(b" ")), i
 
 
 def zero_context(patches: list[FilePatch]) -> bool:

@@ -1,27 +1,14 @@
-"""The device code a CUDA extension carries, read from its fat binaries without a GPU or CUDA.
+"""The device code a CUDA extension carries, read from its fat binaries without a GPU or CUDA (stdlib only).
 
-Stdlib only: it runs inside images, under kernels.py, and the host imports it to read wheels.
-
-A CUDA extension (`*.so`) carries its device code in the ELF section `.nv_fatbin`: one or more
-fat-binary containers (magic 0xBA55ED50), each a list of entries. An entry header gives the kind
-(PTX or an ELF cubin), the SM arch and flags; from CUDA 12.9 the flags also mark an
-arch-specific target (`sm_120a`, `compute_120a`) and a family target (`sm_120f`). Those facts
-were read from kernels compiled here with nvcc 13.0 for every target kind and compared with
-`cuobjdump --list-elf/--list-ptx` (tests/fixtures/kernels); cuobjdump names a family cubin
-plain `sm_120`. With nvcc 13.0 the cubin's own ELF e_flags are the same for all three kinds, so
-there the entry header is the one place the kind is written; CUDA 12.x output (vLLM's wheels)
-also marks an arch-specific cubin in e_flags, which is read as well. Code built with `nvcc -rdc`
-also leaves relocatable device code in `__nv_relfatbin` (same containers): nvlink's input when a
-program device-links against it; the runtime loads the device-linked code of `.nv_fatbin` (read
-from `nvcc -rdc -shared` output, tests/fixtures/kernels/rdc.so, and torch's libtorch_nvshmem.so).
-
-The kernel names an entry holds are a cubin's ELF sections `.text.<mangled name>` and PTX's
-`.entry <mangled name>`. A payload may be compressed: LZ4 block format (flag 0x2000, CUDA 12.x)
-or zstd (flag 0x8000, CUDA 13's default), each decoded by the system's library (decompress.py).
-
-Everything the file says is checked before it is used: every offset and length against the
-file, the number of entries, each decoded size and the bytes a file's check may decode (the
-limits below), so a damaged or hostile file is a FatbinError, one line, never a guess.
+A CUDA extension keeps its device code in the ELF section `.nv_fatbin` (relocatable code of `nvcc -rdc`, nvlink's
+input, in `__nv_relfatbin`): fat-binary containers (magic 0xBA55ED50), each a list of entries whose header gives
+the kind (PTX or an ELF cubin), the SM arch and flags. From CUDA 12.9 the flags also mark an arch-specific
+(`sm_120a`) and a family (`sm_120f`) target; with nvcc 13.0 that header is the one place the kind is written,
+while CUDA 12.x output also marks an arch-specific cubin in its ELF e_flags, read as well. These facts were read
+from nvcc 13.0's output for every target kind against `cuobjdump` (tests/fixtures/kernels). A kernel's name is a
+cubin's section `.text.<mangled name>` or PTX's `.entry <mangled name>`; a payload may be LZ4 (flag 0x2000, CUDA
+12.x) or zstd (flag 0x8000, CUDA 13) compressed. Every offset, length, entry count and decoded size is checked
+against the file and the limits below before use: a damaged or hostile file is a FatbinError, never a guess.
 """
 
 from __future__ import annotations
@@ -31,9 +18,9 @@ import mmap
 import os
 import re
 import stat
-import struct
 from dataclasses import dataclass
 from pathlib import Path
+from struct import unpack_from
 from typing import Any
 
 from .decompress import DecodeError, lz4_decode, zstd_decode
@@ -92,42 +79,32 @@ class Target:
         return cls("cubin" if m.group(1) == "sm" else "ptx", int(m.group(2)), m.group(3))
 
 
-def sort_key(t: Target) -> tuple[str, int, str]:
-    return t.kind, t.arch, t.variant
-
-
 # ------------------------------------------------------------------ ELF
 
 
-def _u(fmt: str, data: Any, pos: int) -> tuple[int, ...]:
-    """struct.unpack_from, for callers that checked pos + calcsize(fmt) <= len(data) first."""
-    return struct.unpack_from(fmt, data, pos)
-
-
 def sections(data: Any) -> list[tuple[str, int, int, int]]:
-    """(name, type, offset, size) of every section of a 64-bit little-endian ELF, each checked to lie
-    inside it (extended section numbering included: more than 65,279 sections, as a cubin with
-    many kernels may have)."""
+    """(name, type, offset, size) of every section of a 64-bit little-endian ELF, each checked to lie inside it
+    (extended section numbering too: a cubin with many kernels may have over 65,279 sections)."""
     size = len(data)
     if size < 64 or data[:4] != ELF_MAGIC:
         raise FatbinError("not an ELF file")
     if data[4] != ELFCLASS64 or data[5] != ELFDATA2LSB:
         raise FatbinError("not a 64-bit little-endian ELF file")
-    shoff, = _u("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = _u("<HHH", data, 0x3A)
+    shoff, = unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = unpack_from("<HHH", data, 0x3A)
     if shoff == 0:
         return []
     if shentsize < 64 or shoff > size - 64:
         raise FatbinError("its section headers lie outside the file")
     if shnum == 0:  # extended numbering: the count is section 0's sh_size
-        shnum, = _u("<Q", data, shoff + 32)
+        shnum, = unpack_from("<Q", data, shoff + 32)
     if shstrndx == 0xFFFF:  # SHN_XINDEX: the index is section 0's sh_link
-        shstrndx, = _u("<I", data, shoff + 40)
+        shstrndx, = unpack_from("<I", data, shoff + 40)
     if shnum == 0:
         return []
     if shnum > (size - shoff) // shentsize or shstrndx >= shnum:
         raise FatbinError("its section headers lie outside the file")
-    raw = [_u("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    raw = [unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
     _, _, _, _, stroff, strsize = raw[shstrndx]
     if stroff > size or strsize > size - stroff:
         raise FatbinError("its section name table lies outside the file")
@@ -165,18 +142,17 @@ class Entry:
 
 
 def _entry(data: Any, pos: int, end: int, container: int, relocatable: bool) -> tuple[Entry | None, int]:
-    """The entry at pos (None for a kind that is neither PTX nor a cubin) and where the next
-    entry starts. Header: kind u16, version u16, header size u32, payload size u64, compressed
-    size u32 (at 16), arch u32 (at 28), flags u64 (at 40), decompressed size u64 (at 56)."""
+    """The entry at pos (None: neither PTX nor a cubin) and where the next starts. Header: kind u16, version u16,
+    header size u32, payload size u64, packed size u32 @16, arch u32 @28, flags u64 @40, plain size u64 @56."""
     if end - pos < 48:
         raise FatbinError(f"a fat-binary entry header at offset {pos:#x} is cut short")
-    kind, _version, header_size, size = _u("<HHIQ", data, pos)
+    kind, _version, header_size, size = unpack_from("<HHIQ", data, pos)
     if header_size < 48 or header_size > end - pos or size > end - pos - header_size:
         raise FatbinError(f"the fat-binary entry at offset {pos:#x} runs past its container")
-    packed, = _u("<I", data, pos + 16)
-    arch, = _u("<I", data, pos + 28)
-    flags, = _u("<Q", data, pos + 40)
-    plain_size = _u("<Q", data, pos + 56)[0] if header_size >= 64 else 0
+    packed, = unpack_from("<I", data, pos + 16)
+    arch, = unpack_from("<I", data, pos + 28)
+    flags, = unpack_from("<Q", data, pos + 40)
+    plain_size = unpack_from("<Q", data, pos + 56)[0] if header_size >= 64 else 0
     nxt = pos + header_size + size
     if kind not in (KIND_PTX, KIND_CUBIN):
         return None, nxt
@@ -190,14 +166,12 @@ def _entry(data: Any, pos: int, end: int, container: int, relocatable: bool) -> 
 
 
 def _checked_cubin(data: Any, pos: int, size: int, arch: int, variant: str) -> str:
-    """An uncompressed cubin must be a CUDA ELF (EM_CUDA) of the arch its header names; one that
-    is not keeps its arch but loses its kind (UNKNOWN), so it only ever counts for its own arch.
-    A cubin is arch-specific when its entry header or its e_flags say so (nvcc 13.0 writes the
-    mark in the header only, CUDA 12.x in both)."""
+    """A cubin's variant: UNKNOWN (it counts for its own arch only) unless it is a CUDA ELF of the arch its
+    header names; arch-specific when its header or its e_flags say so (nvcc 13.0 marks the header only)."""
     if size < 64 or data[pos:pos + 4] != ELF_MAGIC:
         return UNKNOWN
-    machine, = _u("<H", data, pos + 0x12)
-    e_flags, = _u("<I", data, pos + 0x30)
+    machine, = unpack_from("<H", data, pos + 0x12)
+    e_flags, = unpack_from("<I", data, pos + 0x30)
     abi_version = data[pos + 8]
     # The SM number sits in e_flags' low byte up to ELF ABI version 7, in the second from version 8.
     if abi_version >= 8:
@@ -214,9 +188,8 @@ def _checked_cubin(data: Any, pos: int, size: int, arch: int, variant: str) -> s
 
 
 def _skip_zeros(fd: int, pos: int, end: int) -> int:
-    """The first position pos + 8k before end whose 8 bytes are not all zero, or end: zero padding
-    between containers, read a MiB at a time, the holes of a sparse file skipped unread (4 GiB of
-    it takes seconds, not the minutes of a loop over 8-byte steps)."""
+    """The first position pos + 8k before end whose 8 bytes are not all zero, or end: padding read a MiB at a
+    time and a sparse file's holes skipped unread (4 GiB of it takes seconds, not minutes)."""
     while end - pos >= 8:
         try:
             data_at = os.lseek(fd, pos, SEEK_DATA)
@@ -238,11 +211,10 @@ def _skip_zeros(fd: int, pos: int, end: int) -> int:
 
 
 def _entries(data: Any, fd: int, start: int, end: int, relocatable: bool, found: list[Entry]) -> None:
-    """Append every entry of the fat-binary containers laid end to end in data[start:end] to found;
-    zero padding between containers comes in steps of 8 bytes."""
+    """Append to found every entry of the containers laid end to end (zero padding between) in data[start:end]."""
     pos = start
     while end - pos >= 16:
-        magic, _version, header_size, fat_size = _u("<IHHQ", data, pos)
+        magic, _version, header_size, fat_size = unpack_from("<IHHQ", data, pos)
         if magic != FATBIN_MAGIC:
             nxt = _skip_zeros(fd, pos, end)
             if nxt == pos:
@@ -268,8 +240,7 @@ PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$][A-Za-z0-9_$.]*)")
 
 
 class DeviceCode:
-    """An ELF file's fat-binary entries, with the file mapped to read their payloads; a context
-    manager (close() unmaps). `decoded` counts the bytes decompressed so far, up to MAX_DECODED."""
+    """An ELF file's fat-binary entries and the file mapped; `decoded` counts bytes decompressed, up to MAX_DECODED."""
 
     def __init__(self, fd: int, data: mmap.mmap, entries: list[Entry]) -> None:
         self._fd, self.data, self.entries, self.decoded = fd, data, entries, 0
@@ -306,8 +277,7 @@ class DeviceCode:
             raise FatbinError(f"{entry.where}: out of memory decoding {plain} bytes") from None
 
     def kernel_names(self, entry: Entry) -> frozenset[str] | None:
-        """The kernels an entry holds (mangled names), or None for a cubin that is no ELF file.
-        Raises FatbinError for a payload that cannot be decoded."""
+        """The kernels an entry holds (mangled names), or None for a cubin that is no ELF file."""
         payload = self.payload(entry)
         if entry.target.kind == "ptx":
             return frozenset(m.decode("latin-1") for m in PTX_ENTRY_RE.findall(payload))
@@ -319,9 +289,7 @@ class DeviceCode:
 
 
 def open_device_code(path: Path) -> DeviceCode | None:
-    """An ELF file's fat binaries, or None when it has none (not a regular file, not ELF, or no
-    `.nv_fatbin` or `__nv_relfatbin` section). Raises FatbinError for an ELF file that cannot be
-    read, OSError for a file that cannot be opened."""
+    """An ELF file's fat binaries, or None when it has none (not a regular ELF file, or no fat-binary section)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # never waits on a FIFO
     try:
         info = os.fstat(fd)
@@ -334,34 +302,26 @@ def open_device_code(path: Path) -> DeviceCode | None:
     except BaseException:
         os.close(fd)
         raise
+    code = DeviceCode(fd, data, [])
     try:
-        entries: list[Entry] = []
-        found = False
-        for name, typ, off, size in sections(data):
-            if name in (FATBIN_SECTION, RELOCATABLE_SECTION) and typ != SHT_NOBITS:
-                found = True
-                _entries(data, fd, off, off + size, name == RELOCATABLE_SECTION, entries)
-    except MemoryError:
-        data.close()
-        os.close(fd)
-        raise FatbinError("out of memory reading its fat-binary entries") from None
-    except BaseException:
-        data.close()
-        os.close(fd)
+        found = [s for s in sections(data) if s[0] in (FATBIN_SECTION, RELOCATABLE_SECTION) and s[1] != SHT_NOBITS]
+        for name, _typ, off, size in found:
+            _entries(data, fd, off, off + size, name == RELOCATABLE_SECTION, code.entries)
+    except BaseException as exc:
+        code.close()
+        if isinstance(exc, MemoryError):
+            raise FatbinError("out of memory reading its fat-binary entries") from None
         raise
     if not found:
-        data.close()
-        os.close(fd)
+        code.close()
         return None
-    return DeviceCode(fd, data, entries)
+    return code
 
 
 def read_targets(path: Path, relocatable: bool = False) -> list[Target] | None:
-    """The device code an ELF file carries to be loaded (or, with relocatable, the relocatable code
-    of __nv_relfatbin), sorted and without repeats; None when it has no fat binary at all.
-    Raises FatbinError for an ELF file that cannot be read."""
+    """The targets an ELF file carries to be loaded (or its relocatable ones), sorted; None without a fat binary."""
     code = open_device_code(path)
     if code is None:
         return None
     with code:
-        return sorted({e.target for e in code.entries if e.relocatable == relocatable}, key=sort_key)
+        return sorted({e.target for e in code.entries if e.relocatable == relocatable})

@@ -11,8 +11,7 @@ from .seam import ModDoc
 
 
 def plan_files(spec: ModDoc, folder: Path, root: Path) -> tuple[ModState, dict[Path, bytes], dict[Path, int]]:
-    """The state of a files mod against root, and what to write with which modes (nothing written).
-    Two entries whose dests are one file (spelled alike, or through a link of the tree) are refused."""
+    """The state of a files mod against root, and what to write with which modes (nothing written)."""
     writes: dict[Path, bytes] = {}
     modes: dict[Path, int] = {}
     states: list[ModState] = []

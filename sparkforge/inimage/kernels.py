@@ -1,14 +1,9 @@
 """Which GPUs an image's CUDA extensions can run on, from what their fat binaries hold (fatbin.py).
 
-Stdlib only: it runs inside images (`python3 -I -B /opt/sparkforge/inimage kernels scan ROOT...
---out FILE`, then `... kernels check --home /opt/sparkforge`), and the host imports it for the rule
-and the record's format.
-
-The targets alone do not say whether a GPU runs an extension: vLLM's `_C` holds its generic
-kernels as plain `sm_120` and its SM12x-only kernels only as `sm_120a`, which a 12.1 cannot run.
-So for each listed GPU the scan also reads the kernel names and finds the kernels present in code
-of the GPU's major that no piece of code the GPU runs holds (coverage.py). Only the code a GPU
-cannot run, and what it runs until that covers it, is decompressed.
+Stdlib only: the image runs `python3 -I -B /opt/sparkforge/inimage kernels scan ROOT... --out FILE`, then
+`... kernels check --home /opt/sparkforge`; the host imports it for the rule and the record. The targets alone
+do not say whether a GPU runs an extension (vLLM's `_C` holds some SM12x kernels only as `sm_120a`, which a 12.1
+cannot run), so per GPU the scan also finds the kernels of its major that no code it runs holds (coverage.py).
 """
 
 from __future__ import annotations
@@ -26,9 +21,6 @@ from .contract import GpuCoverage, KernelExtension, KernelRecord
 from .coverage import parse_gpu, read_extension, usable
 from .coverage import runs_on as runs_on  # the rule, re-exported: kernels.runs_on for the host too
 from .fatbin import FatbinError, Target
-
-
-# ------------------------------------------------------------------ scan and record
 
 
 def _is_library(name: str) -> bool:
@@ -67,37 +59,25 @@ def distribution_files(name: str) -> list[Path] | None:
 
 
 def exempt(path: str, not_needed: Collection[str]) -> bool:
-    """Whether an extension is one the recipe says no listed GPU needs: `_vllm_fa3_C` names every
-    `_vllm_fa3_C.abi3.so` the scan finds, in whichever package (its file name up to the first dot)."""
+    """Whether the recipe says no listed GPU needs an extension, named by its file name up to the first dot."""
     return Path(path).name.split(".", 1)[0] in not_needed
 
 
 def _read(path: Path, gpus: list[str]) -> KernelExtension | None:
-    """One file's entry of the record, None without device code; a file that cannot be read is
-    listed with the reason, in one line (the check of the other files goes on)."""
+    """One file's entry of the record (a file that cannot be read: with the reason), None without device code."""
     try:
-        read = read_extension(path, gpus)
+        return read_extension(path, gpus)
     except (FatbinError, OSError, MemoryError, IndexError, struct.error, OverflowError) as exc:
         # The reader checks every size before use; the last three are the net under those checks.
         reason = (str(exc) if isinstance(exc, FatbinError) else exc.strerror or str(exc) if isinstance(exc, OSError)
                   else f"malformed device code ({type(exc).__name__})")
         return KernelExtension(str(path), (), (), error=" ".join(reason.split()))
-    if read is None or not (read[0] or read[1]):
-        return None
-    loadable, relocatable, per_gpu = read
-    return KernelExtension(str(path), tuple(t.name for t in loadable if t.kind == "cubin"),
-                           tuple(t.name for t in loadable if t.kind == "ptx"), tuple(t.name for t in relocatable),
-                           {gpu: GpuCoverage.from_dict(cov) for gpu, cov in per_gpu.items()})
 
 
 def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, ...] = (),
          dists: dict[str, list[Path]] | None = None) -> KernelRecord:
-    """The kernel record of these files, for these GPUs: per extension its cubins, PTX and
-    relocatable code and, per GPU, its per-kernel coverage (see coverage()); files without device
-    code are only counted; a file that cannot be read is listed with the reason. `not_needed` names
-    extensions that vLLM loads only on other GPUs (the recipe's kernels_not_needed); `dists` the
-    files of each scanned distribution, whose extensions with device code are counted per
-    distribution."""
+    """The kernel record of these files for these GPUs (files without device code only counted); `not_needed`
+    is the recipe's kernels_not_needed, `dists` the files of each distribution whose extensions are counted."""
     extensions, without = [], 0
     for path in dict.fromkeys(paths):
         ext = _read(path, gpus)
@@ -111,12 +91,9 @@ def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, 
 
 
 def verdict(ext: KernelExtension, gpu: str) -> tuple[str, str]:
-    """(state, what the table shows) of one extension on one GPU. States: `ok` (the label is the
-    best cubin it runs), `jit` (it runs PTX only, which the driver compiles at first start: the
-    label is `JIT compute_NN`), `relocatable` (its only device code is relocatable: nothing of it
-    is loaded from this file), `none` (nothing it runs), `missing` (kernels that exist only in
-    code it cannot run), `partial` (it cannot run some code of its major, and the kernel names that
-    would tell are unreadable), `unreadable` (the file)."""
+    """(state, what the table shows) of one extension on one GPU: `ok` (the best cubin it runs), `jit` (PTX only,
+    `JIT compute_NN`), `relocatable` (nothing loaded from this file), `none`, `missing` (kernels only in code
+    it cannot run), `partial` (code of its major it cannot run, with unreadable kernel names), `unreadable`."""
     if ext.error:
         return "unreadable", "unreadable"
     targets = [Target.parse(n) for n in ext.cubins + ext.ptx]
@@ -172,8 +149,7 @@ def _runs(gpu: str, state: str, label: str, ext: KernelExtension) -> str:
 
 
 def check(record: KernelRecord, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
-    """(check, ok|failed|skipped, detail) per extension: the GPUs it lacks kernels for, or what each
-    runs (saying so where that is PTX only). The GPUs are the record's own unless given."""
+    """(check, ok|failed|skipped, detail) per extension for gpus (default: the record's own)."""
     checks = []
     gpus = list(record.gpus) if gpus is None else gpus
     if not gpus:

@@ -1,20 +1,15 @@
 """Patch mods, applied by `git apply` itself on a private copy of the files the patch names.
 
-What the diff does is git's reading of it, not a second parser's: `git apply --numstat --summary`
-lists each section's file and lines, and whatever it says beyond "change the text of a regular file"
-or "create a regular file" (a link, a mode, a binary change, a rename, a copy, a deletion) is refused;
-so is a diff that git reads otherwise than its `---`/`+++` sections show (diff.py), and one that
-names one file under two names (a file and a link to it). git runs in a temporary folder holding
-copies of the named files only (regular files, confined to the tree), with no repository above it
-and no user or system configuration, within a time limit. What it leaves there is read without
-following a link, and must be regular files with their modes unchanged; the tree itself is written
-only once git has succeeded, by the applier's all-or-nothing writer.
+What the diff does is git's reading of it (`git apply --numstat --summary`), not a second parser's: anything
+beyond changing or creating the text of a regular file is refused, as is a diff git reads otherwise than its
+`---`/`+++` sections show (diff.py) and one naming a file twice. git runs in a temporary folder holding copies of
+the named files only, with no repository above it, no configuration and a time limit; what it leaves is read
+without following a link, and the tree is written only once git has succeeded (the applier's writer).
 
-Both directions are asked (`git apply --check` and `git apply -R --check`): when only the forward one
-takes the patch, it is applied; when only the reverse one does, it was applied already; when neither
-does, it fails with git's own words. When both do (git looks for a hunk's lines away from their place
-too), the direction whose hunks stand nearer their own lines wins; a diff without context is decided
-by whether each hunk's lines stand at the hunk's own place; anything else is refused as ambiguous.
+Both directions are asked (`git apply --check`, and with -R): only forward is to apply, only reverse is applied
+already, neither is git's own refusal. Both (git looks for a hunk's lines away from their place too): the
+direction whose hunks stand nearer wins, a diff without context is decided at each hunk's own place, and
+anything else is refused as ambiguous.
 """
 
 from __future__ import annotations
@@ -53,8 +48,7 @@ class Change:
 
 
 def check_patch(diff: bytes, *, timeout: float = GIT_TIMEOUT) -> None:
-    """Every refusal that needs no tree: the reader's, and git's reading where git is installed here
-    (where it is not, the applier asks it in the image)."""
+    """Every refusal that needs no tree: the reader's, and git's where git is installed here (else the image's)."""
     sections = parse_diff(diff)
     if shutil.which("git") is not None:
         with _Private(diff, timeout) as git:
@@ -105,9 +99,8 @@ _REFUSED = ((" create mode 120000 ", "a new link"), (" create mode ", "a new fil
 
 
 def _changes(git: _Private, flags: list[str], sections: list[FilePatch]) -> list[Change]:
-    """The diff's sections as git reads them; ModFailure for whatever is more than a text change of a
-    regular file (or a new one), for a name outside the tree, and when git reads other sections than
-    the diff's `---`/`+++` headers show."""
+    """The diff's sections as git reads them; refused beyond a text change of a regular file (or a new one), for a
+    name outside the tree, and when git reads other sections than the `---`/`+++` headers show."""
     listed = git(["apply", "--numstat", "--summary", "-z", *flags, _PATCH])
     if listed.returncode != 0:
         raise ModFailure(_reason(listed.stderr, [], git.home))
@@ -158,8 +151,7 @@ def _git_name(raw: bytes) -> str:
 
 
 def _targets(changes: list[Change], root: Path) -> dict[str, Path]:
-    """Each file the diff names, at its place in root, reached through no link; refused when two of its
-    names are one file (two hard links), since git would patch them as two."""
+    """Each file the diff names in root, reached through no link; refused for two names of one file (hard links)."""
     targets: dict[str, Path] = {}
     seen: dict[tuple[int, int], str] = {}
     for change in changes:
@@ -180,8 +172,7 @@ def _targets(changes: list[Change], root: Path) -> dict[str, Path]:
 
 
 def _copy_in(targets: dict[str, Path], created: set[str], work: Path) -> tuple[dict[str, bytes], dict[str, int]]:
-    """Copy the files the patch names into work, with their modes, by their names in the patch; refuse
-    any that is not a regular file (no link stands on their way: unlinked())."""
+    """Copy the files the patch names into work with their modes, refusing any that is not a regular file."""
     found, modes = {}, {}
     for rel, target in targets.items():
         try:
@@ -215,8 +206,7 @@ def _check_folders(target: Path, rel: str) -> None:
 
 
 def _results(work: Path, names: set[str], modes: dict[str, int]) -> dict[str, bytes]:
-    """The files git left in work, read without following a link: regular files, only those the
-    diff names, none gone, and each with the mode it had (a new one not executable)."""
+    """The files git left in work, read through no link: regular files the diff names, none gone, modes kept."""
     found = {}
     for parent, dirs, files in os.walk(work):
         for name in dirs + files:
@@ -240,8 +230,7 @@ def _results(work: Path, names: set[str], modes: dict[str, int]) -> dict[str, by
 
 
 class _Private:
-    """A temporary folder holding the diff (mod.patch) and the private tree git runs in (tree/), and a
-    runner of git there that finds no repository above it and reads no configuration."""
+    """A temporary folder holding mod.patch and tree/, and a runner of git there that sees no repository or config."""
 
     def __init__(self, diff: bytes, timeout: float) -> None:
         git = shutil.which("git")
@@ -281,8 +270,7 @@ _OFFSET = re.compile(rb"^Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)", 
 
 def _both_ways(pairs: list[tuple[str, FilePatch]], before: dict[str, bytes], forward: bytes,
                reverse: bytes) -> ModState:
-    """The state of a diff that git takes both forward and in reverse (from their `-v` reports, and for
-    a diff without context, from where each hunk's lines stand)."""
+    """The state of a diff that git takes both forward and in reverse (see the module's docstring)."""
     if zero_context([fp for _, fp in pairs]):
         state = _own_place(pairs, before)
         if state is not None:
@@ -297,10 +285,8 @@ def _both_ways(pairs: list[tuple[str, FilePatch]], before: dict[str, bytes], for
 
 
 def _own_place(pairs: list[tuple[str, FilePatch]], before: dict[str, bytes]) -> ModState | None:
-    """A context-free diff's state from where its hunks' lines stand in the file, at each hunk's own
-    place only (git would find them anywhere): a hunk whose new lines stand there is applied, one whose
-    old lines stand there is still to do (an insertion has no old lines, a deletion no new ones).
-    None when the hunks disagree, or a file has more than one section (their places shift)."""
+    """A context-free diff's state from whether its hunks' new or old lines stand at each hunk's own place; None
+    when the hunks disagree, or a file has more than one section (their places shift)."""
     if len({rel for rel, _ in pairs}) < len(pairs):
         return None
     states = {_hunk_state(h, lines_of(before.get(rel, b""))) for rel, fp in pairs for h in fp.hunks}

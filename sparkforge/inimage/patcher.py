@@ -1,13 +1,10 @@
 """Patcher mods: a stdlib-only module (TARGETS, is_applied, transform) run in a child Python.
 
-The child is bounded, not sandboxed (a patcher is trusted code): it runs isolated (`-I`), in a
-fresh scratch folder as its working folder (a relative path it writes lands there, never in the
-mod folder), with an environment of PATH and the locale only, in its own process group. The child
-is a supervisor: it runs the patcher in a worker process and adopts every process left orphaned
-below it (Linux's child subreaper), so when the run ends, on success too, it kills the worker and
-everything it started, whatever session or group those moved to and whether or not they hold its
-output; the runner then kills the group as well. A patcher that raises, exits, hangs past its time
-limit or answers what is not the contract fails, naming the mod.
+The child is bounded, not sandboxed (a patcher is trusted code): isolated (`-I`), in a fresh scratch folder (a
+relative path it writes lands there, never in the mod folder), with PATH and the locale only, in its own process
+group, within a time limit. It is a supervisor: it runs the patcher in a worker and adopts every orphan below it
+(Linux's child subreaper), so when the run ends, on success too, it kills all the worker started, whatever session
+or group those moved to; the runner then kills the group too. Whatever goes wrong fails, naming the mod.
 """
 
 from __future__ import annotations
@@ -36,23 +33,18 @@ _RESULT_MARK = "sparkforge-patcher-result "
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def child_env() -> dict[str, str]:
-    """All a patcher's Python is given of the caller's environment."""
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-
-
 def plan_patcher(patcher: Path, root: Path,
                  timeout: float = PATCHER_TIMEOUT) -> tuple[ModState, dict[Path, bytes]]:
-    """Run a patcher in a fresh, isolated interpreter: it names its targets, gets their texts, and
-    decides and transforms; its answer, or ModFailure (nothing written)."""
+    """Run a patcher in a child: it names its targets, gets their texts, decides and transforms (nothing written)."""
     deadline = time.monotonic() + timeout
     # The package folder run as a script (its __main__ loads it by path; -I adds no other folder).
     cmd = [sys.executable, "-I", "-B", str(PACKAGE_DIR), "patcher-child", str(patcher.resolve())]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # nothing else
     with tempfile.TemporaryDirectory(prefix="sparkforge-patcher-") as scratch, \
             tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty patcher cannot block on it
-        proc = start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, cwd=scratch, env=child_env())
+        proc = start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, cwd=scratch, env=env)
         try:
-            first, rest = _first_line(proc, deadline)
+            first, _, rest = _read(_pipes(proc)[1], deadline, line=True).partition(b"\n")
             targets = _answer(patcher, first, proc, errors).get("targets")
             if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
                 raise ModFailure(f"patcher {patcher.name}: its TARGETS are not a list of file names")
@@ -88,27 +80,29 @@ def _pipes(proc: Child[bytes]) -> tuple[IO[bytes], IO[bytes]]:
     return proc.stdin, proc.stdout
 
 
-def _first_line(proc: Child[bytes], deadline: float) -> tuple[bytes, bytes]:
-    """The child's first line (its targets), and what came after it, waiting no longer than deadline."""
+def _read(stream: IO[bytes], deadline: float, *, line: bool = False) -> bytes:
+    """What a pipe gives until its end or deadline; with line, until a first newline, or TimeoutExpired."""
     data = b""
-    _, stdout = _pipes(proc)
+    if stream.closed:
+        return data
     with selectors.DefaultSelector() as selector:
-        selector.register(stdout, selectors.EVENT_READ)
-        while b"\n" not in data:
+        selector.register(stream, selectors.EVENT_READ)
+        while not (line and b"\n" in data):
             left = deadline - time.monotonic()
             if left <= 0 or not selector.select(left):
-                raise subprocess.TimeoutExpired(proc.args, 0)
-            chunk = os.read(stdout.fileno(), 1 << 16)
+                if line:
+                    raise subprocess.TimeoutExpired("patcher", 0)
+                break
+            chunk = os.read(stream.fileno(), 1 << 16)
             if not chunk:
                 break
             data += chunk
-    first, _, rest = data.partition(b"\n")
-    return first, rest
+    return data
 
 
 def _exchange(proc: Child[bytes], payload: bytes, deadline: float) -> bytes:
-    """Send payload to the child and read its output until the child exits, not until every holder of
-    the pipe closes it (a process the patcher started may hold it); then the group goes, and the rest is read."""
+    """Send payload to the child and read its output until the child exits (a process the patcher started may
+    hold the pipe open); then the group goes, and the rest is read."""
     out = b""
     view = memoryview(payload)
     stdin, stdout = _pipes(proc)
@@ -116,7 +110,7 @@ def _exchange(proc: Child[bytes], payload: bytes, deadline: float) -> bytes:
     with selectors.DefaultSelector() as selector:
         selector.register(stdout, selectors.EVENT_READ)
         selector.register(stdin, selectors.EVENT_WRITE)
-        while not _ended(proc):
+        while _exit_code(proc, 0) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(proc.args, 0)
@@ -138,22 +132,7 @@ def _exchange(proc: Child[bytes], payload: bytes, deadline: float) -> bytes:
                     if not chunk:
                         selector.unregister(stdout)
     _kill_group(proc)
-    return out + _drain(stdout, time.monotonic() + 5)
-
-
-def _drain(stream: IO[bytes], deadline: float) -> bytes:
-    """What is left in a pipe whose writers are gone, waiting no longer than deadline."""
-    data = b""
-    if stream.closed:
-        return data
-    with selectors.DefaultSelector() as selector:
-        selector.register(stream, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0 and selector.select(left):
-            chunk = os.read(stream.fileno(), 1 << 16)
-            if not chunk:
-                break
-            data += chunk
-    return data
+    return out + _read(stdout, time.monotonic() + 5)
 
 
 def _answer(patcher: Path, data: bytes, proc: Child[bytes], errors: IO[bytes]) -> dict[str, Any]:
@@ -173,8 +152,7 @@ def _answer(patcher: Path, data: bytes, proc: Child[bytes], errors: IO[bytes]) -
 
 
 def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
-    """Resolve a patcher's targets in root (refusing any that leave it, and two that are one file) and
-    read their texts."""
+    """A patcher's targets resolved in root (refusing any that leave it, and two that are one file), and texts."""
     paths = {rel: inside(root, rel, "patcher TARGETS entry") for rel in targets}
     named: dict[Path, str] = {}
     sources = {}
@@ -192,8 +170,7 @@ def _read_targets(root: Path, targets: list[str]) -> tuple[dict[str, Path], dict
 
 
 def _exit_code(proc: Child[bytes], deadline: float) -> int | None:
-    """The child's exit code (negative: the signal that ended it) once it has ended, without reaping it
-    (its process group keeps its number until then); None if it still runs at deadline."""
+    """The child's exit code (negative: its signal), None if it runs at deadline; unreaped, its group keeps its id."""
     while True:
         if proc.returncode is not None:
             return proc.returncode
@@ -208,10 +185,6 @@ def _exit_code(proc: Child[bytes], deadline: float) -> int | None:
         time.sleep(0.01)
 
 
-def _ended(proc: Child[bytes]) -> bool:
-    return _exit_code(proc, 0) is not None
-
-
 def _kill_group(proc: Child[bytes]) -> None:
     """Kill the patcher's process group, whether its leader still runs or not: what it started dies with it."""
     try:
@@ -221,9 +194,8 @@ def _kill_group(proc: Child[bytes]) -> None:
 
 
 def _stop(proc: Child[bytes]) -> None:
-    """End a run: the supervisor told to end the worker and all it started, and given STOP_TIMEOUT for it;
-    then the group killed in any case, the child reaped, its pipes closed."""
-    if not _ended(proc):
+    """End a run: the supervisor given STOP_TIMEOUT to end all it started, then the group killed, the child reaped."""
+    if _exit_code(proc, 0) is None:
         try:
             proc.send_signal(signal.SIGTERM)
         except ProcessLookupError:
@@ -243,13 +215,6 @@ def _stop(proc: Child[bytes]) -> None:
 
 
 # ------------------------------------------------------------------ the child's side
-
-
-def _patcher_targets(module: ModuleType) -> list[str]:
-    targets = module.TARGETS
-    if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
-        raise ModFailure("TARGETS must be a list of relative paths")
-    return list(targets)
 
 
 def _is_applied(module: ModuleType, name: str, sources: dict[str, str]) -> bool:
@@ -278,14 +243,12 @@ def _patcher_run(module: ModuleType, name: str, sources: dict[str, str]) -> dict
 
 
 def child_main(patcher: str) -> int:
-    """The child side of plan_patcher: the patcher runs in a worker process, and whatever it started is
-    killed once it has ended, or once the runner asks the child to stop (SIGTERM)."""
+    """The child side of plan_patcher: the patcher in a worker, all it started killed once it ends or on SIGTERM."""
     return reaped(lambda: _worker_main(patcher), STOP_TIMEOUT)
 
 
 def _worker_main(patcher: str) -> int:
-    """Import the patcher, print its targets, read their texts from stdin, and print the answer; one
-    marked JSON line each."""
+    """Import the patcher, print its targets, read their texts from stdin, print the answer (marked JSON lines)."""
     real_stdout, sys.stdout = sys.stdout, sys.stderr  # the patcher's prints must not mix with the answer
 
     def say(answer: dict[str, object]) -> None:
@@ -301,8 +264,10 @@ def _worker_main(patcher: str) -> int:
         missing = [a for a in ("TARGETS", "is_applied", "transform") if not hasattr(module, a)]
         if missing:
             raise ModFailure(f"patcher {path.name} does not define {', '.join(missing)}")
-        stage = "run"
-        say({"targets": _patcher_targets(module)})
+        stage, targets = "run", module.TARGETS
+        if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
+            raise ModFailure("TARGETS must be a list of relative paths")
+        say({"targets": list(targets)})
         answer = _patcher_run(module, path.name, json.loads(sys.stdin.buffer.read()))
     except ModFailure as exc:
         answer = {"error": str(exc)}

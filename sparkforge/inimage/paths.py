@@ -28,10 +28,8 @@ def parts(rel: str, what: str, *, absolute_ok: bool = False) -> list[str]:
 
 
 def inside(root: Path, rel: str, what: str, *, absolute_ok: bool = False) -> Path:
-    """root/rel with every link resolved; refused when it, or a link on its way, leads out of root.
-
-    Links inside the tree are followed only while they stay in it (a merged /usr root has /bin ->
-    usr/bin); the path returned is the real one, so later reads and writes follow no link."""
+    """root/rel with every link resolved (a merged /usr has /bin -> usr/bin), refused when it leads out of root;
+    the path returned is the real one, so later reads and writes follow no link."""
     names = parts(rel, what, absolute_ok=absolute_ok)
     real_root = os.path.realpath(root)
     real = os.path.realpath(os.path.join(real_root, *names))
@@ -41,8 +39,7 @@ def inside(root: Path, rel: str, what: str, *, absolute_ok: bool = False) -> Pat
 
 
 def unlinked(root: Path, rel: str, what: str) -> Path:
-    """root/rel, refused when a link stands anywhere on its way, as `git apply` run in the tree refuses
-    it ("beyond a symbolic link") or patches the link itself: a patch changes no file through a link."""
+    """root/rel, refused when a link stands anywhere on its way: a patch changes no file through a link."""
     path = Path(os.path.realpath(root))
     for part in parts(rel, what):
         path = path / part
@@ -72,8 +69,7 @@ def shown(name: str) -> str:
 
 
 def check_folder(folder: Path) -> None:
-    """Refuse a mod folder that holds a link, anything but folders and regular files, or a name
-    that is not UTF-8 (such a name could be neither hashed into the plan nor printed)."""
+    """Refuse a mod folder holding a link, anything but folders and regular files, or a name that is not UTF-8."""
     for parent, dirs, files in os.walk(folder):
         for name in dirs + files:
             path = Path(parent) / name
@@ -104,9 +100,8 @@ def regular(mode: int, name: str) -> None:
 
 
 def read_file(path: Path, what: str | None = None) -> bytes:
-    """A regular file's bytes. A link at the last step is refused (paths were resolved by inside()),
-    and so is anything else that is no regular file, before it is opened; should one take its place
-    meanwhile, it is opened without waiting (non-blocking) and refused from what it is once open."""
+    """A regular file's bytes; anything else (a link too) is refused before it is opened and, should it take the
+    file's place meanwhile, opened without waiting and refused once open."""
     name = what or str(path)
     regular(os.lstat(path).st_mode, name)  # a device or FIFO is refused before it is opened at all
     try:

@@ -1,7 +1,6 @@
-"""What a node must have before `launch` starts a rank there, checked from inside the image on the node's own
-network (docker run --network host): the model folder, the ports the rank will bind, and the interface that
-leads to the master, which GLOO and NCCL are told to use (a host name that resolves to another address, or
-to loopback, would leave the ranks unable to meet)."""
+"""What a node must have before `launch` starts a rank there, checked inside the image on the node's network: the
+model folder, the ports the rank binds, and the interface that leads to the master, which GLOO and NCCL are told
+to use (a host name that resolves to another address, or to loopback, would leave the ranks unable to meet)."""
 
 from __future__ import annotations
 
@@ -26,13 +25,6 @@ class Preflight:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def route_to(master: str, port: int) -> str:
-    """The local IPv4 address the kernel picks to reach master:port (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((socket.gethostbyname(master), port))
-        return str(sock.getsockname()[0])
-
-
 def interface_of(address: str) -> str | None:
     """The name of the interface that holds an IPv4 address, or None."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -47,8 +39,8 @@ def interface_of(address: str) -> str | None:
 
 
 def port_problem(port: int) -> str | None:
-    """Why the port cannot be bound on every address (something listens there), or None. As a server binds it:
-    a connection of a server stopped a moment ago, still closing, does not count."""
+    """Why the port cannot be bound on every address, or None; as a server binds it, a connection of a server
+    stopped a moment ago, still closing, does not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -64,8 +56,10 @@ def preflight(master: str, master_port: int, ports: list[int], model: str | None
     if model is not None and not (Path(model) / "config.json").is_file():
         problems.append(f"{model}: no config.json (is the model folder on this node, at the same path?)")
     problems += [p for p in (port_problem(port) for port in ports) if p]
-    try:
-        address = route_to(master, master_port)
+    try:  # the local IPv4 address the kernel picks to reach the master (a UDP connect sends no packet)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((socket.gethostbyname(master), master_port))
+            address = str(sock.getsockname()[0])
     except OSError as exc:
         problems.append(f"no route to the master {master}: {exc.strerror or exc}")
         return Preflight(None, None, problems)

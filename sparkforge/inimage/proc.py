@@ -1,16 +1,12 @@
 """The one way sparkforge starts a process, on the host and in the image: no shell, a process group of its own,
 and nothing of it left running.
 
-start() is the one place a child is made. It starts in a process group of its own, so that what it starts in
-turn (git's remote helper, ssh's proxy, docker's plugins, a patcher's workers) is stopped with it, and a
-Ctrl-C or SIGTERM that lands while it starts waits until the child has a name (held), so no signal orphans it.
-run() takes a command to its end within a time limit: on the limit, on Ctrl-C and on SIGTERM (which the CLI
-turns into SystemExit) the whole group gets SIGTERM and, after a short grace, SIGKILL, and is reaped before
-the exception goes on; a command that cannot run, or runs past its limit, is one CommandError naming it.
-Long streaming children (a build, `docker save | docker load`, a pull) are started here too and stopped by
-signal_group; build/dockercli.py tracks them so that the CLI stops them when it is stopped.
-
-Stdlib only: the image side imports it (sparkforge/inimage), and gitfetch.py runs beside a copy of it.
+start() makes every child, in a process group of its own so that what it starts in turn (git's remote helper,
+ssh's proxy, a patcher's workers) is stopped with it; a Ctrl-C or SIGTERM landing while it starts waits until the
+child has a name (held). run() takes a command to its end within a time limit: on the limit, Ctrl-C or SIGTERM
+the group gets SIGTERM, then SIGKILL, and is reaped before the exception goes on. Long streaming children are
+started here too and stopped by signal_group (build/dockercli.py tracks them). Stdlib only: the image side
+imports it, and gitfetch.py runs beside a copy of it.
 """
 
 from __future__ import annotations
@@ -54,9 +50,8 @@ Child = subprocess.Popen  # what start() gives: a child in its own process group
 
 
 def start(argv: Sequence[str], **kw: Any) -> Child[Any]:
-    """Start argv (never through a shell) in a process group of its own; keywords go to Popen (stdin, stdout,
-    stderr, env, cwd, text). A Ctrl-C or SIGTERM that lands while it starts stops the child's group and goes on
-    as it ends. Raises OSError as Popen does (FileNotFoundError: no such program)."""
+    """Start argv (never through a shell) in a process group of its own; keywords go to Popen. A Ctrl-C or SIGTERM
+    that lands while it starts stops the child's group and goes on as it ends."""
     child: Child[Any] | None = None
     try:
         with held():  # a signal that comes while the child starts is raised once `child` names it
@@ -69,10 +64,9 @@ def start(argv: Sequence[str], **kw: Any) -> Child[Any]:
 
 
 def signal_group(proc: Child[Any], grace: float = GRACE) -> None:
-    """SIGTERM to the child's process group, SIGKILL to what is left of it after `grace` seconds (the leader
-    may be gone while what it started is not); the child is reaped. Its pipes stay open: another thread may
-    still be reading what it wrote. A child already reaped here is left alone: its number may be another
-    process's by now (until it is reaped, the leader's number names its group and no one else's)."""
+    """SIGTERM to the child's group, SIGKILL to what is left after `grace` seconds; the child is reaped, its pipes
+    left open (another thread may still read them). A child already reaped is left alone: its number may be
+    another process's by now."""
     if proc.returncode is not None:
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -101,10 +95,9 @@ def stop_group(proc: Child[Any], grace: float = GRACE) -> None:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """The signals that stop sparkforge (STOPPING, where a handler of Python's own catches them) wait while the
-    body runs, and are raised as it ends. A child is started inside it: between the fork and Popen's return
-    nothing knows the child yet, so a signal there would leave it running. Only the main thread receives
-    signals; elsewhere this does nothing (dockercli.track stops a child a thread starts once the CLI stops)."""
+    """The signals that stop sparkforge (STOPPING, where Python handles them) wait while the body runs and are
+    raised as it ends: between the fork and Popen's return nothing knows the child, so a signal there would leave
+    it running. Only the main thread receives signals; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -141,9 +134,7 @@ def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: 
         capture_output: bool = False, text: bool, **kw: Any) -> subprocess.CompletedProcess[Any]: ...
 def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
         capture_output: bool = False, text: bool = False, **kw: Any) -> subprocess.CompletedProcess[Any]:
-    """Run argv (never through a shell) to its end within `timeout` seconds and return it, whatever its
-    exit code. `what` names it in errors (default: its program and first argument). Other keywords go
-    to Popen (stdin, stdout, stderr, env, cwd). Raises CommandError, or TimedOut."""
+    """Run argv (no shell) to its end within `timeout` seconds, whatever its exit code; else CommandError/TimedOut."""
     what = what or name(argv)
     if capture_output:
         kw.setdefault("stdout", subprocess.PIPE)

@@ -1,10 +1,8 @@
-"""Run a function in a worker process and leave nothing of it behind: every process it started is
-killed when it ends, whatever session or process group that process moved to.
+"""Run a function in a worker process and leave nothing of it behind, whatever session or group it moved to.
 
-The calling process becomes a child subreaper (Linux's PR_SET_CHILD_SUBREAPER, through ctypes), so
-an orphan below it (a daemon that forked twice, a `sleep &` of a shell that has exited) is given to
-it rather than to init, and can still be found among its children and killed. Where that cannot be
-set (no ctypes, not Linux), the caller's process group is all that is left to kill.
+The caller becomes a child subreaper (Linux's PR_SET_CHILD_SUBREAPER, through ctypes), so an orphan below it (a
+daemon that forked twice) is given to it rather than to init, and can still be found and killed. Where that
+cannot be set, the caller's process group is all that is left to kill.
 """
 
 from __future__ import annotations
@@ -19,10 +17,14 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 def reaped(work: Callable[[], int], grace: float) -> int:
-    """Run work() in a forked worker and return its exit code (or die by its signal); once it has
-    ended, or this process is told to stop (SIGTERM), kill and reap everything below this process,
-    giving up after grace seconds."""
-    adopt_orphans()
+    """Run work() in a forked worker and return its exit code (or die by its signal); once it has ended, or on
+    SIGTERM, kill and reap everything below this process, giving up after grace seconds."""
+    try:  # orphans below this process are given to it (where this cannot be set, its group is all there is to kill)
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (ImportError, OSError, AttributeError):
+        pass
     worker = os.fork()
     if worker == 0:
         code = 1
@@ -54,16 +56,6 @@ def reaped(work: Callable[[], int], grace: float) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def adopt_orphans() -> bool:
-    """Make this process the one that orphans below it are given to; False where that cannot be set."""
-    try:
-        import ctypes
-
-        return bool(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (ImportError, OSError, AttributeError):
-        return False
-
-
 def children(parent: int) -> list[int]:
     """The processes whose parent is parent, from /proc (none where there is no /proc)."""
     found: list[int] = []
@@ -84,8 +76,7 @@ def children(parent: int) -> list[int]:
 
 
 def end_children(deadline: float) -> None:
-    """Kill every child of this process, round after round (a subreaper inherits the children of each
-    one killed), and reap them, until none is left or deadline passes."""
+    """Kill and reap every child of this process, round after round (a subreaper inherits theirs), until deadline."""
     me = os.getpid()
     while True:
         for pid in children(me):

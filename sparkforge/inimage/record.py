@@ -39,8 +39,8 @@ def torch_cuda(limit: float = IMPORT_TIMEOUT) -> str:
 
 
 def protect(names: list[str], out_dir: Path) -> dict[str, str]:
-    """Record the base image's builds of the protected packages, as pip constraints; for torch
-    also its CUDA build, which a PyPI torch would silently replace."""
+    """Record the base's builds of the protected packages as pip constraints (torch's CUDA build too, which a PyPI
+    torch would silently replace)."""
     found = {name: v for name in names if (v := installed(name)) is not None}
     out_dir.mkdir(parents=True, exist_ok=True)
     record = dict(found)
@@ -72,8 +72,7 @@ def note_wheel(wheel: Path, origin: WheelOrigin, key: str | None, compiled_for: 
 
 
 def base_vllm(release: str) -> tuple[str | None, str | None]:
-    """(problem, installed version): the base's vLLM must be the release the recipe names. A local version
-    label (`0.31.0+nv26.10`) is a build of that release; a pre-release or another release is not."""
+    """(problem, installed version): the base's vLLM must be the recipe's release or a local build of it (`+nv26`)."""
     found = installed("vllm")
     if found is None:
         return "the base image has no vllm installed; use another vllm.source, or a base that carries one", None
@@ -128,8 +127,7 @@ def write_record(home: Path) -> BuildRecord:
 
 
 def installed_packages() -> dict[str, str]:
-    """Every Python distribution the image's Python sees, by normalized name, with its version;
-    where a name is installed twice, the one found first on sys.path (the one imported) wins."""
+    """Every distribution the image's Python sees, by normalized name, with its version (of two, the one imported)."""
     import importlib.metadata
 
     found: dict[str, str] = {}

@@ -1,6 +1,4 @@
-"""How the image side runs a command to its end: through proc.run, with its input closed, its output captured
-and a time limit, past which the command and its process group are stopped and TimeLimit says so in one line.
-(A patcher's child is started by proc.start in patcher.py, which talks with it both ways.)"""
+"""How the image side runs a command to its end: proc.run with its input closed, its output captured, a time limit."""
 
 from __future__ import annotations
 
@@ -22,9 +20,7 @@ class TimeLimit(Exception):
 
 def run(cmd: list[str], *, limit: float, what: str, cwd: str | Path | None = None,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """cmd run to its end (proc.run: its own process group, its input closed, its output captured), or TimeLimit
-    once it has run for limit seconds; what it started is stopped with it. A command that cannot start raises
-    OSError, as Popen does."""
+    """cmd run to its end, or TimeLimit once it has run limit seconds (stopped with all it started)."""
     try:
         return proc.run(cmd, timeout=limit, what=what, stdin=subprocess.DEVNULL, capture_output=True, cwd=cwd,
                         env=env)

@@ -1,11 +1,8 @@
 """What the host hands the image: plan.json and each mod's mod.json, as the types both sides use.
 
-The host builds these from its Plan and each mod's spec (build/render.py, recipe/config.py) and writes
-them with `to_json`; the image reads them back with `parse` into the same types, and reads them by
-attribute only. So a field renamed on one side is a type error there and a missing field on the other:
-`parse` refuses, in one line naming the file and the field, a document of another version (older or
-newer: the two sides come from one render), a missing field, a field of another type, and a field it
-does not know. The plan document holds only what the image reads or copies into its build record.
+The host writes them with `to_json` (build/render.py); the image reads them back into the same types, by attribute
+only, and refuses another version (both sides come from one render), a missing, mistyped or unknown field. The
+plan document holds only what the image reads or copies into its build record.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ class ComponentKind(str, Enum):
 
 
 class _Part(Document):
-    """A part of a seam document: closed like the document (an unknown field is refused)."""
+    """A part of a seam document: an unknown field is refused."""
 
     OPEN: ClassVar[bool] = False
 
@@ -165,8 +162,7 @@ class VerifyDoc(_Part):
 
 @dataclass(frozen=True)
 class ModDoc(_Part):
-    """/opt/sparkforge/mods/NAME/mod.json: a mod as the applier reads it. patch, patcher and files are
-    set as kind says; patch_source says where a fetched patch (then `patch`) came from."""
+    """/opt/sparkforge/mods/NAME/mod.json: a mod as the applier reads it (patch, patcher or files, as kind says)."""
 
     NAME: ClassVar[str] = "mod.json"
     READABLE: ClassVar[tuple[int, ...]] = (MOD_VERSION,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import random
 import re
@@ -75,24 +76,15 @@ FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenize
 
 
 def byte_chars() -> list[str]:
-    """The printable character each byte stands for in a byte-level BPE (GPT-2's mapping): bytes that print
-    as themselves keep their character; the others (controls, space, ...) take 256, 257, ... in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    kept = set(keep)
-    chars: list[str] = []
-    shifted = 0
-    for b in range(256):
-        if b in kept:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + shifted))
-            shifted += 1
-    return chars
+    """The printable character each byte stands for in a byte-level BPE (GPT-2's mapping)."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    others = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(others)) for b in range(256)]
 
 
 def train_bpe(text: str, size: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """The vocabulary (the 256 byte tokens, then one per new merge) and the merges, learned from text until the
-    vocabulary holds size tokens: each step merges the most frequent adjacent pair, the smallest pair on a tie."""
+    """The vocabulary (256 byte tokens, then one per new merge) and the merges learned from text, up to size tokens:
+    each step merges the most frequent adjacent pair, the smallest on a tie."""
     chars = byte_chars()
     counts = Counter(tuple(chars[b] for b in piece.encode("utf-8")) for piece in PIECES.findall(text))
     words = [list(word) for word in counts]  # in order of first appearance: the counting is deterministic
@@ -157,22 +149,18 @@ def bfloat16(values: list[float]) -> bytes:
 
 
 def safetensors(seed: int) -> bytes:
-    """The weights file: linear and embedding weights drawn from N(0, STD) by one generator in sorted-name order,
-    norms all ones. random.gauss goes through libm, but a last-bit difference there would have to land on a
-    bfloat16 rounding boundary to change a byte."""
+    """The weights file: linear and embedding weights drawn from N(0, STD) in sorted-name order, norms all ones
+    (random.gauss goes through libm; a last-bit difference there changes a byte only on a bfloat16 boundary)."""
     rng = random.Random(seed)
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     blobs: list[bytes] = []
     offset = 0
     for name, shape in tensor_shapes().items():
-        count = 1
-        for dim in shape:
-            count *= dim
+        count = math.prod(shape)
         if name.endswith("norm.weight"):
             blob = bfloat16([1.0]) * count
         else:
-            gauss = rng.gauss
-            blob = bfloat16([gauss(0.0, STD) for _ in range(count)])
+            blob = bfloat16([rng.gauss(0.0, STD) for _ in range(count)])
         header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
@@ -260,14 +248,10 @@ def documents() -> dict[str, Any]:
     }
 
 
-def dumped(doc: Any) -> bytes:
-    """A JSON document as stable bytes: sorted keys, two-space indentation, a trailing newline."""
-    return (json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-
-
 def contents(seed: int) -> dict[str, bytes]:
     """Every file of the model folder made with seed, by name."""
-    files = {name: dumped(doc) for name, doc in documents().items()}
+    files = {name: (json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+             for name, doc in documents().items()}
     files["model.safetensors"] = safetensors(seed)
     return {name: files[name] for name in FILES}
 
@@ -279,8 +263,7 @@ def write_file(path: Path, body: bytes) -> None:
 
 
 def shaped(dest: Path) -> bool:
-    """Whether dest is a real folder (no link) holding regular files with exactly the names of the model's:
-    cheap, so a folder that is plainly something else is refused without making the model to compare."""
+    """Whether dest is a real folder holding regular files named as the model's: cheap, before making the model."""
     try:
         return (stat.S_ISDIR(os.lstat(dest).st_mode) and set(os.listdir(dest)) == set(FILES)
                 and all(stat.S_ISREG(os.lstat(dest / name).st_mode) for name in FILES))
@@ -312,9 +295,8 @@ def remove(path: Path) -> None:
 
 
 def make_model(dest: Path, seed: int = 0) -> Path:
-    """Write the tiny model made with seed to the folder dest and return dest. An existing dest that holds
-    exactly these files is left as it is; anything else there (a link too) raises FileExistsError. The folder
-    is built beside dest and renamed into place, so dest is never seen half-written."""
+    """Write the tiny model made with seed to the folder dest (built beside it, renamed into place) and return dest;
+    a dest holding exactly these files is kept, anything else there (a link too) is FileExistsError."""
     dest = Path(dest)
     if os.path.lexists(dest):
         if shaped(dest) and holds(dest, contents(seed)):
