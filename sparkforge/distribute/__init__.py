@@ -1,9 +1,4 @@
-"""The distribute stage: a built image reaches the nodes of a cluster.
-
-It owns the cluster file and the registry process (cluster), reaching the nodes and their pulls
-(nodes), which image is where and the head's record and builds (images), the deploy loop, registry
-deploys and status (deploy), pushing to a registry (push) and `docker save | docker load` deploys
-(stream).
+"""The distribute stage: a built image reaches the nodes of a cluster (push, deploy, stream), runs there (launch).
 
 It may import build, recipe and the shared modules (errors, files, net, gitfetch, imageref, registry, proc, inimage).
 """

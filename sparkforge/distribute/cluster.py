@@ -1,14 +1,10 @@
-"""Cluster stage input: which Docker endpoints are the nodes, how to reach them, and the registry.
-
-A cluster file (``cluster.yaml``) names the nodes and their endpoints, the ssh options and the
-registry; the command line may name nodes too, by cluster name or by endpoint. Everything is
-checked here, before any node is contacted, so bad input stops the command with one line and
-nothing done. Also here: the registry process of a cluster (scripts/registry.sh). How a command
-then reaches each node is nodes.py.
+"""Cluster stage input: the nodes (from ``cluster.yaml`` or the command line), their ssh options, the registry and
+its process (scripts/registry.sh); all checked before any node is contacted, so bad input stops with one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import subprocess
@@ -33,8 +29,6 @@ _UNIX_RE = re.compile(r"\Aunix://(?P<path>(/[A-Za-z0-9._-]+)+)\Z")
 REGISTRY_RE = re.compile(rf"\A(?P<host>{HOST})(:{PORT})?\Z")
 LISTEN_RE = re.compile(rf"\A[0-9.]+:{PORT}\Z")
 SSH_PORT = "22"
-
-
 ENDPOINT_HELP = "ssh://[user@]host[:port], tcp://host:port or unix:///path/to/docker.sock"
 
 
@@ -51,30 +45,22 @@ def endpoint_problem(value: str) -> str | None:
     if m is None:
         return f"{value!r} is not a Docker endpoint ({ENDPOINT_HELP})"
     found = m.groupdict()
-    if found.get("host"):
-        problem = host_problem(found["host"])
-        if problem:
-            return f"{value!r} is not a Docker endpoint: {problem}"
+    if found.get("host") and (problem := host_problem(found["host"])):
+        return f"{value!r} is not a Docker endpoint: {problem}"
     if found.get("path") and any(part in (".", "..") for part in found["path"].split("/")):
         return f"{value!r} is not a Docker endpoint: write the socket's path without '.' or '..'"
     return None
 
 
-def is_endpoint(value: str) -> bool:
-    return endpoint_problem(value) is None
-
-
 def engine_of(endpoint: str) -> tuple[str, str, str]:
-    """What names the engine an endpoint reaches, however it is spelt: an ssh host in any case, with any
-    user, at its port (22 when none is given); a tcp host and port; a socket's path."""
+    """(scheme, host or socket path, port) naming the engine an endpoint reaches, however it is spelt."""
     m = _endpoint_match(endpoint)
     if m is None:
         return ("", endpoint, "")
     found = m.groupdict()
     if "path" in found:
         return ("unix", found["path"], "")
-    scheme = endpoint.partition("://")[0]
-    return (scheme, found["host"].lower(), found.get("port") or SSH_PORT)
+    return (endpoint.partition("://")[0], found["host"].lower(), found.get("port") or SSH_PORT)
 
 
 def _endpoint(value: str) -> str:
@@ -94,14 +80,11 @@ def _registry(value: str) -> str:
 
 
 def _listen(value: str) -> str:
-    host, _, port = value.rpartition(":")
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)") from None
-    if not LISTEN_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)")
-    return value
+    with contextlib.suppress(ValueError):
+        ipaddress.IPv4Address(value.rpartition(":")[0])
+        if LISTEN_RE.fullmatch(value):
+            return value
+    raise ValueError(f"{value!r} is not an address to listen on, IPv4:PORT (e.g. 0.0.0.0:5000)")
 
 
 def _node_name(value: str) -> str:
@@ -203,7 +186,6 @@ class Registry:
     cert: str | None = None
     key: str | None = None
     ca: str | None = None
-    insecure: bool = False
 
     @property
     def url(self) -> str:
@@ -221,15 +203,13 @@ class Cluster:
 
     nodes: tuple[Node, ...]
     registry: str | None
-    source: str | None = None  # the cluster file, when one was read
     registry_spec: Registry | None = None
 
 
 def load_cluster_file(path: Path) -> ClusterFile:
     data = read_yaml(path)
     if not isinstance(data, dict):
-        raise ConfigError("a cluster file must be a YAML mapping with `nodes:` (see cluster.example.yaml)",
-                          path=path)
+        raise ConfigError("a cluster file must be a YAML mapping with `nodes:` (see cluster.example.yaml)", path=path)
     try:
         spec = ClusterFile.model_validate(data)
     except ValidationError as exc:
@@ -240,21 +220,14 @@ def load_cluster_file(path: Path) -> ClusterFile:
         if other != name:
             raise ConfigError(f"{node.endpoint} reaches the engine of node {other} ({spec.nodes[other].endpoint}); "
                               "list each engine once", path=path, field=f"nodes.{name}.endpoint")
-    for fld, value in _file_fields(spec):
-        if not _resolve(path, value).is_file():
+    ssh, tls = spec.ssh, spec.registry.tls if isinstance(spec.registry, RegistrySpec) else None
+    files = {"ssh.known_hosts": ssh and ssh.known_hosts, "ssh.identity_file": ssh and ssh.identity_file}
+    if tls is not None:
+        files |= {"registry.tls.cert": tls.cert, "registry.tls.key": tls.key, "registry.tls.ca": tls.ca}
+    for fld, value in files.items():
+        if value and not _resolve(path, value).is_file():
             raise ConfigError(f"file not found: {_resolve(path, value)}", path=path, field=fld)
     return spec
-
-
-def _file_fields(spec: ClusterFile) -> list[tuple[str, str]]:
-    found = []
-    if spec.ssh is not None:
-        found += [(f"ssh.{k}", v) for k, v in (("known_hosts", spec.ssh.known_hosts),
-                                                 ("identity_file", spec.ssh.identity_file)) if v]
-    if isinstance(spec.registry, RegistrySpec) and spec.registry.tls is not None:
-        tls = spec.registry.tls
-        found += [("registry.tls.cert", tls.cert), ("registry.tls.key", tls.key), ("registry.tls.ca", tls.ca)]
-    return found
 
 
 def _resolve(cluster_file: Path, value: str) -> Path:
@@ -262,20 +235,17 @@ def _resolve(cluster_file: Path, value: str) -> Path:
     return p if p.is_absolute() else (cluster_file.parent / p)
 
 
-def registry_of(spec: ClusterFile, path: Path) -> Registry | None:
-    """The registry a cluster file names, with its defaults filled in."""
-    reg = spec.registry
-    if reg is None:
+def registry_of(path: Path | None, spec: ClusterFile | None = None) -> Registry | None:
+    """The registry a cluster file (its spec, when read already) names, with its defaults filled in."""
+    reg = (spec or load_cluster_file(path)).registry if path is not None else None
+    if path is None or reg is None:
         return None
     if isinstance(reg, str):
         reg = RegistrySpec(address=reg, insecure=not is_loopback(reg))
     port = reg.address.rpartition(":")[2] if ":" in reg.address else "5000"
     listen = reg.listen or f"{'127.0.0.1' if is_loopback(reg.address) else '0.0.0.0'}:{port}"
-    if reg.tls is None:
-        return Registry(reg.address, listen, insecure=reg.insecure)
-    tls = reg.tls
-    return Registry(reg.address, listen, str(_resolve(path, tls.cert)), str(_resolve(path, tls.key)),
-                    str(_resolve(path, tls.ca)))
+    tls = [str(_resolve(path, f)) for f in (reg.tls.cert, reg.tls.key, reg.tls.ca)] if reg.tls else []
+    return Registry(reg.address, listen, *tls)
 
 
 def check_registry(value: str, source: str = "--registry") -> str:
@@ -287,39 +257,28 @@ def check_registry(value: str, source: str = "--registry") -> str:
 
 def push_registry(address: str | None, cluster_file: Path | None) -> Registry:
     """The registry `push` sends to: the address given, else the cluster file's registry (with its TLS)."""
-    spec = registry_of(load_cluster_file(cluster_file), cluster_file) if cluster_file is not None and not address else None
     if address:
-        target = check_registry(address)
-    elif spec is not None:
-        target = spec.address
-    else:
+        return Registry(check_registry(address), "")
+    spec = registry_of(cluster_file)
+    if spec is None:
         raise SparkforgeError("no registry: pass --registry HOST:PORT or set registry: in the cluster file "
                               "(make registry starts one on 127.0.0.1:5000)", field="--registry")
-    return spec if spec is not None and spec.address == target else Registry(target, "")
-
-
-LOCAL_REGISTRY = Registry("127.0.0.1:5000", "127.0.0.1:5000")  # `registry` without a cluster file's registry
+    return spec
 
 
 def registry_to_run(cluster_file: Path | None) -> Registry:
-    """The registry the `registry` verb starts, stops or checks: the cluster file's, else LOCAL_REGISTRY."""
-    reg = registry_of(load_cluster_file(cluster_file), cluster_file) if cluster_file is not None else None
-    return reg or LOCAL_REGISTRY
+    """The registry the `registry` verb starts, stops or checks: the cluster file's, else one on 127.0.0.1:5000."""
+    return registry_of(cluster_file) or Registry("127.0.0.1:5000", "127.0.0.1:5000")
 
 
 def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry: str | None) -> Cluster:
-    """The nodes and registry to use, from the cluster file and the command line.
-
-    `nodes` entries are node names from the cluster file or endpoints; commas separate several.
-    Without `nodes`, every node of the cluster file is used. `registry` overrides the file's.
-    """
+    """The nodes (names from the cluster file or endpoints, comma-separated; default all) and the registry to use."""
     spec = load_cluster_file(cluster_file) if cluster_file is not None else None
     ssh = SshOptions()
     if spec is not None and spec.ssh is not None and cluster_file is not None:
         s = spec.ssh
         ssh = SshOptions(str(_resolve(cluster_file, s.known_hosts)) if s.known_hosts else None,
-                         str(_resolve(cluster_file, s.identity_file)) if s.identity_file else None,
-                         s.connect_timeout)
+                         str(_resolve(cluster_file, s.identity_file)) if s.identity_file else None, s.connect_timeout)
     known = {name: Node(name, s.endpoint, ssh) for name, s in (spec.nodes.items() if spec else ())}
     wanted = [part.strip() for entry in (nodes or []) for part in entry.split(",") if part.strip()]
     chosen: list[Node] = []
@@ -331,14 +290,13 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
     for entry in wanted:
         if entry in known:
             chosen.append(known[entry])
-        elif is_endpoint(entry):
+        elif endpoint_problem(entry) is None:
             chosen.append(Node(_name_of(entry), entry, ssh))
         elif "://" in entry:
             raise ConfigError(endpoint_problem(entry) or entry, field="--nodes")
         else:
             names = ", ".join(sorted(known)) or "none: no cluster file was read"
-            raise ConfigError(f"unknown node {entry!r} (known nodes: {names})",
-                              path=cluster_file, field="--nodes")
+            raise ConfigError(f"unknown node {entry!r} (known nodes: {names})", path=cluster_file, field="--nodes")
     seen: dict[str, Node] = {}
     for node in chosen:
         engine = engine_of(node.endpoint)
@@ -349,26 +307,22 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
             raise ConfigError(f"{node.endpoint} reaches the engine of node {twin.name} ({twin.endpoint}); name each "
                               "engine once", field="--nodes")
         seen.setdefault(node.name, node)
-    reg_spec = registry_of(spec, cluster_file) if spec is not None and cluster_file is not None else None
+    reg_spec = registry_of(cluster_file, spec)
     if registry:
         address = check_registry(registry)
         if reg_spec is None or reg_spec.address != address:
             reg_spec = Registry(address, f"127.0.0.1:{address.rpartition(':')[2]}")
-    return Cluster(tuple(seen.values()), reg_spec.address if reg_spec else None,
-                   str(cluster_file) if cluster_file else None, reg_spec)
+    return Cluster(tuple(seen.values()), reg_spec.address if reg_spec else None, reg_spec)
 
 
 def _name_of(endpoint: str) -> str:
-    """A readable name for a node given by endpoint: its host (with a port other than ssh's), or its socket's
-    folder; one engine gets one name however its endpoint is spelt."""
+    """A readable name for a node given by endpoint, one per engine: its host (and port but 22), or socket folder."""
     scheme, host, port = engine_of(endpoint)
     if scheme == "unix":
         parts = [p for p in host.split("/") if p]
         return parts[-2] if len(parts) >= 2 else host
     return host if scheme == "ssh" and port == SSH_PORT else f"{host}-{port}"
 
-
-# ------------------------------------------------------------------------ the registry process
 
 REGISTRY_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "registry.sh"
 

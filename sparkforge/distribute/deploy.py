@@ -1,39 +1,21 @@
-"""Distribute stage: get the tagged image onto every node, and prove they all run the same one.
-
-One deploy loop (:func:`deploy_all`) runs on every node at once: check whether the node has the
-head's image already, move it when not, verify it there and tag it; each node ends with a
-:class:`NodeResult` whose :class:`Outcome` is updated, current or failed. How the image moves is a
-:class:`Transfer`, one of two:
-
-- registry: the head pushes the immutable and the moving tag to a registry (:mod:`.push`);
-  every node pulls the immutable tag, so only the layers it lacks move (:class:`RegistryPull`).
-- stream: for clusters without a registry, one ``docker save`` on the head is piped into
-  ``docker load`` on every node that needs it, one writer per node (:class:`.stream.StreamLoad`).
-
-Whether a node has the head's image is decided in images.py (:func:`.images.same_image`). On a
-node, the moving tag is set last, only after the image there is the head's; a node that fails
-keeps its moving tag on its old image.
-"""
+"""The deploy loop: check, move (:class:`Transfer`), verify and tag the head's image on every node at once; the
+moving tag is set last, only after a node's image is the head's, so a node that fails keeps it on its old image."""
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
 from collections.abc import Callable, Iterable
 
-from ..build import dockercli
 from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..net import time_left
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
-from .images import (DeployRecord, HeadImage, check_node, deployed_tag, image_on_head, inspect, registry_ref,
-                     same_image, update_state)
+from .images import DeployRecord, HeadImage, deployed_tag, image_on_head, inspect, same_image, update_state
 from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_dockers,
                     run_nodes)
 
@@ -109,8 +91,7 @@ class NodeStatus:
 
     @property
     def tag_state(self) -> str | None:
-        """Where the immutable tag points: "yes" (the head's image, or the moving tag's), "other", "no" (absent);
-        None when the node did not answer."""
+        """Where the immutable tag points: "yes" (the head's or the moving tag's image), "other", "no", or None."""
         if self.error:
             return None
         if self.tag_current or (self.tag_id and self.tag_id == self.moving_id):
@@ -128,8 +109,7 @@ class ClusterStatus:
 
     @property
     def ids(self) -> set[str]:
-        """The images the nodes that answered hold under the moving tag (a node without one, or that did not
-        answer, holds no image)."""
+        """The images the nodes that answered hold under the moving tag."""
         return {n.moving_id for n in self.nodes if n.moving_id and not n.error}
 
     @property
@@ -145,13 +125,10 @@ class ClusterStatus:
 def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[NodeResult]) -> None:
     """Append, per node that now runs it, the tag deployed and when."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ran = [r for r in results if r.outcome != FAILED]
 
     def add(data: DeployRecord) -> None:
-        ran = False
-        for r in results:
-            if r.outcome == FAILED:
-                continue
-            ran = True
+        for r in ran:
             past = data["deploys"].setdefault(r.node.name, [])
             if not past or past[-1]["tag"] != image.tag:
                 past.append({"tag": image.tag, "at": now})
@@ -161,12 +138,8 @@ def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[No
     update_state(state_dir, image.repository, add)
 
 
-# ----------------------------------------------------------------------------------- nodes
-
-
 def set_tags(node: Node, source: str, image: HeadImage, *then: tuple[str, ...]) -> str:
-    """Point the immutable tag, then (last) the moving tag, at the node's copy of the image (source: its ID, or
-    a reference that names it), then run `then` in the same call; what that printed."""
+    """Point the immutable tag, then (last) the moving tag, at source on the node and run `then`; what that printed."""
     proc = run_dockers(node, [("tag", source, image.tag), ("tag", source, image.moving_tag), *then],
                        timeout=CONTROL_TIMEOUT)
     if proc.returncode != 0:
@@ -176,12 +149,8 @@ def set_tags(node: Node, source: str, image: HeadImage, *then: tuple[str, ...]) 
 
 
 def verify_and_tag(node: Node, image: HeadImage, ref: str, digest: str = "") -> str:
-    """Check that ref on the node is the head's image, then move the tags to it; the node's ID of it.
-
-    digest: the manifest digest a pull of ref ended with. One the head pushed names the head's image by
-    its content (the node's engine checked every blob against it), so the node is told in one call to tag
-    ref@digest and to give its ID for it.
-    """
+    """Check that ref on the node is the head's image, then move the tags to it; the node's ID of it. A pull's digest
+    that the head pushed names its image by content (the engine checked every blob): then one call tags ref@digest."""
     if digest in image.identity.manifests:
         pulled = f"{ImageRef.parse(ref).repository}@{digest}"
         said = set_tags(node, pulled, image, ("image", "inspect", "--format", "{{.Id}}", pulled)).split()
@@ -197,24 +166,14 @@ def verify_and_tag(node: Node, image: HeadImage, ref: str, digest: str = "") -> 
     return got.id
 
 
-# ------------------------------------------------------------------------------ the deploy loop
-
-
-class Transfer(Protocol):
-    """One way of moving the head's image to the nodes that lack it: registry pull or stream.
-
-    The deploy loop (:func:`deploy_all`) runs one thread per node: check, then `move` (or `skip`, for a
-    node that will not move), then verify and tag. `serve` runs on the calling thread meanwhile,
-    for the head's side of the move.
-    """
+class Transfer:
+    """One way of moving the head's image to the nodes that lack it; `serve` is the head's side, on the calling
+    thread, while each node's thread checks, then moves (or skips), then verifies and tags."""
 
     mode: str  # registry or stream
     source: str  # what the nodes take the image from, for the record and the report
     ref: str  # the reference the image has on a node once moved: what is verified there
-
-    @property
-    def image(self) -> HeadImage:
-        """The head's image as the nodes are to show it (a stream learns its names from its save)."""
+    image: HeadImage  # as the nodes are to show it (a stream learns its names from its save)
 
     def prepare(self, nodes: list[Node]) -> None:
         """The head's work before any node is checked."""
@@ -231,7 +190,7 @@ class Transfer(Protocol):
 
 @dataclass
 class NodeRun:
-    """One node's deploy while it runs, on that node's thread: what becomes its NodeResult."""
+    """One node's deploy while it runs: what becomes its NodeResult."""
 
     node: Node
     start: float  # time.monotonic() its time counts from
@@ -240,13 +199,7 @@ class NodeRun:
     digest: str = ""  # the manifest digest the node's pull ended with (registry)
 
     def result(self, outcome: Outcome, image_id: str | None, error: str | None = None) -> NodeResult:
-        return NodeResult(self.node, outcome, image_id, self.moved, time.monotonic() - self.start, error,
-                          self.previous)
-
-    def failed(self, exc: BaseException, progress: ProgressFn) -> NodeResult:
-        reason = str(exc) if isinstance(exc, DistributeError) else one_line(f"{type(exc).__name__}: {exc}")
-        progress(Progress(self.node.name, FAILED.value, self.moved, None, reason))
-        return self.result(FAILED, self.previous, reason)
+        return NodeResult(self.node, outcome, image_id, self.moved, time.monotonic() - self.start, error, self.previous)
 
 
 def deploy_all(nodes: Iterable[Node], transfer: Transfer, progress: ProgressFn = lambda p: None,
@@ -255,8 +208,7 @@ def deploy_all(nodes: Iterable[Node], transfer: Transfer, progress: ProgressFn =
     t0 = time.monotonic()
     nodes = list(nodes)
     transfer.prepare(nodes)
-    results = _run_alongside(nodes, lambda node: deploy_node(node, transfer, progress),
-                             lambda: transfer.serve(progress))
+    results = run_nodes(nodes, lambda node: deploy_node(node, transfer, progress), lambda: transfer.serve(progress))
     record_deploy(state_dir, transfer.image, results)
     return Deployment(transfer.image, transfer.mode, transfer.source, results, time.monotonic() - t0)
 
@@ -266,7 +218,10 @@ def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeRes
     run, told = NodeRun(node, time.monotonic()), False  # told: the transfer heard whether this node moves
     try:
         progress(Progress(node.name, "check"))
-        before, have = check_node(node, transfer.image)
+        image = transfer.image
+        found = inspect(node, image.moving_tag, image.tag, runs=image)  # also refuses a node of another architecture
+        have = next((i for i in found.values() if i is not None and same_image(image.identity, i)), None)
+        before = found[image.moving_tag]
         run.previous = before.id if before else None
         told = True
         if have is not None:
@@ -282,43 +237,20 @@ def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeRes
     except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
         if not told:
             transfer.skip(node)
-        return run.failed(exc, progress)
+        reason = str(exc) if isinstance(exc, DistributeError) else one_line(f"{type(exc).__name__}: {exc}")
+        progress(Progress(node.name, FAILED.value, run.moved, None, reason))
+        return run.result(FAILED, run.previous, reason)
 
 
-def _run_alongside(nodes: list[Node], work: Callable[[Node], NodeResult],
-                   head: Callable[[], None]) -> tuple[NodeResult, ...]:
-    """work on every node at once, one thread each, while head() runs on this thread; results in node order.
-
-    The head's part stays on the calling thread so that Ctrl-C or SIGTERM stops it where it is.
-    """
-    if not nodes:
-        head()
-        return ()
-    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
-        try:
-            futures = [pool.submit(work, node) for node in nodes]
-            head()
-            return tuple(f.result() for f in futures)
-        except BaseException as exc:
-            # Ctrl-C, SIGTERM or a failure here: the nodes' pulls and loads end now (each node then fails
-            # and keeps its tags), before the pool waits for their threads; on Ctrl-C or SIGTERM, so does any a
-            # thread starts from now on.
-            dockercli.stop_all(exiting=not isinstance(exc, Exception))
-            raise
-
-
-class RegistryPull:
-    """Every node that lacks the image pulls its immutable tag from the registry, on its own thread.
-
-    A node whose docker pull prints nothing for `stall` seconds is stopped and fails alone.
-    """
+class RegistryPull(Transfer):
+    """Every node that lacks the image pulls its immutable tag; one that prints nothing for `stall` s fails alone."""
 
     mode = "registry"
 
     def __init__(self, image: HeadImage, registry: str | Registry, stall: float = PULL_STALL_TIMEOUT):
         self.registry = registry if isinstance(registry, Registry) else Registry(registry, "")
         self.image = image
-        self.source = self.ref = registry_ref(self.registry.address, image.tag)
+        self.source = self.ref = f"{self.registry.address}/{image.tag}"
         self.stall = stall
         self.sizes: dict[str, int] = {}
 
@@ -334,23 +266,16 @@ class RegistryPull:
 
         run.moved, run.digest = pull(node, self.source, self.sizes, seen, self.stall)
 
-    def skip(self, node: Node) -> None:
-        pass
-
-    def serve(self, progress: ProgressFn) -> None:
-        pass  # each node pulls on its own thread
-
 
 def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Registry,
                     progress: ProgressFn = lambda p: None, state_dir: Path | None = None,
                     stall_timeout: float = PULL_STALL_TIMEOUT) -> Deployment:
-    """Every node pulls the immutable tag from the registry in parallel; see the module docstring."""
+    """Every node pulls the immutable tag from the registry in parallel."""
     return deploy_all(nodes, RegistryPull(image, registry, stall_timeout), progress, state_dir)
 
 
 def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = None) -> ClusterStatus:
-    """Which image each node's tags point to, compared with the build the last deploy set (a rollback is
-    current) or, before any deploy, with the plan's own build; either only when the head has it."""
+    """Which image each node's tags point to, compared with the build the last deploy set, else the plan's."""
     tag = deployed_tag(state_dir, plan.moving_tag) or plan.tag
     image = image_on_head(tag, plan.moving_tag, state_dir)
 
@@ -369,12 +294,8 @@ def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = N
     return ClusterStatus(image, tag, plan.moving_tag, run_nodes(nodes, one), "" if tag == plan.tag else plan.tag)
 
 
-# ---------------------------------------------------------------------------------- helpers
-
-
 def moved_said(done: int, total: int | None, seconds: float, since: int = 0) -> str:
-    """How far a transfer has got: bytes, of the total where known, the rate since `since` bytes over `seconds`,
-    and, with a total and a rate, the time left at that rate."""
+    """How far a transfer has got: bytes, of the total, the rate since `since` bytes over `seconds`, the time left."""
     said = human_bytes(done) + (f" / {human_bytes(total)}" if total else "")
     rate = (done - since) / seconds if seconds > 0 else 0.0
     if rate <= 0:
@@ -388,9 +309,7 @@ def moved_said(done: int, total: int | None, seconds: float, since: int = 0) -> 
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{n} B"
+    value, units = float(n), ["B", "kB", "MB", "GB", "TB"]
+    while value >= 1000 and len(units) > 1:
+        value, units = value / 1000, units[1:]
+    return f"{value:.0f} B" if units[0] == "B" else f"{value:.1f} {units[0]}"

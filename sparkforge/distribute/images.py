@@ -1,12 +1,4 @@
-"""Which image is where: the identity of an image on every image store, the head's record of it, the
-head's builds, and what a node's tags point to.
-
-"The same image" is decided by what every image store agrees on (:func:`same_image`): the
-ordered layer diff IDs, and the config digest or a manifest digest recorded on the head. An
-image ID alone is not enough: the classic store's ID is the config digest, the containerd
-store's is the manifest digest. The head's record (``build/distribute/REPO.json``) keeps the
-manifest digests learnt at pushes and saves, and each node's deploys.
-"""
+"""Which image is where: an image's identity on every image store, the head's record and builds, a node's tags."""
 
 from __future__ import annotations
 
@@ -81,9 +73,6 @@ class HeadImage:
         return ImageRef.parse(self.tag).repository
 
 
-# ----------------------------------------------------------------------------- the record
-
-
 def _state_file(state_dir: Path | None, repository: str) -> Path:
     return (state_dir or STATE_DIR) / (repository.replace("/", "_") + ".json")
 
@@ -99,10 +88,8 @@ class DeployRecord(TypedDict):
 
 
 def read_state(state_dir: Path | None, repository: str) -> DeployRecord:
-    """The head's record of a repository: manifest digests per tag, and deploys per node.
-
-    It is a file anyone may edit, and its tags and digests reach docker's command line and registry
-    URLs: a record that is not what sparkforge writes is one line naming the file and the entry."""
+    """The head's record of a repository; one that is not what sparkforge writes is one line naming the file and the
+    entry, as its tags and digests reach docker's command line and registry URLs."""
     path = _state_file(state_dir, repository)
     try:
         data = parse_json(read_regular(path))
@@ -156,9 +143,8 @@ def update_state(state_dir: Path | None, repository: str, change: Callable[[Depl
 
 def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config: str | None = None,
                     head_id: str | None = None) -> None:
-    """Remember a manifest digest the image of tag is known by (from a push or a docker save) and, with
-    head_id, its config digest: on a containerd-store head the image ID is a manifest digest, and a
-    classic-store node knows the image only by its config digest."""
+    """Remember a manifest digest the image of tag is known by and, with head_id, its config digest (on a
+    containerd-store head the image ID is a manifest digest; a classic-store node knows only the config digest)."""
     repo = ImageRef.parse(tag).repository
 
     def add(data: DeployRecord) -> None:
@@ -166,12 +152,9 @@ def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config
         if digest and digest not in known:
             known.append(digest)
         if config and head_id:
-            data.setdefault("configs", {})[tag] = {"head_id": head_id, "config": config}
+            data["configs"][tag] = {"head_id": head_id, "config": config}
 
     update_state(state_dir, repo, add)
-
-
-# ------------------------------------------------------------------------------------ head
 
 
 def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
@@ -192,14 +175,12 @@ def image_on_head(tag: str, moving_tag: str, state_dir: Path | None = None) -> H
     own = NodeImage.from_inspect(data)
     state = read_state(state_dir, ImageRef.parse(tag).repository)
     recorded = state["manifests"].get(tag, [])
-    # The head's ID is its config digest on the classic store, a manifest digest on containerd:
-    # either way a node showing it has the same image, so it goes in both places. A config digest
-    # learnt at a push or save of this very image (same head ID) is the better config.
-    learnt = (state.get("configs") or {}).get(tag) or {}
+    # The head's ID is its config digest on the classic store, a manifest digest on containerd: it goes in both
+    # places. A config digest learnt at a push or save of this very image (same head ID) is the better config.
+    learnt = state["configs"].get(tag) or {}
     config = learnt.get("config") if learnt.get("head_id") == own.id else None
     identity = ImageIdentity(config or own.id, frozenset(recorded) | own.digests | {own.id}, own.layers)
-    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity,
-                     str(data.get("Architecture") or ""))
+    return HeadImage(tag, moving_tag, own.id, int(data.get("Size") or 0), identity, str(data.get("Architecture") or ""))
 
 
 @dataclass(frozen=True)
@@ -216,9 +197,8 @@ class Build:
     base: str = "-"  # the base it was built from: the pinned digest, else what the engine held (12 hex, or "-")
 
 
-# What follows `VARIANT-` in a build's tag: the plan's 12 hex, and for a build kept beside an immutable tag that
-# names another image, `.` and its own 12 hex (build/builder.kept_tag). Another variant's tag (`VARIANT-url-...`)
-# never reads like one.
+# What follows `VARIANT-` in a build's tag: the plan's 12 hex, and for a kept build `.` and its own 12 hex
+# (build/builder.kept_tag). Another variant's tag (`VARIANT-url-...`) never reads like one.
 _BUILD_TAG = re.compile(r"[0-9a-f]{12}(\.[0-9a-f]{12})?")
 
 
@@ -229,8 +209,7 @@ def repository_tags(repository: str) -> list[str]:
 
 
 def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
-    """The builds of a variant on the head, newest first (by the time they were tagged): its tags that read as
-    a build's, on images whose build record names this variant."""
+    """The builds of a variant on the head, newest first: its tags that read as a build's, on its images."""
     repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
     tags = [t for t in repository_tags(repo) if t.startswith(prefix) and _BUILD_TAG.fullmatch(t[len(prefix):])]
@@ -255,8 +234,7 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
 
 
 def _base_of(labels: dict[str, str]) -> str:
-    """The 12 hex of the base a build started from: the digest its plan pinned, else the one the engine held
-    (BASE_LABEL: REPOSITORY@sha256:... or an image ID); "-" when the image says neither."""
+    """The 12 hex of the base a build started from (pinned digest, else BASE_LABEL's); "-" when neither says."""
     said = labels.get("org.opencontainers.image.base.digest") or labels.get(BASE_LABEL) or ""
     digest = said.rpartition("@")[2].removeprefix("sha256:")
     return digest[:12] if re.fullmatch(r"[0-9a-f]{64}", digest) else "-"
@@ -274,11 +252,7 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
         return tag
     deploys = read_state(state_dir, repo)["deploys"]
     # The tag the nodes ran before their current one, from the head's deploy record.
-    befores: set[str] = set()
-    for node in nodes:
-        tags = [d["tag"] for d in deploys.get(node.name, [])]
-        if len(tags) >= 2:
-            befores.add(tags[-2])
+    befores: set[str] = {past[-2]["tag"] for past in (deploys.get(node.name, []) for node in nodes) if len(past) >= 2}
     if len(befores) != 1:
         raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG",
                               field="--previous", hint=Hint("the builds are in", ("history", plan.variant)))
@@ -287,27 +261,15 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
 
 def deployed_tag(state_dir: Path | None, moving_tag: str) -> str | None:
     """The build the last deploy of a moving tag set on the nodes (a rollback's too), from the head's record."""
-    tag = read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
-    return str(tag) if tag is not None else None
-
-
-def registry_ref(registry: str, ref: str) -> str:
-    return f"{registry}/{ref}"
-
-
-# ----------------------------------------------------------------------------------- nodes
+    return read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
 
 
 ARCH_SAID = "engine-arch: "  # how the node's engine names its architecture in an answer (see inspect)
 
 
 def inspect(node: Node, *refs: str, runs: HeadImage | None = None) -> dict[str, NodeImage | None]:
-    """The image each reference names on a node (None where there is none), in one call to the node.
-
-    runs: an image that must be able to run there. The same call first asks the node's engine its
-    architecture, and a node whose engine runs another than the image's is refused (NodeFailure), so that
-    nothing is sent to it.
-    """
+    """The image each reference names on a node (or None), in one call that also refuses (NodeFailure) a node whose
+    engine runs another architecture than the image `runs`."""
     arch = runs.arch if runs else ""
     asks = [("version", "--format", ARCH_SAID + "{{.Server.Arch}}")] if arch else []
     proc = run_dockers(node, [*asks, ("image", "inspect", *refs)], timeout=CONTROL_TIMEOUT)
@@ -326,11 +288,3 @@ def inspect(node: Node, *refs: str, runs: HeadImage | None = None) -> dict[str, 
         return {ref: None if data is None else NodeImage.from_inspect(data) for ref, data in seen.items()}
     except (ValueError, LookupError, TypeError) as exc:  # also an image without an ID or with odd digests
         raise NodeFailure(f"inspect of {' '.join(refs)} failed: {exc}") from None
-
-
-def check_node(node: Node, image: HeadImage) -> tuple[NodeImage | None, NodeImage | None]:
-    """(the image the moving tag points to, the head's image when either tag names it), in one call that
-    also refuses a node of another architecture (inspect)."""
-    found = inspect(node, image.moving_tag, image.tag, runs=image)
-    have = next((i for i in found.values() if i is not None and same_image(image.identity, i)), None)
-    return found[image.moving_tag], have

@@ -1,12 +1,5 @@
-"""`launch`: the variant's server on every node, one container each, started together and stopped together.
-
-One node runs the image's own `vllm serve`. Several run the torchrun server of the serve-torchrun mod, one rank
-per node (rank 0 on the first node, which serves HTTP and is the master of the GLOO group): tensor parallel
-across the nodes. Before anything starts, every node must hold the image `status` calls current, the model
-folder at the same path, free ports, and a route to the master, whose interface the rank's GLOO and NCCL are
-told to use. Then launch waits for rank 0's /health and its first token. A rank that exits during start-up,
-a node that fails, a time limit or Ctrl-C stops every rank on every node: no half-running cluster is left.
-"""
+"""`launch`: the variant's server on every node (`vllm serve`, or one serve-torchrun rank per node), started together;
+a rank that exits during start-up, a node that fails, a time limit or Ctrl-C stops every rank on every node."""
 
 from __future__ import annotations
 
@@ -25,9 +18,8 @@ from .nodes import CONTROL_TIMEOUT, NodeFailure, run_docker, run_nodes
 
 LABEL = "io.sparkforge.launch"
 SERVER = "/opt/sparkforge/serve_torchrun.py"
-# Each rank's /dev/shm (vLLM's processes in one container share tensors through it; Docker's default is 64 MB).
-# Not the host's IPC namespace: vLLM takes ranks that see one shared memory for ranks of one node, and then
-# joins them by shared memory and local sockets, which ranks on two hosts cannot use.
+# Each rank's /dev/shm (Docker's default is 64 MB). Not the host's IPC namespace: vLLM would take ranks that see one
+# shared memory for ranks of one node, and join them by shared memory and local sockets, across hosts.
 SHM_SIZE = "16g"
 START_TIMEOUT = 120.0  # seconds one `docker run -d` (or a preflight container) may take on a node
 
@@ -78,12 +70,8 @@ def master_of(nodes: tuple[Node, ...], spec: LaunchSpec) -> str:
 def images_on(plan: Plan, nodes: tuple[Node, ...]) -> dict[str, str]:
     """Each node's ID of the image `status` calls current; a node without it fails the launch in one line."""
     st = cluster_status(plan, nodes)
-    missing = []
-    for n in st.nodes:
-        if n.error:
-            missing.append(f"{n.node.name}: {n.error}")
-        elif n.moving_id is None or (st.image is not None and not n.current):
-            missing.append(f"{n.node.name} does not hold {st.tag}")
+    missing = [f"{n.node.name}: {n.error}" if n.error else f"{n.node.name} does not hold {st.tag}"
+               for n in st.nodes if n.error or n.moving_id is None or (st.image is not None and not n.current)]
     if missing:
         raise DistributeError(f"not launched, nothing was started: {'; '.join(missing)} (deploy it first)")
     return {n.node.name: n.moving_id or "" for n in st.nodes}
@@ -113,8 +101,7 @@ def _preflight(node: Node, image: str, master: str, spec: LaunchSpec, rank: int,
 
 
 def rank_command(plan: Plan, r: Rank, world: int, master: str, spec: LaunchSpec, name: str) -> list[str]:
-    """The `docker run -d` of one rank: the host's network, an IPC namespace of its own with a large /dev/shm, the
-    model read-only, the GPUs unless the image is built for the CPU."""
+    """The `docker run -d` of one rank: the host's network, its own IPC namespace with a large /dev/shm, the GPUs."""
     cmd = ["run", "-d", "--name", name, "--label", f"{LABEL}={plan.variant}", "--network", "host",
            "--shm-size", SHM_SIZE, *spec.model.mount()]
     if not plan.on_cpu:  # as NVIDIA runs its NGC containers: NCCL over RDMA pins memory
@@ -171,9 +158,14 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
     images = images_on(plan, nodes)
     master = master_of(nodes, spec)
     name = container_name(plan)
-    rank_of = {node.name: i for i, node in enumerate(nodes)}
-    ranks = run_nodes(nodes, lambda node: _safe_preflight(node, rank_of[node.name], images[node.name], master, spec,
-                                                          name))
+
+    def preflight(node: Node) -> Rank | str:  # each node fails alone, and all are reported
+        try:
+            return _preflight(node, images[node.name], master, spec, nodes.index(node), name)
+        except NodeFailure as exc:
+            return str(exc)
+
+    ranks = run_nodes(nodes, preflight)
     failed = [r for r in ranks if isinstance(r, str)]
     if failed:
         raise DistributeError(f"not launched, nothing was started: {'; '.join(failed)}")
@@ -184,8 +176,7 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
     ok = False
     try:
         for r in ready:
-            done = run_docker(r.node, *rank_command(plan, r, len(ready), master, spec, name),
-                              timeout=START_TIMEOUT)
+            done = run_docker(r.node, *rank_command(plan, r, len(ready), master, spec, name), timeout=START_TIMEOUT)
             if done.returncode != 0:
                 raise DistributeError(f"rank {r.rank} on {r.node.name} did not start: "
                                       f"{log_summary(done.stderr.decode(errors='replace'), 1)}")
@@ -193,7 +184,8 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
         endpoint = f"http://{master}:{spec.port}"
         say(f"started {len(started)} rank{'s' if len(started) > 1 else ''}; waiting for {endpoint}/health "
             f"(up to {spec.timeout:.0f} s)")
-        loaded = wait_ready(endpoint, lambda: _first_ended(started, name), spec.timeout, poll=3.0)
+        loaded = wait_ready(endpoint, lambda: next(filter(None, (_ended(r, name) for r in started)), None),
+                            spec.timeout, poll=3.0)
         first = ask(endpoint, spec.model.served, "completion", tokens=1)
         ok = True
         return Launched(endpoint, tuple(started), loaded, first)
@@ -206,8 +198,7 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
 
 
 def _keep_logs(ranks: list[Rank], name: str, log_dir: Path | None, variant: str) -> str:
-    """Each rank's log into log_dir, before its container goes; what to add to the error line: rank 0's first
-    error (a rank that exited says its own) and where the logs are."""
+    """Each rank's log into log_dir; what to add to the error line: rank 0's first error and where the logs are."""
     kept, first = [], ""
     for r in ranks:
         try:
@@ -228,22 +219,6 @@ def _keep_logs(ranks: list[Rank], name: str, log_dir: Path | None, variant: str)
     return (f"; rank 0's log: {first}" if first else "") + (f" (logs: {', '.join(kept)})" if kept else "")
 
 
-def _safe_preflight(node: Node, rank: int, image: str, master: str, spec: LaunchSpec, name: str) -> Rank | str:
-    """The node's preflight, or its failure in one line (each node fails alone, and all are reported)."""
-    try:
-        return _preflight(node, image, master, spec, rank, name)
-    except NodeFailure as exc:
-        return str(exc)
-
-
-def _first_ended(ranks: list[Rank], name: str) -> str | None:
-    for r in ranks:
-        why = _ended(r, name)
-        if why:
-            return why
-    return None
-
-
 @dataclass(frozen=True)
 class CheckResult:
     """The greedy tokens of the fixed prompt from each run, and the first difference (None: all equal)."""
@@ -254,16 +229,13 @@ class CheckResult:
 
 def check(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
           say: Callable[[str], None] = lambda line: None) -> tuple[Launched, CheckResult]:
-    """The correctness gate: greedy tokens of one prompt from a single-node `vllm serve` on the first node (for
-    several nodes: the model must fit on one), from the nodes with VLLM_UF_EAGER_ALLREDUCE=1 (the UF17 mod's
-    run-time path), and from the nodes as asked, which are left running when all agree; the first token that
-    differs fails it, and nothing is left running then."""
+    """The correctness gate: greedy tokens of one prompt from one node alone (for several), with
+    VLLM_UF_EAGER_ALLREDUCE=1 (the UF17 mod's path) and as asked, left running when all agree, else nothing is."""
     answers: list[tuple[str, Answer]] = []
     where = "one node" if len(nodes) == 1 else f"{len(nodes)} nodes"
+    eager = replace(spec, env=(*spec.env, ("VLLM_UF_EAGER_ALLREDUCE", "1")))
     runs = [("one node", nodes[:1], spec)] if len(nodes) > 1 else []
-    runs += [(f"{where}, VLLM_UF_EAGER_ALLREDUCE=1", nodes, replace(spec, env=spec.env + (("VLLM_UF_EAGER_ALLREDUCE",
-                                                                                           "1"),))),
-             (where, nodes, spec)]
+    runs += [(f"{where}, VLLM_UF_EAGER_ALLREDUCE=1", nodes, eager), (where, nodes, spec)]
     launched = None
     for label, on, run_spec in runs:
         say(f"check: {label}")

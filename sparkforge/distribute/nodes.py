@@ -1,11 +1,4 @@
-"""Reaching a node's engine: the one way every command runs docker on a node, and its pulls.
-
-:func:`run_docker` runs the docker CLI with ``-H`` for unix:// and tcp:// nodes and ``ssh … docker``
-for ssh:// nodes (never prompting, time-limited), :func:`run_dockers` several commands in one ssh
-session, :func:`run_nodes` work on every node at once. :func:`pull` runs `docker pull` on a terminal,
-stopped when it shows no progress for the stall limit. A node that cannot be reached, or does not
-answer in time, is a :class:`NodeFailure`: one line in that node's row.
-"""
+"""Reaching a node's engine: the one way every command runs docker on a node, time-limited, and its pulls."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ import shlex
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, TypeVar
+from typing import IO, TypeVar
 from collections.abc import Callable, Iterable
 
 from ..build import dockercli
@@ -33,9 +26,8 @@ from .cluster import SSH_RE, Node, Registry
 CONTROL_TIMEOUT = 30.0  # seconds for one control command on a node (inspect, tag, version)
 TRANSFER_TIMEOUT = 3600.0  # seconds a whole pull, push or docker save may take
 STALL_TIMEOUT = 60.0  # seconds a node's docker load (stream mode) may take no data before it is dropped
-# Seconds a node's docker pull may print nothing before it is stopped. Longer than a load's: on the
-# containerd image store, docker prints nothing while it unpacks a layer (18 s for a 1.5 GB image on
-# the test cluster, three nodes sharing two cores), and a DGX image has layers of several GB.
+# Seconds a node's docker pull may print nothing before it is stopped. Longer than a load's: on the containerd store
+# docker prints nothing while it unpacks a layer (18 s for 1.5 GB on the test cluster), and DGX layers are GBs.
 PULL_STALL_TIMEOUT = 300.0
 T = TypeVar("T")
 
@@ -45,10 +37,8 @@ class NodeFailure(DistributeError):
 
 
 def ssh_argv(node: Node, tty: bool = False) -> list[str]:
-    """The ssh command that runs one command on an ssh:// node: no prompt, host keys checked.
-
-    tty: the command runs on a terminal of the node, which hangs it up when the connection ends.
-    """
+    """The ssh command that runs one command on an ssh:// node: no prompt, host keys checked; with tty, on a terminal
+    of the node, which hangs it up when the connection ends."""
     m = SSH_RE.fullmatch(node.endpoint)
     if m is None:
         raise NodeFailure(f"{node.endpoint} is not an ssh:// endpoint")
@@ -56,8 +46,7 @@ def ssh_argv(node: Node, tty: bool = False) -> list[str]:
     # BatchMode: a host-key or password prompt from several threads would fight for one terminal.
     # LogLevel=ERROR: no "Connection to … closed." after a command on a terminal; errors still show.
     argv = ["ssh", *(["-tt", "-o", "LogLevel=ERROR"] if tty else ["-T"]), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={o.connect_timeout}", "-o", "ServerAliveInterval=10",
-            "-o", "ServerAliveCountMax=3"]
+            "-o", f"ConnectTimeout={o.connect_timeout}", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
     if o.known_hosts:
         argv += ["-o", f"UserKnownHostsFile={o.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null"]
     if o.identity_file:
@@ -73,7 +62,7 @@ def docker_argv(node: Node, *args: str, tty: bool = False) -> list[str]:
     """The command that runs `docker ARGS` against a node's engine (on a terminal of the node: tty)."""
     if node.endpoint.startswith("ssh://"):
         # ssh hands the words to the remote shell as one line: quote each.
-        return ssh_argv(node, tty) + ["docker " + " ".join(shlex.quote(a) for a in args)]
+        return ssh_argv(node, tty) + ["docker " + shlex.join(args)]
     return ["docker", "-H", node.endpoint, *args]
 
 
@@ -82,43 +71,32 @@ def cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
 
 
-def run_docker(node: Node, *args: str, timeout: float,
-               input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+def run_docker(node: Node, *args: str, timeout: float) -> subprocess.CompletedProcess[bytes]:
     """Run `docker ARGS` on a node; a timeout or a failed connection is a NodeFailure, one line."""
-    return _run_on(node, docker_argv(node, *args), args[0], timeout, input)
+    return run_dockers(node, [args], timeout)
 
 
 def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> subprocess.CompletedProcess[bytes]:
-    """Run docker commands on a node, each only after the one before succeeded; over ssh, in one session.
-
-    Returns what they printed, in order, with the exit code of the last command run: the first that failed,
-    or the last of all.
-    """
+    """Run docker commands on a node (over ssh, in one session) while they succeed; all they printed, the last code."""
     if node.endpoint.startswith("ssh://"):
-        line = " && ".join("docker " + " ".join(shlex.quote(a) for a in args) for args in commands)
-        return _run_on(node, ssh_argv(node) + [line], commands[0][0], timeout)
+        argvs = [ssh_argv(node) + [" && ".join("docker " + shlex.join(args) for args in commands)]]
+    else:
+        argvs = [docker_argv(node, *args) for args in commands]
     out, err = b"", b""
-    for args in commands:
-        proc = run_docker(node, *args, timeout=timeout)
-        out, err = out + proc.stdout, err + proc.stderr
-        if proc.returncode != 0:
+    for argv, args in zip(argvs, commands):
+        try:
+            done = run(argv, capture_output=True, timeout=timeout, env=cli_env(), stdin=subprocess.DEVNULL)
+        except TimedOut:
+            raise NodeFailure(f"`docker {args[0]}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
+        except CommandError as exc:
+            raise NodeFailure(exc.why) from None
+        reason = transport_error(node, done.returncode, done.stderr.decode(errors="replace"))
+        if reason:
+            raise NodeFailure(reason)
+        out, err = out + done.stdout, err + done.stderr
+        if done.returncode != 0:
             break
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def _run_on(node: Node, argv: list[str], verb: str, timeout: float,
-            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    stdin: dict[str, Any] = {} if input is not None else {"stdin": subprocess.DEVNULL}
-    try:
-        done = run(argv, input=input, capture_output=True, timeout=timeout, env=cli_env(), **stdin)
-    except TimedOut:
-        raise NodeFailure(f"`docker {verb}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
-    except CommandError as exc:
-        raise NodeFailure(exc.why) from None
-    reason = transport_error(node, done.returncode, done.stderr.decode(errors="replace"))
-    if reason:
-        raise NodeFailure(reason)
-    return done
+    return subprocess.CompletedProcess(done.args, done.returncode, out, err)
 
 
 def transport_error(node: Node, code: int, stderr: str) -> str | None:
@@ -147,8 +125,7 @@ def transport_error(node: Node, code: int, stderr: str) -> str | None:
     return None
 
 
-# What the docker CLI says when it cannot reach its engine, in the words of each release's client
-# (moby client/request.go and client/errors.go): up to Docker 28, and from Docker 29 on.
+# What the docker CLI says when it cannot reach its engine (moby client/request.go, client/errors.go), by release.
 _NO_PERMISSION = (
     "permission denied while trying to connect to the Docker daemon socket",  # up to 28
     "permission denied while trying to connect to the docker API at",  # 29
@@ -160,21 +137,24 @@ _NO_ENGINE = (
 )
 
 
-def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T]) -> tuple[T, ...]:
-    """Run work on every node at once, one thread each; results in the order of nodes."""
+def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T],
+              head: Callable[[], None] = lambda: None) -> tuple[T, ...]:
+    """Run work on every node at once, one thread each, while head() runs on this thread; results in node order."""
     nodes = list(nodes)
-    if not nodes:
-        return ()
-    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="node") as pool:
-        return tuple(pool.map(work, nodes))
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="node") as pool:
+        try:
+            futures = [pool.submit(work, node) for node in nodes]
+            head()
+            return tuple(f.result() for f in futures)
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM or a failure here: the nodes' pulls and loads end now (each keeps its tags), before the
+            # pool waits for their threads; on Ctrl-C or SIGTERM, so does any a thread starts from now on.
+            dockercli.stop_all(exiting=not isinstance(exc, Exception))
+            raise
 
 
 class PullLog:
-    """What a `docker pull` printed so far, read from its terminal: the layers it fetches, the bytes done.
-
-    On a terminal docker redraws its lines in place (cursor moves, carriage returns); each piece
-    between them is one status line, `ID: status`.
-    """
+    """What a `docker pull` printed so far on its terminal (`ID: status` lines): the layers it fetches, bytes done."""
 
     _ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -227,14 +207,8 @@ class PullLog:
 
 def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str], None],
          stall: float = PULL_STALL_TIMEOUT) -> tuple[int, str]:
-    """`docker pull` on a node: the registry sizes of the layers it downloaded, and the manifest digest it
-    pulled ("" when docker did not say).
-
-    The pull runs on a terminal (ssh -tt, or a pseudo-terminal here for a local engine), so docker
-    prints its byte progress as the layers download and extract. A pull that prints nothing for
-    `stall` seconds is stopped: the terminal hangs up, the docker CLI exits and the engine drops
-    the pull, so the node keeps what it had.
-    """
+    """`docker pull` on a node's terminal: the registry sizes of the layers downloaded, and the manifest digest (or "").
+    One that prints nothing for `stall` s is stopped: the terminal hangs up, so the engine drops the pull."""
     argv = docker_argv(node, "pull", ref, tty=True)
     terminal = None
     out: IO[bytes] | int  # the child's output: its stdout pipe over ssh, else the local terminal
@@ -318,8 +292,7 @@ def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
             manifest = client.manifest(ref.repository, pick["digest"]) if pick else {}
         return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in manifest.get("layers", [])}
     except (RegistryError, LookupError, TypeError, ValueError, AttributeError):
-        # Sizes are for the progress and the byte counts only: a registry that does not answer here
-        # is reported by the pulls themselves, so this never fails a deploy.
+        # Sizes are for the progress and byte counts only: the pulls themselves report a registry that does not answer.
         return {}
 
 

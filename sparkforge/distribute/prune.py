@@ -1,24 +1,8 @@
-"""`prune`: what sparkforge's builds left on the head that nothing names any more, found, then removed.
-
-Five kinds, each only in what sparkforge made:
-- candidates (`TAG-candidate`) in the repositories of the variants: a build's image before its smoke test,
-  kept after a failed one, for a look inside;
-- kept builds (`TAG.<12 hex>`, the image a build of the same plan made when the immutable tag named another)
-  that no deploy record names, whose TAG no deploy record names either (after `build --move-tag` the build
-  that was deployed as TAG is the one kept as TAG.<hex>);
-- asked for, wheel-cache entries no variant's plan here would use (each git-source variant's key is computed
-  as a build computes it; when one cannot be, no wheel is removed). Other machines sharing the cache may use
-  them: `wheels prune --older-than` is the gentler way;
-- asked for too, downloaded wheel sets no variant's lock here names (<cache>/wheel-sets/), with their downloads
-  that no set that stays shares;
-- asked for, BuildKit's cache records whose description names sparkforge (its steps and its pip and git cache
-  mounts). BuildKit cannot tell which other records sparkforge's builds made, so those stay.
-
-Never removed: an image a moving tag, a variant's current immutable tag or a deploy record names (by tag or by
-the image ID learnt at a push), under any of its tags; a candidate whose build is running: the build lock of
-the plan the candidate's tag names is taken without waiting, and held until prune is done, so that no build
-of it starts meanwhile either (a dry run only looks, and creates no lock file).
-"""
+"""`prune`: what sparkforge's builds left on the head that nothing names any more, found, then removed: candidates
+(`TAG-candidate`) and kept builds (`TAG.<12 hex>`) no deploy record names; asked for, wheel-cache entries no plan
+would use, wheel sets no lock names, and BuildKit's cache records that name sparkforge. Never removed: an image a
+moving tag, a current immutable tag or a deploy record names (by tag or learnt image ID); a candidate whose build is
+running (its build lock is taken without waiting and held until prune is done)."""
 
 from __future__ import annotations
 
@@ -61,33 +45,12 @@ class Prune:
     leftovers: tuple[Leftover, ...]
     left: tuple[tuple[str, str], ...]  # (name, why it stays)
 
-    @property
-    def size(self) -> int:
-        return sum(x.size for x in self.leftovers if not x.shared)
-
-
-def named_by_records(repository: str, state_dir: Path | None) -> tuple[set[str], set[str]]:
-    """The tags the head's deploy record of a repository names (deployed, rolled back to, pushed), and the image
-    IDs it learnt for them at a push or save."""
-    state = read_state(state_dir, repository)
-    named = set(state["manifests"]) | set(state["deployed"].values()) | set(state["configs"])
-    named |= {d["tag"] for deploys in state["deploys"].values() for d in deploys}
-    return named, {c["head_id"] for c in state["configs"].values()}
-
-
-def build_lock(tag: str) -> Path:
-    """The build lock of the plan a candidate tag names (`REPO:VARIANT-HASH12-candidate`): build/contexts/
-    VARIANT-HASH12.lock, which every build of that plan holds from render to tags (pipeline.same_plan_lock)."""
-    name = (ImageRef.parse(tag).tag or "").removesuffix(CANDIDATE)
-    return PROJECT_ROOT / "build" / "contexts" / f"{name}.lock"
-
 
 def hold_if_idle(lock: Path, held: ExitStack, create: bool) -> bool:
-    """Take the build lock without waiting, kept in `held`; False when a build holds it. Without `create` (a dry
-    run) a lock file that is not there is not made: no build has it then."""
+    """Take a lock without waiting, kept in `held`; False when another holds it. Without `create` none is made."""
     try:
         fd = os.open(lock, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_CLOEXEC, 0o666)
-    except FileNotFoundError:
+    except FileNotFoundError:  # only without `create` (a dry run): nobody holds a lock file that is not there
         return True
     held.callback(os.close, fd)
     try:
@@ -99,9 +62,7 @@ def hold_if_idle(lock: Path, held: ExitStack, create: bool) -> bool:
 
 def image_leftovers(plans: list[Plan], state_dir: Path | None, held: ExitStack,
                     dry_run: bool) -> tuple[list[Leftover], list[tuple[str, str]]]:
-    """The candidates and unnamed kept builds of the variants' repositories, and what looked like one but stays.
-    The build lock of each candidate's plan is taken and kept in `held` (a build of it that is running keeps
-    its candidate, and none can start before prune is done)."""
+    """The candidates and unnamed kept builds of the variants, and what looked like one but stays (with why)."""
     found: list[Leftover] = []
     left: list[tuple[str, str]] = []
     for repository in sorted({ImageRef.parse(p.image).repository for p in plans}):
@@ -110,15 +71,19 @@ def image_leftovers(plans: list[Plan], state_dir: Path | None, held: ExitStack,
             continue
         data = dockercli.inspect_images(*tags)
         ids = {t: str(d.get("Id")) for t, d in data.items() if d is not None}
-        kept_names, learnt = named_by_records(repository, state_dir)
+        state = read_state(state_dir, repository)  # the tags it names: deployed, rolled back to, pushed
+        kept_names = set(state["manifests"]) | set(state["deployed"].values()) | set(state["configs"])
+        kept_names |= {d["tag"] for deploys in state["deploys"].values() for d in deploys}
+        learnt = {c["head_id"] for c in state["configs"].values()}  # image IDs learnt at a push or save
         current = {p.tag for p in plans} | {p.moving_tag for p in plans}
         protected = {ids[t] for t in tags if t in ids and (t in current or t in kept_names)} | learnt
-        chosen: list[str] = []
+        chosen: dict[str, str] = {}  # tag -> kind
         for tag in tags:
             name = ImageRef.parse(tag).tag or ""
             kind = "candidate" if name.endswith(CANDIDATE) else "kept build" if KEPT_RE.search(name) else None
             if kind is None or tag not in ids:
                 continue
+            lock = PROJECT_ROOT / "build" / "contexts" / f"{name.removesuffix(CANDIDATE)}.lock"  # same_plan_lock's
             if tag in kept_names:
                 left.append((tag, "a deploy record names it"))
             elif ids[tag] in protected:
@@ -126,15 +91,15 @@ def image_leftovers(plans: list[Plan], state_dir: Path | None, held: ExitStack,
             elif kind == "kept build" and KEPT_RE.sub("", tag) in kept_names:
                 # after `build --move-tag` the build a deploy record names by TAG is the one kept as TAG.<hex>
                 left.append((tag, f"a deploy record names {KEPT_RE.sub('', tag)}, whose earlier build it may be"))
-            elif kind == "candidate" and not hold_if_idle(build_lock(tag), held, create=not dry_run):
+            elif kind == "candidate" and not hold_if_idle(lock, held, create=not dry_run):
                 left.append((tag, "a build of it is running"))
             else:
-                chosen.append(tag)
-        for tag in chosen:
+                chosen[tag] = kind
+        for tag, kind in chosen.items():
             others = [t for t in tags if t not in chosen and ids.get(t) == ids[tag]]
             first = next(t for t in chosen if ids[t] == ids[tag])
-            found.append(Leftover("candidate" if tag.endswith(CANDIDATE) else "kept build", tag,
-                                  int((data[tag] or {}).get("Size") or 0), shared=bool(others) or first != tag))
+            size = int((data[tag] or {}).get("Size") or 0)
+            found.append(Leftover(kind, tag, size, shared=bool(others) or first != tag))
     return found, left
 
 
@@ -147,9 +112,7 @@ def wheel_leftovers(plans: list[Plan], root: Path) -> tuple[list[Leftover], list
     if not found:
         return [], []
     wanted = set()
-    for plan in plans:
-        if plan.vllm.source != "git":
-            continue
+    for plan in (p for p in plans if p.vllm.source == "git"):
         inputs, why = key_inputs(plan, base_identity(plan))
         if inputs is None:
             return [], [(f"the wheel cache {root}", f"variant {plan.variant}'s wheel key is unknown ({why}); every "
@@ -161,8 +124,7 @@ def wheel_leftovers(plans: list[Plan], root: Path) -> tuple[list[Leftover], list
 
 def wheel_set_leftovers(named: set[Path], held: ExitStack,
                         dry_run: bool) -> tuple[list[Leftover], list[tuple[str, str]]]:
-    """The downloaded wheel sets not among `named` (named_sets), each with the downloads no set that stays shares.
-    A set whose fetch is running (its lock is held) stays; its lock is taken otherwise, and kept in `held`."""
+    """The downloaded wheel sets not among `named`, with the downloads only they use; one being fetched stays."""
     from ..build.wheelfetch import freed, stored_sets, unshared
 
     left: list[tuple[str, str]] = []
@@ -179,8 +141,7 @@ def wheel_set_leftovers(named: set[Path], held: ExitStack,
 
 
 def named_sets(layout: Layout, loaded: list[LoadedPlan]) -> set[Path]:
-    """The wheel-set folders the variants' locks name: each lock's own set for its own Python target, a lock the
-    recipe has changed since included (locking again may well name that set once more)."""
+    """The wheel-set folders the variants' locks name, also of a lock the recipe has changed since."""
     from ..build.wheelfetch import folder_of, set_folder
 
     named = {set_folder(x.plan) for x in loaded if x.plan.wheel_set and x.plan.python is not None}
@@ -198,8 +159,11 @@ def cache_records() -> tuple[int, int]:
     count = total = 0
     for line in done.stdout.splitlines():
         if line.strip():
-            try:
-                total += _bytes(str(json.loads(line).get("Size", "0B")))
+            try:  # a size as docker prints one: 4.096kB, 1.2GB
+                m = re.fullmatch(r"([0-9.]+)\s*([kKMGT]?B)", str(json.loads(line).get("Size", "0B")).strip())
+                if not m:
+                    raise ValueError(line)
+                total += int(float(m.group(1)) * UNITS[m.group(2)])
             except (ValueError, AttributeError):
                 raise BuildError(f"docker buildx du printed a line that is not a cache record: {line[:120]}",
                                  field="docker buildx du") from None
@@ -207,32 +171,8 @@ def cache_records() -> tuple[int, int]:
     return count, total
 
 
-def _bytes(text: str) -> int:
-    """A size as docker prints one (4.096kB, 1.2GB) in bytes."""
-    m = re.fullmatch(r"([0-9.]+)\s*([kKMGT]?B)", text.strip())
-    if not m:
-        raise ValueError(text)
-    return int(float(m.group(1)) * UNITS[m.group(2)])
-
-
-def find(plans: list[Plan], *, state_dir: Path | None, wheel_root: Path | None, build_cache: bool,
-         held: ExitStack, dry_run: bool, named: set[Path] | None = None) -> Prune:
-    """What prune would remove; `named`: the wheel sets the locks name (named_sets), looked at with wheel_root."""
-    images, left = image_leftovers(plans, state_dir, held, dry_run)
-    wheels, wheels_left = wheel_leftovers(plans, wheel_root) if wheel_root is not None else ([], [])
-    if wheel_root is not None and named is not None:
-        sets, sets_left = wheel_set_leftovers(named, held, dry_run)
-        wheels, wheels_left = wheels + sets, wheels_left + sets_left
-    count, size = cache_records() if build_cache else (0, 0)
-    cache = [Leftover("build cache", f"{count} records", size)] if count else []
-    return Prune(tuple(images + wheels + cache), tuple(left + wheels_left))
-
-
 def remove(found: Prune, wheel_root: Path | None, say: Callable[[Leftover], None]) -> list[tuple[Leftover, str]]:
-    """Remove each leftover, saying each once it is gone; one that cannot be removed (a container uses the image)
-    is passed over and returned with why. Tags go with `docker image rm --no-prune` (the layers another image
-    uses stay); wheels as `wheels prune --key` removes them; a wheel set with the downloads no set that stays
-    shares; the cache with `docker builder prune --filter`."""
+    """Remove each leftover, saying each once it is gone; one that cannot be removed comes back with why."""
     from ..build.wheelfetch import remove_set, stored_sets
     from ..build.wheels import prune as prune_wheels
 
@@ -251,27 +191,31 @@ def remove(found: Prune, wheel_root: Path | None, say: Callable[[Leftover], None
                               timeout=dockercli.LONG)
         except SparkforgeError as exc:
             failed.append((item, exc.detail))
-            continue
         except OSError as exc:  # a wheel set's file that cannot be removed (a read-only cache, another owner)
             failed.append((item, f"{exc.filename or item.name}: {exc.strerror or exc}"))
-            continue
-        say(item)
+        else:
+            say(item)
     return failed
 
 
 def prune_head(layout: Layout, *, wheel_root: Path | None, build_cache: bool, dry_run: bool,
                state_dir: Path | None = None,
                say: Callable[[Leftover], None] = lambda item: None) -> tuple[Prune, list[tuple[Leftover, str]]]:
-    """`prune`: find what sparkforge's builds left on the head that nothing names (this module's first lines say
-    what), and remove it unless dry_run; what could not be removed comes back with why. Every recipe must load:
-    a variant whose tags are unknown could lose a build it still names. wheel_root None: no wheel is looked at."""
+    """`prune`: find the leftovers and remove them unless dry_run; what could not be removed comes back with why.
+    Every recipe must load: a variant whose tags are unknown could lose a build it still names."""
     loaded, errors = list_plans(layout)
     if errors:
         raise ConfigError(f"prune needs every recipe to load, to know which tags they name: {errors[0].detail}",
                           path=errors[0].path, field=errors[0].field)
     plans = [x.plan for x in loaded]
     with ExitStack() as held:
-        found = find(plans, state_dir=state_dir, wheel_root=wheel_root, build_cache=build_cache, held=held,
-                     dry_run=dry_run, named=named_sets(layout, loaded) if wheel_root is not None else None)
+        items, left = image_leftovers(plans, state_dir, held, dry_run)
+        if wheel_root is not None:
+            wheels, wheels_left = wheel_leftovers(plans, wheel_root)
+            sets, sets_left = wheel_set_leftovers(named_sets(layout, loaded), held, dry_run)
+            items, left = items + wheels + sets, left + wheels_left + sets_left
+        count, size = cache_records() if build_cache else (0, 0)
+        cache = [Leftover("build cache", f"{count} records", size)] if count else []
+        found = Prune(tuple(items + cache), tuple(left))
         failed = [] if dry_run else remove(found, wheel_root, say)
     return found, failed

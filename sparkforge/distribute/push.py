@@ -1,11 +1,4 @@
-"""Push stage of distribution: the head puts both tags of an image in a registry.
-
-Two ways: the engine's own push (:func:`push_image`: gzip on one core, any Docker; from the containerd image store,
-the layers as it keeps them), or by blobs (:func:`push_blobs`):
-one `docker save`, each layer compressed with zstd on every core (or not at all) and streamed to the registry, then
-the manifest under the immutable tag and, last, the moving tag. Either way the manifest digest the registry stored is
-recorded on the head, as one more name of the image (:func:`.images.record_manifest`).
-"""
+"""Push stage: the head puts both tags of an image in a registry, the moving tag last, by the engine or by blobs."""
 
 from __future__ import annotations
 
@@ -34,7 +27,7 @@ from ..registry import RegistryError
 from .cluster import Registry
 from .nodes import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, one_line
 from .deploy import CHUNK, Progress, ProgressFn, human_bytes
-from .images import DeployRecord, HeadImage, read_state, record_manifest, registry_ref, update_state
+from .images import DeployRecord, HeadImage, read_state, record_manifest, update_state
 
 
 @dataclass(frozen=True)
@@ -50,15 +43,13 @@ class PushResult:
 
 def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None = None,
                state_dir: Path | None = None) -> PushResult:
-    """Push the immutable tag, then the moving tag, to registry (HOST:PORT) through the engine (`docker tag`,
-    `docker push`); record the manifest digest. The bytes sent are the sizes the stored manifest gives the layers
-    the engine said it pushed. The registry's names exist on the head only while their push runs (one the head
-    had before is left as it was)."""
+    """Push the immutable tag, then the moving tag, through the engine (`docker tag`, `docker push`); the registry's
+    names exist on the head only while their push runs (one the head had before is left as it was)."""
     t0 = time.monotonic()
     refs, digest = [], None
     pushed: set[str] = set()  # the short IDs the engine said it pushed
     present: set[str] = set()  # and those it found in the registry already
-    fulls = [registry_ref(registry.address, name) for name in (image.tag, image.moving_tag)]
+    fulls = [f"{registry.address}/{name}" for name in (image.tag, image.moving_tag)]
     had = {ref for ref, data in dockercli.inspect_images(*fulls).items() if data is not None}
     try:
         for full in fulls:
@@ -85,13 +76,13 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
 def _engine_push(full: str, registry: Registry, pushed: set[str], present: set[str],
                  progress: ProgressFn | None) -> str | None:
     """`docker push FULL`, its layer lines counted into pushed and present; the manifest digest it printed."""
-    digest = None
+    digest: str | None = None
+    said = ""  # the last line it printed
     child = dockercli.start(["push", full], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said: list[str] = []
     try:
         for line in dockercli.lines_until_stall(child, TRANSFER_TIMEOUT):
             text = one_line(line)
-            said = (said + [text])[-5:] if text else said
+            said = text or said
             short, _, status = text.partition(": ")
             if status == "Pushed":
                 pushed.add(short)
@@ -110,17 +101,12 @@ def _engine_push(full: str, registry: Registry, pushed: set[str], present: set[s
             child.stdout.close()
     code = dockercli.finish(child, CONTROL_TIMEOUT)  # its output ended: it is exiting
     if code != 0:
-        raise DistributeError(f"push of {full} failed: {said[-1] if said else f'exit code {code}'}"[:300],
-                              field="--registry")
+        raise DistributeError(f"push of {full} failed: {said or f'exit code {code}'}"[:300], field="--registry")
     return digest
 
 
-def _layers(registry: Registry, repo: str, digest: str,
-            diff_ids: tuple[str, ...]) -> list[tuple[set[str], int]] | None:
-    """Per layer of the image, the short IDs a push may print for it (its diff ID, a classic-store engine's name,
-    and its blob digest in the manifest the push stored, or in an index's image manifest, a containerd-store
-    engine's) and its size there. None when the registry does not say, or its manifest does not list one blob
-    per layer."""
+def _layers(registry: Registry, repo: str, digest: str, diff_ids: tuple[str, ...]) -> list[tuple[set[str], int]] | None:
+    """Per layer, the short IDs a push may print for it (diff ID, blob digest) and its size; None when unknown."""
     client = RegistryClient(registry.endpoint)
     try:
         doc = client.manifest(repo, digest)
@@ -150,11 +136,7 @@ def push_to(image: HeadImage, registry: Registry, compression: str = "zstd", pro
 
 
 def default_route(store: dockercli.ImageStore) -> tuple[str, str]:
-    """The push after which a first deploy is fastest from a head on this store (`make bench-distribute`), and
-    why: a containerd-store head keeps the layers BuildKit built compressed (zstd, as sparkforge builds), and the
-    engine's own push sends them as kept, while the blob push would first read them out with `docker save`; a
-    classic-store head keeps them unpacked, and zstd on every core sends fewer bytes sooner than the engine's gzip
-    on one core."""
+    """The push after which a first deploy is fastest from a head on this store (`make bench-distribute`), and why."""
     if store.containerd:
         return "gzip", ("the engine's own push: this engine's containerd image store keeps the built layers "
                         "compressed and sends them as kept")
@@ -163,37 +145,31 @@ def default_route(store: dockercli.ImageStore) -> tuple[str, str]:
 
 def push_by_default(image: HeadImage, registry: Registry, say: Callable[[str], None],
                     progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
-    """Push by the route default_route picks for the head's store, saying which and why. Where the engine's own
-    push fails (an engine that does not trust the registry's CA, or cannot reach it), the blob push, which needs
-    only the cluster's CA, sends the image instead, and says so."""
+    """Push by the route default_route picks for the head's store, saying which and why; where the engine's own push
+    fails (it does not trust the registry's CA, or cannot reach it), by blobs, which need only the cluster's CA."""
     compression, why = default_route(dockercli.image_store())
     say(f"route: {why} (`--compression` chooses another)")
-    if compression != "gzip":
-        return push_blobs(image, registry, compression, progress, state_dir)
     try:
-        return push_image(image, registry, progress, state_dir)
+        return push_to(image, registry, compression, progress, state_dir)
     except DistributeError as exc:
+        if compression != "gzip":
+            raise
         say(f"route: the engine's push failed ({exc.detail}); pushing by blobs instead, which needs no trust from "
             "the engine")
         return push_blobs(image, registry, "zstd", progress, state_dir)
 
 
-# ------------------------------------------------------------------- push by blobs (zstd or none)
-
 LAYER_TYPES = {"zstd": "application/vnd.oci.image.layer.v1.tar+zstd", "none": "application/vnd.oci.image.layer.v1.tar"}
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-# Seconds one send to the registry, or its answer, may wait: a registry may take a while to store a
-# layer of several GB once its last byte is in; a whole upload is bounded by TRANSFER_TIMEOUT.
+# Seconds one send to the registry, or its answer, may wait (storing a layer of GBs takes a while once it is in).
 PUSH_WINDOW = 300.0
 
 
 class _SavedImage:
-    """One pass over the tar stream of a `docker save`: each layer sent to the registry unless it holds
-    it already, the small blobs (config, manifests) and the saved manifest.json kept for the end."""
+    """One pass over a `docker save` stream: each layer sent unless the registry holds it, the small blobs kept."""
 
-    def __init__(self, client: RegistryClient, repo: str, compression: str, diff_ids: set[str],
-                 known: dict[str, Any]):
+    def __init__(self, client: RegistryClient, repo: str, compression: str, diff_ids: set[str], known: dict[str, Any]):
         self.client, self.repo, self.compression = client, repo, compression
         self.diff_ids, self.known = diff_ids, known  # the image's layers; blobs recorded at earlier pushes
         self.layers: dict[str, Layer] = {}  # blob name (hex) in the saved image -> the layer in the registry
@@ -205,13 +181,15 @@ class _SavedImage:
 
     def take(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> Layer | None:
         """Read one member of the saved image; the layer when it is one."""
-        if member.isfile() and member.name == "manifest.json":
-            self.manifest = _file_of(tar, member).read()
-            return None
         hexname = member.name.rpartition("/")[2]
-        if not member.isfile() or not member.name.startswith("blobs/sha256/") or not _HEX64.match(hexname):
+        is_blob = member.name.startswith("blobs/sha256/") and bool(_HEX64.match(hexname))
+        if not member.isfile() or not (is_blob or member.name == "manifest.json"):
             return None
-        data = _file_of(tar, member)
+        data = tar.extractfile(member)
+        assert isinstance(data, io.BufferedReader)  # tarfile's ExFileObject, for every regular member: it can peek
+        if not is_blob:
+            self.manifest = data.read()
+            return None
         stored = stored_compression(data.peek(4)[:4])
         digest = f"sha256:{hexname}"
         if stored is not None:  # a compressed layer (the containerd store keeps what was built so): sent as it is
@@ -240,23 +218,9 @@ class _SavedImage:
         return layer
 
 
-def _file_of(tar: tarfile.TarFile, member: tarfile.TarInfo) -> io.BufferedReader:
-    """A regular member's bytes, as tarfile reads them: a buffered reader, which can peek."""
-    data = tar.extractfile(member)
-    assert isinstance(data, io.BufferedReader)  # tarfile's ExFileObject, for every regular member
-    return data
-
-
 def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                progress: ProgressFn | None = None, state_dir: Path | None = None) -> PushResult:
-    """Push without the engine: `docker save`, layers compressed with zstd on every core (or not at all).
-
-    The engine's own push gzips on one core, which bounds a cold deploy. Here each uncompressed layer of the saved
-    image is compressed by `zstd -T0` and streamed to the registry; a layer the registry already holds (by the digest
-    recorded for it at an earlier push) is not sent again. A layer the engine keeps compressed (the containerd image
-    store keeps what BuildKit built as gzip) is sent as it is, under its own digest. The saved manifest.json says
-    which blob is the config and the order of the layers, on both stores.
-    """
+    """Push without the engine: from `docker save`, each layer the registry lacks, zstd-compressed on every core."""
     if compression not in LAYER_TYPES:
         raise DistributeError(f"unknown compression {compression!r}; choose gzip, zstd or none", field="--compression")
     if compression == "zstd" and shutil.which("zstd") is None:
@@ -278,22 +242,17 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                 if layer and progress:
                     progress(Progress(registry.address, "push", saved.sent, None,
                                       f"layer {layer.digest[:19]} ({human_bytes(layer.size)})"))
-        code = save.wait(timeout=CONTROL_TIMEOUT)
+        if save.wait(timeout=CONTROL_TIMEOUT) != 0 or saved.manifest is None:
+            said = last_line(save.stderr.read() if save.stderr else b"", "no message")
+            raise DistributeError(f"docker save {image.tag} failed: {said}", field="docker")
+        config, order = saved_image(image, saved.manifest, saved.small, saved.layers)
+        refs, digest = _put_manifest(image, client, repo, config, order)
     except (OSError, tarfile.TarError, RegistryError, subprocess.TimeoutExpired) as exc:
         save.kill()
         save.wait()
         raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}", field="--registry") from None
     finally:
         watchdog.cancel()
-    if code != 0 or saved.manifest is None:
-        raise DistributeError(f"docker save {image.tag} failed: {last_line(save.stderr.read() if save.stderr else b'', 'no message')}",
-                              field="docker")
-    config, order = saved_image(image, saved.manifest, saved.small, saved.layers)
-    try:
-        refs, digest = _put_manifest(image, client, repo, config, order)
-    except (OSError, RegistryError) as exc:
-        raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}",
-                              field="--registry") from None
 
     def remember(data: DeployRecord) -> None:
         blobs = data.setdefault("blobs", {})
@@ -333,8 +292,8 @@ def stored_compression(head: bytes) -> str | None:
 
 def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes],
                  layers: dict[str, Layer]) -> tuple[bytes, list[Layer]]:
-    """The config and the ordered layers of the saved image, as its manifest.json names them; checked against
-    the diff IDs the head's engine reports, so a push never publishes another image under this tag."""
+    """The config and the ordered layers of the saved image, as its manifest.json names them; checked against the
+    diff IDs the head's engine reports, so a push never publishes another image under this tag."""
     def fail(why: str) -> DistributeError:
         return DistributeError(f"docker save {image.tag}: {why}", field="docker")
 
@@ -384,7 +343,7 @@ def _put_manifest(image: HeadImage, client: RegistryClient, repo: str, config: b
         if tag is None:
             raise DistributeError(f"{ref} names no tag to push the manifest under", field="docker")
         digest = client.put_manifest(repo, tag, manifest, OCI_MANIFEST)
-        refs.append(registry_ref(client.endpoint.host, ref))
+        refs.append(f"{client.endpoint.host}/{ref}")
     return refs, digest
 
 
@@ -394,19 +353,13 @@ def _upload_layer(client: RegistryClient, repo: str, data: IO[bytes], compressio
     sent as it is keeps diff_id as its digest; a compressed one is named by the sha256 of what was sent."""
     size = 0
     hasher = hashlib.sha256()
-    if compression == "none":
-        def chunks() -> Iterator[bytes]:
-            nonlocal size
-            while block := data.read(CHUNK):
-                size += len(block)
-                yield block
-        zstd = None
-        source = chunks()
-    else:
+    read, zstd = data.read, None
+    if compression != "none":
         # zstd on every core; a thread feeds it the layer while this one uploads what comes out.
         zstd = dockercli.spawn(["zstd", "-T0", "-3", "-q", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         zstd_in, zstd_out = zstd.stdin, zstd.stdout
         assert zstd_in is not None and isinstance(zstd_out, io.BufferedReader)  # pipes, buffered by default
+        read = zstd_out.read1
 
         def feed() -> None:
             try:
@@ -418,14 +371,15 @@ def _upload_layer(client: RegistryClient, repo: str, data: IO[bytes], compressio
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
 
-        def compressed() -> Iterator[bytes]:
-            nonlocal size
-            while block := zstd_out.read1(CHUNK):
+    def chunks() -> Iterator[bytes]:
+        nonlocal size
+        while block := read(CHUNK):
+            if zstd is not None:  # only a compressed layer needs its digest computed
                 hasher.update(block)
-                size += len(block)
-                yield block
-        source = compressed()
-    after = client.send_chunks(repo, client.start_upload(repo), source)
+            size += len(block)
+            yield block
+
+    after = client.send_chunks(repo, client.start_upload(repo), chunks())
     if zstd is not None:
         feeder.join()
         if zstd.wait(timeout=CONTROL_TIMEOUT) != 0:
