@@ -1,20 +1,9 @@
 """What a TORCH_CUDA_ARCH_LIST gives a GB10 once vLLM's CMake has filtered it.
 
-vLLM does not compile for the arch list as written. Its CMakeLists.txt first intersects the list
-with the archs the CUDA toolkit supports (`CUDA_SUPPORTED_ARCHS`), then intersects the result
-with each kernel's own list; a kernel whose intersection is empty is left out of the build
-without an error, and the image fails at run time with "no kernel image is available". This
-module re-states, in Python, `cuda_archs_loose_intersection` of vLLM 0.30.0's
-`cmake/utils.cmake`, and the two lists that decide what an SM12x GPU gets there
-(`CMakeLists.txt` of 0.30.0, CUDA 13.0 or newer, as in the NGC 26.xx bases):
-
-- `CUDA_SUPPORTED_ARCHS` "7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0" (13.4 adds 10.7): the archs of
-  the kernels built for every arch (the generic kernels);
-- "12.0f": the list of every SM12x-only kernel (CUTLASS scaled_mm, FP4, MoE data, Marlin's
-  SM12x part, DSV3 fused A GEMM, qutlass SM120), each written `12.0f` under CUDA 13.
-
-With CUDA 13, `12.1a` gives generic kernels for sm_120 and SM12x kernels for sm_120f (both run on
-a 12.1); `12.0a;12.1a` gives sm_120a for both, which a 12.1 cannot run.
+vLLM's CMakeLists.txt intersects the list with the toolkit's archs, then with each kernel's own; a kernel left with
+none is dropped silently, and the image fails at run time ("no kernel image is available"). This re-states vLLM
+0.30.0's `cuda_archs_loose_intersection` and the generic and SM12x-only kernel lists under CUDA 13 (NGC 26.xx):
+`12.1a` gives sm_120 and sm_120f (both run on a 12.1); `12.0a;12.1a` gives sm_120a, which does not.
 """
 
 from __future__ import annotations
@@ -28,9 +17,10 @@ from ..inimage.kernels import runs_on
 if TYPE_CHECKING:
     from .plan import Plan
 
-# vLLM 0.30.0, CMakeLists.txt, CUDA_SUPPORTED_ARCHS for CUDA >= 13.0 (and < 13.4).
+# vLLM 0.30.0, CMakeLists.txt, CUDA_SUPPORTED_ARCHS for CUDA >= 13.0 (and < 13.4; 13.4 adds 10.7).
 SUPPORTED_CUDA13 = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "11.0", "12.0")
-# vLLM 0.30.0, the per-kernel list of its SM12x kernels under CUDA >= 13.0.
+# vLLM 0.30.0, the list of each SM12x-only kernel under CUDA >= 13.0 (CUTLASS scaled_mm, FP4, MoE data, Marlin,
+# DSV3 fused A GEMM, qutlass SM120).
 SM12X_KERNELS = ("12.0f",)
 
 _SUFFIX = re.compile(r"[af]\Z")
@@ -130,9 +120,8 @@ def sm12x_warnings(arch_list: str, gpus: tuple[str, ...]) -> list[str]:
 
 
 def plan_warnings(plan: Plan) -> list[str]:
-    """`show`'s warnings for a plan: the rule above, for vLLM 0.30.0 and later. vLLM 0.17.0's
-    cuda_archs_loose_intersection lacks the step that keeps a suffixed target's suffix (12.0a with
-    a supported 12.0), so there both lists give plain sm_120; releases in between were not read."""
+    """`show`'s warnings for a plan of vLLM 0.30.0 or later (0.17.0 gives plain sm_120 for both lists, lacking the
+    step that keeps a suffixed target's suffix; releases in between were not read)."""
     from packaging.version import InvalidVersion, Version
 
     try:

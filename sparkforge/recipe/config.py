@@ -1,13 +1,11 @@
-"""Config stage: read recipes (images/*.yaml) and mods (mods/*/mod.yaml) into validated data (schema).
-
-This is the only module that reads YAML.
-"""
+"""Config stage: read recipes (images/*.yaml) and mods (mods/*/mod.yaml) into validated data; the only YAML reader."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 from pydantic import ValidationError
@@ -20,8 +18,6 @@ from ..inimage.seam import ModDoc, ModFileDoc, PatchOrigin, VerifyDoc
 from .fields import MAX_TAG, MAX_VARIANT, NAME_RE, Name
 from .schema import ModSpec, RecipeFile, RemotePatch, Strict
 
-# ---------------------------------------------------------------- loading
-
 # The file name a patch fetched by URL takes beside the mod's own files (remote.materialize).
 REMOTE_PATCH_FILE = "upstream.diff"
 
@@ -32,12 +28,12 @@ if TYPE_CHECKING:
     _BASE_LOADER = yaml.SafeLoader
 else:
     _BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+M = TypeVar("M", bound=Strict)
 MAX_DEPTH = 64  # nested mappings and lists; a recipe needs 5. Deeper input would crash the parser's recursion.
 
 
 class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, second: int) -> None:
-        self.key, self.first, self.second = key, first, second
+    """A key written twice in one mapping; the message names both lines."""
 
 
 class _Loader(_BASE_LOADER):
@@ -53,7 +49,7 @@ class _Loader(_BASE_LOADER):
                 line = key_node.start_mark.line + 1
                 try:
                     if key in seen:
-                        raise _DuplicateKey(key, seen[key], line)
+                        raise _DuplicateKey(f"key {key!r} is written twice, on lines {seen[key]} and {line}; keep one")
                     seen[key] = line
                 except TypeError:  # an unhashable key; SafeConstructor refuses it with its own message
                     continue
@@ -77,17 +73,13 @@ def read_text(path: Path, missing: str = "file not found") -> str:
 
 
 def read_yaml(path: Path) -> Any:
-    """Parse one YAML file, turning parse errors into one line that names the file and line.
-
-    Refused as well: a key written twice in one mapping (naming both lines), and nesting deeper than
-    MAX_DEPTH, checked on the parser's events before anything is built from them."""
+    """Parse one YAML file; a parse error, a key written twice or nesting past MAX_DEPTH is one line naming it."""
     text = read_text(path)
     try:
         _check_depth(text, path)
         return yaml.load(text, Loader=_Loader)
     except _DuplicateKey as exc:
-        raise ConfigError(f"key {exc.key!r} is written twice, on lines {exc.first} and {exc.second}; keep one",
-                          path=path) from None
+        raise ConfigError(str(exc), path=path) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -165,16 +157,19 @@ def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA, hin
     return ConfigError(msg, path=path, field=loc or None, hint=hint)
 
 
-def load_recipe_file(path: Path) -> RecipeFile:
-    data = read_yaml(path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("a recipe must be a YAML mapping", path=path)
+def validated(model: type[M], data: Any, path: Path) -> M:
+    """data read into model; a fault is one ConfigError naming path and the field."""
     try:
-        return RecipeFile.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, path, data) from None
+
+
+def load_recipe_file(path: Path) -> RecipeFile:
+    data = read_yaml(path)
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError("a recipe must be a YAML mapping", path=path)
+    return validated(RecipeFile, data or {}, path)
 
 
 def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple[ModSpec, Path]:
@@ -182,22 +177,16 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     folder = mods_dir / name
     meta = folder / "mod.yaml"
     try:
-        meta.stat()
+        if not stat.S_ISREG(meta.stat().st_mode):  # a folder or a FIFO by that name is no mod.yaml either
+            raise FileNotFoundError
     except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
-            exc.strerror = None
-        why = f": {exc.strerror}" if exc.strerror else ""
+        why = f": {exc.strerror}" if exc.strerror and not isinstance(exc, FileNotFoundError) else ""
         raise ConfigError(f"unknown mod {_clip(name)!r}: {_clip(str(meta))} does not exist{why}", path=used_by or meta,
                           field="mods") from None
-    if not meta.is_file():
-        raise ConfigError(f"unknown mod {name!r}: {meta} does not exist", path=used_by or meta, field="mods")
     data = read_yaml(meta)
     if not isinstance(data, dict):
         raise ConfigError("mod.yaml must be a YAML mapping", path=meta)
-    try:
-        spec = ModSpec.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc, meta, data) from None
+    spec = validated(ModSpec, data, meta)
     if spec.name != name:
         raise ConfigError(f"name {spec.name!r} differs from the folder name {name!r}", path=meta, field="name")
     local_patch = spec.patch if isinstance(spec.patch, str) else None
@@ -218,8 +207,7 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
 
 
 def mod_document(spec: ModSpec, patch: str | None, source: PatchOrigin | None = None) -> ModDoc:
-    """The mod as the applier reads it (mod.json in the build context): patch is the file of the folder the
-    applier reads, source where a fetched patch came from."""
+    """The mod as the applier reads it (mod.json); source: where a fetched patch came from."""
     return ModDoc(name=spec.name, component=spec.component, phase=Phase(spec.phase), kind=ModKind(spec.kind),
                   patch=patch, patcher=spec.patcher,
                   files=tuple(ModFileDoc(src=f.src, dest=f.dest, mode=f.mode) for f in spec.files),
@@ -243,14 +231,8 @@ _ModDumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
 
 def mod_yaml_text(data: dict[str, Any], path: Path) -> str:
     """mod.yaml for data (checked against the schema first), in the order the keys are given."""
-    try:
-        ModSpec.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc, path, data) from None
+    validated(ModSpec, data, path)
     return yaml.dump(data, Dumper=_ModDumper, sort_keys=False, allow_unicode=True, width=110)
-
-
-# ---------------------------------------------------------------- variants and inheritance
 
 
 class Recipe(Strict):
@@ -281,12 +263,12 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
                           f"would pass Docker's {MAX_TAG}: rename it to at most {MAX_VARIANT}",
                           path=recipe_path(images_dir, name), field="variant name")
     chain: list[str] = []
-    files: list[RecipeFile] = []
     paths: list[Path] = []
+    files: list[RecipeFile] = []
     current: str | None = name
-    child_path: Path | None = None
     while current is not None:
         path = recipe_path(images_dir, current)
+        child_path = paths[-1] if paths else None
         if current in chain:
             cycle = " -> ".join(chain[chain.index(current):] + [current])
             raise ConfigError(f"extends forms a cycle: {cycle}", path=child_path, field="extends")
@@ -296,39 +278,28 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
                 raise ConfigError(f"unknown variant {name!r} (known: {known})", path=images_dir)
             raise ConfigError(f"unknown parent variant {current!r}: {path} does not exist",
                               path=child_path, field="extends")
-        recipe = load_recipe_file(path)
+        files.append(load_recipe_file(path))
         chain.append(current)
-        files.append(recipe)
         paths.append(path)
-        child_path = path
-        current = recipe.extends
+        current = files[-1].extends
 
     merged: dict[str, Any] = {}
     for recipe, path in zip(reversed(files), reversed(paths)):
         merged = _merge(merged, recipe.model_dump(exclude_unset=True), path)
     merged.pop("extends", None)
-    try:
-        data = RecipeFile.model_validate(merged)
-    except ValidationError as exc:  # a merge can only recombine valid parts; kept as a guard
-        raise validation_error(exc, paths[0], merged) from None
-    return Recipe(variant=name, chain=tuple(chain), files=tuple(_shown(p, images_dir) for p in paths),
-                  data=data)
-
-
-def _shown(path: Path, images_dir: Path) -> str:
-    """A recipe path as recorded in plans: relative to the folder that holds the recipe folder,
-    so that renders do not depend on where the checkout lives or where the tool runs."""
-    # The recipe's own name, not where a link leads: a recipe may be a link to a file elsewhere.
+    data = validated(RecipeFile, merged, paths[0])  # a merge only recombines valid parts: a guard
+    # Plans record each recipe relative to the recipe folder's parent, wherever the checkout lives, and by its own
+    # name, not where a link leads (a recipe may be a link to a file elsewhere).
     folder = images_dir.resolve()
-    return (folder / path.name).relative_to(folder.parent).as_posix()
+    shown = tuple((folder / p.name).relative_to(folder.parent).as_posix() for p in paths)
+    return Recipe(variant=name, chain=tuple(chain), files=shown, data=data)
 
 
 _REPLACED_WHOLE = {"digest", "commit"}
 
 
 def _merge(parent: dict[str, Any], child: dict[str, Any], path: Path, where: str = "") -> dict[str, Any]:
-    """Merge rules: a scalar overrides; a mapping merges key by key (null deletes a key);
-    a list replaces; `mods: {remove, add}` edits the parent's mod list by name."""
+    """A scalar overrides, a mapping merges (null deletes a key), a list replaces; `mods: {remove, add}` edits."""
     out = dict(parent)
     for key, value in child.items():
         field = f"{where}{key}"

@@ -1,10 +1,6 @@
-"""Files a recipe or a mod names by URL and sha256: fetched once, checked, kept in the cache by hash.
+"""Files a recipe or a mod names by URL and sha256 (a remote patch, a prebuilt wheel), kept in the cache by hash.
 
-A remote patch and a prebuilt wheel are pinned the same way: the URL says where to get the file,
-the sha256 says which file it must be. The file is downloaded on the host (with the CA bundle the
-user gives, as for the build), checked against the hash, and stored under
-<cache>/downloads/<sha256>/<name>; the build and check-mods only ever read that copy, so no
-build step needs the network for it. A file already in the cache is never fetched again.
+Downloaded on the host into <cache>/downloads/<sha256>/<name>, which is all the build and check-mods ever read.
 """
 
 from __future__ import annotations
@@ -15,11 +11,10 @@ import re
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from .. import net
 from ..files import name_path, open_regular
-from ..net import tls_context  # noqa: F401 - the CA bundle's context, for callers of this module
 from .sources import cache_dir
 
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
@@ -53,17 +48,12 @@ def cached(sha256: str, name: str) -> Path:
 
 def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
           progress: Callable[[int, int | None], None] = lambda done, total: None) -> Path:
-    """The file at url, from the cache or downloaded into it, whose sha256 is `sha256` (64 hex).
-
-    Raises DownloadFailed when it cannot be fetched and HashMismatch when what came is another file;
-    in both cases nothing is left in the cache.
-    """
+    """The file at url whose sha256 is `sha256`, from the cache or downloaded into it; nothing stays on a failure."""
     return _keep(sha256, name, url, lambda out: _stream(url, out, ca_cert, progress))
 
 
 def _keep(sha256: str, name: str, origin: str, fill: Callable[[BinaryIO], str]) -> Path:
-    """The cached file of this hash, or one written by fill (which returns the sha256 of what it wrote)
-    and kept only when that is `sha256`; nothing is left behind when fill fails or the hash differs."""
+    """The cached file of this hash, or one fill writes (returning its sha256) kept only when that is `sha256`."""
     target = cached(sha256, name)
     if target.is_file():
         if sha256_of(target) == sha256:  # checked on every use: the cache is a folder anyone may write
@@ -105,10 +95,7 @@ def _drop_if_empty(folder: Path) -> None:
 
 
 def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path, str]:
-    """Download a file whose hash is not known yet (to pin it): (its place in the cache, its sha256).
-
-    Raises DownloadFailed; nothing is left behind when it does.
-    """
+    """Download a file whose hash is not known yet (to pin it): (its place in the cache, its sha256)."""
     root = downloads_dir()
     root.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=root)
@@ -134,34 +121,33 @@ def forget(sha256: str, name: str) -> None:
 
 def _stream(url: str, out: BinaryIO, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
     """Copy url into out (https only, also through redirects; within DEADLINE); return the sha256 of what came."""
-    digest = hashlib.sha256()
     try:
-        for chunk in net.stream(url, deadline=DEADLINE, ca_cert=ca_cert, progress=progress):
-            digest.update(chunk)
-            out.write(chunk)
+        return _hashed(net.stream(url, deadline=DEADLINE, ca_cert=ca_cert, progress=progress), out)
     except net.FetchFailed as exc:
         raise DownloadFailed(str(exc)) from None
+
+
+def _hashed(chunks: Iterable[bytes], out: BinaryIO | None = None) -> str:
+    """The sha256 of chunks, each also written to out when there is one."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+        if out is not None:
+            out.write(chunk)
     return digest.hexdigest()
+
+
+def _chunks(path: Path, field: str | None = None) -> Iterator[bytes]:
+    with open_regular(path, field=field) as fh:
+        while chunk := fh.read(CHUNK):
+            yield chunk
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open_regular(path) as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return _hashed(_chunks(path))
 
 
 def take_local(path: Path, sha256: str, name: str) -> Path:
-    """A local file pinned by hash, copied into the cache beside downloaded ones (a later edit of the
-    original cannot change what the build uses). Raises HashMismatch, or OSError when unreadable."""
-
-    def copy(out: BinaryIO) -> str:  # the hash of the copy: what the build will read
-        digest = hashlib.sha256()
-        with open_regular(path, field="vllm.path") as fh:
-            while chunk := fh.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-        return digest.hexdigest()
-
-    return _keep(sha256, name, str(path), copy)
+    """A local file pinned by hash, copied into the cache (a later edit of the original changes no build)."""
+    # The hash is of the copy: what the build will read.
+    return _keep(sha256, name, str(path), lambda out: _hashed(_chunks(path, "vllm.path"), out))

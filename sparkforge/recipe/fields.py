@@ -1,8 +1,6 @@
-"""The field types of a recipe and of a mod: the pattern or rule each value must meet.
+"""The field types of a recipe and of a mod: every value that can reach a shell line meets a strict pattern here.
 
-Every value that can later reach a shell line is checked here against a strict pattern, so a recipe
-cannot inject shell. `schema` builds the models of the files from these types. Each type is a
-module-level `Annotated` alias, so a type checker reads it as the str or int it is.
+Each type is a module-level `Annotated` alias, so a type checker reads it as the str or int it is.
 """
 
 from __future__ import annotations
@@ -15,14 +13,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, Field
 
-# Patterns for every value that is rendered into the Dockerfile. Each is anchored with \A and \Z
-# (never ^ and $: `$` also matches before a final newline) and is used with fullmatch, so a
-# value such as "12.1a\n" is refused instead of reaching a Dockerfile line.
+# Every pattern is anchored with \A and \Z (never ^ and $: `$` also matches before a final newline) and used
+# with fullmatch, so a value such as "12.1a\n" is refused instead of reaching a Dockerfile line.
 
 # A TCP port: 1 to 65535, without leading zeros (one port, one spelling).
 PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
-# A host name (RFC 1123: labels of letters, digits and inner hyphens, 1 to 63 long), which also spells an
-# IPv4 address; host_problem says the rest (the whole name's length, an address's one spelling).
+# A host name (RFC 1123 labels, 1 to 63 long), which also spells an IPv4 address; host_problem says the rest.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOST = rf"{_LABEL}(?:\.{_LABEL})*"
 MAX_HOST = 253  # RFC 1035: a name of 255 octets on the wire, 253 characters as text
@@ -32,8 +28,7 @@ COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 DIGEST_RE = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
 REF_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]*\Z")
 URL_RE = re.compile(rf"\Ahttps://(?P<host>{HOST})(:{PORT})?(/[A-Za-z0-9._~-]+)+/?\Z")
-# A file to download: https, and a path that may hold a percent-encoded character or a '+'
-# (wheel names of local versions). It never reaches a shell line; the host fetches it.
+# A file the host downloads (never on a shell line): its path may hold a '%xx' or a '+' (local version wheels).
 FILE_URL_RE = re.compile(rf"\Ahttps://(?P<host>{HOST})(:{PORT})?(/[A-Za-z0-9._~%+-]+)+\Z")
 # A registry (a host with a port, or a name with a dot) may come first, as Docker reads a reference.
 REPOSITORY_RE = re.compile(rf"\A[a-z0-9]+([._-][a-z0-9]+)*(:{PORT})?(/[a-z0-9]+([._-][a-z0-9]+)*)*\Z")
@@ -41,8 +36,7 @@ TAG_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 PKG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\Z")
 ENV_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.,:;/=+@%-]*\Z")
-# A compute capability, as `nvidia-smi --query-gpu=compute_cap` prints it: 12.1 for a GB10. CUDA
-# numbers a GPU's architecture major.minor with a single-digit minor (sm_121 is 12.1; sm_1210 is none).
+# A compute capability as nvidia-smi prints it (12.1 for a GB10): the minor is one digit (sm_121 is 12.1).
 GPU_RE = re.compile(r"\A[1-9][0-9]?\.[0-9]\Z")
 # A CUDA extension by its file name up to the first dot: _vllm_fa3_C for _vllm_fa3_C.abi3.so.
 EXTENSION_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_-]{0,99}\Z")
@@ -57,20 +51,17 @@ PEP440_CHARS_RE = re.compile(r"\A[A-Za-z0-9.+!_-]+\Z")
 MODE_RE = re.compile(r"\A0[0-7]{3}\Z")
 # A patch named by URL: https only, an optional query (GitHub's `?full_index=1`), no fragment.
 PATCH_URL_RE = re.compile(rf"\Ahttps://(?P<host>{HOST})(:{PORT})?(/[A-Za-z0-9._~%+-]+)+/?(\?[A-Za-z0-9._~%=&+-]+)?\Z")
-# A GitHub pull request: OWNER/REPO#NUMBER.
 PR_RE = re.compile(r"\A(?P<owner>[A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/(?P<repo>[A-Za-z0-9_.-]{1,100})#(?P<number>[1-9][0-9]{0,9})\Z")
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
-# The Python of an image, as MAJOR.MINOR, and the platform its wheels are for: uv's --python-platform of a
-# glibc target, e.g. aarch64-manylinux_2_34 (a GB10's Linux on a base with glibc 2.34 or newer).
+# The Python of an image (MAJOR.MINOR) and uv's --python-platform of its glibc, e.g. aarch64-manylinux_2_34.
 PYTHON_VERSION_RE = re.compile(r"\A3\.[0-9]{1,2}\Z")
 WHEEL_PLATFORM_RE = re.compile(r"\A(aarch64|x86_64)-manylinux_2_[0-9]{2}\Z")
-# A Python module a verify check imports: dotted identifiers.
 MODULE_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 def host_problem(host: str) -> str | None:
-    """Why a host name that matches HOST cannot be one, or None. A name of digits and dots is an IPv4
-    address only in its one spelling: the C library would read `010.0.0.1` as 8.0.0.1, `1.2.3` as 1.2.0.3."""
+    """Why a host name that matches HOST cannot be one, or None. Digits and dots are an IPv4 address only in its one
+    spelling: the C library would read `010.0.0.1` as 8.0.0.1, `1.2.3` as 1.2.0.3."""
     if len(host) > MAX_HOST:
         return f"its host name is {len(host)} characters long; DNS allows {MAX_HOST}"
     if all(part.isdigit() for part in host.split(".")):
@@ -81,17 +72,15 @@ def host_problem(host: str) -> str | None:
     return None
 
 
-# Docker refuses a tag over 128 characters and a repository over 255. The immutable tag is
-# "<variant>-<12 hex>", and a build kept beside it "<variant>-<12 hex>.<12 hex>" (build/builder.kept_tag),
-# so a variant name may use 128 - 26 of them.
+# Docker refuses a tag over 128 characters and a repository over 255; a variant's tags are "<variant>-<12 hex>"
+# and, for a build kept beside it, "<variant>-<12 hex>.<12 hex>" (build/builder.kept_tag): 26 more.
 MAX_TAG = 128
 MAX_REPOSITORY = 255
 MAX_VARIANT = MAX_TAG - 26
 
 
 def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) -> AfterValidator:
-    """The validator of a str type whose values must match pattern in full; the error says what was expected. A
-    pattern's group `host` must also be a host name that can be one (host_problem)."""
+    """The validator of a str type that must match pattern in full (a group `host` also passing host_problem)."""
 
     def check(value: str) -> str:
         m = pattern.fullmatch(value)
@@ -108,39 +97,27 @@ def matching(pattern: re.Pattern[str], what: str, max_len: int | None = None) ->
     return AfterValidator(check)
 
 
-def _segments_ok(value: str) -> bool:
-    """No `.` or `..` segment: a path stays where it is named, and reads the same everywhere."""
-    return all(seg not in (".", "..") for seg in value.split("/"))
-
-
-def _path(pattern: re.Pattern[str], what: str) -> AfterValidator:
-    """The validator of a path type: matched in full, with no empty, `.` or `..` segment."""
+def _path(pattern: re.Pattern[str], what: str, spelled: str = "letters, digits, '._-' and '/' between segments"
+          ) -> AfterValidator:
+    """The validator of a path type: matched in full, and no `.` or `..` segment, so it stays where it is named."""
 
     def check(value: str) -> str:
-        if not pattern.fullmatch(value) or not _segments_ok(value):
-            raise ValueError(f"{value!r} is not a valid {what} (letters, digits, '._-' and '/' between "
-                             f"segments; no empty, '.' or '..' segment)")
+        if not pattern.fullmatch(value) or any(seg in (".", "..") for seg in value.split("/")):
+            raise ValueError(f"{value!r} is not a valid {what} ({spelled}; no empty, '.' or '..' segment)")
         return value
 
     return AfterValidator(check)
-
-
-def check_path(value: str) -> str:
-    """An absolute path, or one relative to a component's root; either never leaves via `..`."""
-    if not ((ABS_PATH_RE.fullmatch(value) or REL_PATH_RE.fullmatch(value)) and _segments_ok(value)):
-        raise ValueError(f"{value!r} is not a valid path (absolute, or relative to the component; no empty, "
-                         f"'.' or '..' segment)")
-    return value
 
 
 def _pep440(value: str) -> str:
     try:
         Version(value)
     except InvalidVersion:
-        raise ValueError(f"{value!r} is not a valid PEP 440 version") from None
-    if not PEP440_CHARS_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a valid PEP 440 version")
-    return value
+        pass
+    else:
+        if PEP440_CHARS_RE.fullmatch(value):
+            return value
+    raise ValueError(f"{value!r} is not a valid PEP 440 version")
 
 
 def specifier_error(value: str) -> str | None:
@@ -188,11 +165,13 @@ Extension: TypeAlias = Annotated[str, matching(
     EXTENSION_RE, "extension name such as _vllm_fa3_C (its file name up to the first dot)")]
 AbsPath: TypeAlias = Annotated[str, _path(ABS_PATH_RE, "absolute path")]
 RelPath: TypeAlias = Annotated[str, _path(REL_PATH_RE, "relative path")]
-ModPath: TypeAlias = Annotated[str, AfterValidator(check_path)]
+ModPath: TypeAlias = Annotated[str, _path(re.compile(f"{ABS_PATH_RE.pattern}|{REL_PATH_RE.pattern}"), "path",
+                                           "absolute, or relative to the component")]
 OsPackage: TypeAlias = Annotated[str, matching(OS_PKG_RE, "Debian package name")]
 PipVersion: TypeAlias = Annotated[str, AfterValidator(_pep440)]
 Specifier: TypeAlias = Annotated[str, AfterValidator(_specifier)]
 Text: TypeAlias = Annotated[str, AfterValidator(_nonblank)]
+FileMode: TypeAlias = Annotated[str, matching(MODE_RE, "octal file mode such as '0644'")]
 Count: TypeAlias = Annotated[int, Field(ge=1, le=256)]
 PatchUrl: TypeAlias = Annotated[str, matching(PATCH_URL_RE, "https URL of a patch")]
 Sha256: TypeAlias = Annotated[str, matching(SHA256_RE, "sha256: write the 64 lowercase hex digits (sha256sum FILE)")]

@@ -23,42 +23,29 @@ class Layout:
     gitfetch: Path
 
     def inimage_files(self) -> list[tuple[str, Path]]:
-        """Every file of the image-side package, by its path relative to the folder, in sorted order
-        (compiled bytecode left out: it is not source, and the image makes its own)."""
-        found = []
-        for parent, dirs, names in os.walk(self.inimage):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in names:
-                if not name.endswith((".pyc", ".pyo")):
-                    path = Path(parent) / name
-                    found.append((path.relative_to(self.inimage).as_posix(), path))
-        return sorted(found)
+        """Every file of the image-side package by relative path, sorted; bytecode left out (the image makes it)."""
+        return [(rel, path) for rel, path in _files(self.inimage) if not rel.endswith((".pyc", ".pyo"))]
 
     @classmethod
-    def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None,
-                mods_dir: Path | None = None) -> Layout:
-        return cls(
-            images_dir=images_dir or root / "images",
-            mods_dir=mods_dir or root / "mods",
-            template=root / "Dockerfile.j2",
-            inimage=PACKAGE_DIR / "inimage",
-            gitfetch=PACKAGE_DIR / "gitfetch.py",
-        )
+    def default(cls, root: Path = PROJECT_ROOT, images_dir: Path | None = None, mods_dir: Path | None = None) -> Layout:
+        return cls(images_dir or root / "images", mods_dir or root / "mods", template=root / "Dockerfile.j2",
+                   inimage=PACKAGE_DIR / "inimage", gitfetch=PACKAGE_DIR / "gitfetch.py")
 
+
+def _files(folder: Path) -> list[tuple[str, Path]]:
+    """Every file below folder by its relative path, sorted; __pycache__ folders left out."""
+    found = []
+    for parent, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found += [((Path(parent) / name).relative_to(folder).as_posix(), Path(parent) / name) for name in names]
+    return sorted(found)
 
 
 def digest_tree(folder: Path) -> str:
-    """sha256 over the relative paths and bytes of every file below folder, in sorted order.
-
-    The folder holds no links: config.load_mod refused any before the plan reads it.
-    """
+    """sha256 over the relative paths and bytes of every file below folder (config.load_mod refused links)."""
     h = hashlib.sha256()
-    files = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        files += [Path(dirpath) / name for name in filenames]
-    for path in sorted(files, key=lambda p: p.relative_to(folder).as_posix()):
-        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
+    for rel, path in _files(folder):
+        h.update(rel.encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return "sha256:" + h.hexdigest()
 

@@ -1,9 +1,5 @@
-"""A recipe against its lock: where they disagree, and the plan a lock gives.
-
-A locked build (`build --locked`) first checks that the recipe still says what the lock was made
-from (`check_lock`), then builds with the lock's pins (`apply_lock`); `lock` makes a Lock from a
-plan and what a real build installed (`make_lock`). The file itself is `lockfile`.
-"""
+"""A recipe against its lock: where they disagree (check_lock), the plan a lock gives (apply_lock), and the Lock
+a plan and a real build give (make_lock)."""
 
 from __future__ import annotations
 
@@ -15,11 +11,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..errors import ConfigError, DownloadError, Hint
-from .lockfile import BuiltFrom, Lock, LockedBase, LockedComponent, LockedMod, LockedVllm, LockedWheels, Pinned, \
-    Unresolved
+from .lockfile import (MIN_EPOCH, BuiltFrom, Lock, LockedBase, LockedComponent, LockedMod, LockedVllm, LockedWheels,
+                       Pinned, Unresolved)
 from .plan import BaseImage, Pin, Plan, rehash
-
-# ------------------------------------------------------------------ recipe versus lock
 
 
 @dataclass(frozen=True)
@@ -34,47 +28,22 @@ def _plan_pin(pin: Pin) -> Pinned:
     return Pinned(pin.value, pin.unknown)
 
 
-def _fields(plan: Plan | None, lock: Lock | None) -> list[tuple[str, Any]]:
+def _fields(lock: Lock) -> list[tuple[str, Any]]:
     """(field, value) in a fixed order; a Pinned value is a pin that the lock may fill in."""
-    out: list[tuple[str, Any]] = []
-    if plan is not None:
-        b, v = plan.base, plan.vllm
-        out += [("variant", plan.variant), ("base.repository", b.repository), ("base.tag", b.tag),
-                ("base.digest", _plan_pin(b.digest)), ("vllm.source", v.source), ("vllm.version", v.version),
-                ("vllm.repo", v.repo), ("vllm.ref", v.ref),
-                ("vllm.commit", _plan_pin(v.commit) if v.source == "git" else None),
-                ("vllm.sha256", v.wheel.sha256 if v.wheel else None), ("vllm.install_deps", v.install_deps),
-                ("vllm.package", v.package), ("components", [c.name for c in plan.components])]
-        for c in plan.components:
-            out += [(f"components.{c.name}.kind", c.kind), (f"components.{c.name}.package", c.package),
-                    (f"components.{c.name}.version", _plan_pin(c.version) if c.kind == "pip" else None),
-                    (f"components.{c.name}.repo", c.repo), (f"components.{c.name}.ref", c.ref),
-                    (f"components.{c.name}.commit", _plan_pin(c.commit) if c.kind == "git" else None),
-                    (f"components.{c.name}.dest", c.dest)]
-        out += [("mods", [m.name for m in plan.mods])]
-        out += [(f"mods.{m.name}.digest", m.digest) for m in plan.mods]
-        out += [("protect", list(plan.protect)), ("os_packages", list(plan.os_packages))]
-        out += [("python.version", plan.python.version if plan.python else None),
-                ("python.platform", plan.python.platform if plan.python else None),
-                ("python.leave_out", list(plan.python.leave_out) if plan.python else [])]
-    if lock is not None:
-        lb, lv = lock.base, lock.vllm
-        out += [("variant", lock.variant), ("base.repository", lb.repository), ("base.tag", lb.tag),
-                ("base.digest", lb.digest), ("vllm.source", lv.source), ("vllm.version", lv.version),
-                ("vllm.repo", lv.repo), ("vllm.ref", lv.ref), ("vllm.commit", lv.commit),
-                ("vllm.sha256", lv.sha256), ("vllm.install_deps", lv.install_deps),
-                ("vllm.package", lv.package or "vllm"), ("components", list(lock.components))]
-        for name, lc in lock.components.items():
-            out += [(f"components.{name}.kind", lc.kind), (f"components.{name}.package", lc.package),
-                    (f"components.{name}.version", lc.version), (f"components.{name}.repo", lc.repo),
-                    (f"components.{name}.ref", lc.ref), (f"components.{name}.commit", lc.commit),
-                    (f"components.{name}.dest", lc.dest)]
-        out += [("mods", [m.name for m in lock.mods])]
-        out += [(f"mods.{m.name}.digest", m.digest) for m in lock.mods]
-        out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
-        w = lock.wheels
-        out += [("python.version", w.python if w else None), ("python.platform", w.platform if w else None),
-                ("python.leave_out", sorted(w.leave_out or ()) if w else [])]
+    out: list[tuple[str, Any]] = [("variant", lock.variant)]
+    out += [(f"base.{key}", getattr(lock.base, key)) for key in ("repository", "tag", "digest")]
+    out += [(f"vllm.{key}", getattr(lock.vllm, key))
+            for key in ("source", "version", "repo", "ref", "commit", "sha256", "install_deps")]
+    out += [("vllm.package", lock.vllm.package or "vllm"), ("components", list(lock.components))]
+    for name, lc in lock.components.items():
+        out += [(f"components.{name}.{key}", getattr(lc, key))
+                for key in ("kind", "package", "version", "repo", "ref", "commit", "dest")]
+    out += [("mods", [m.name for m in lock.mods])]
+    out += [(f"mods.{m.name}.digest", m.digest) for m in lock.mods]
+    out += [("protect", list(lock.protect)), ("os_packages", list(lock.os_packages))]
+    w = lock.wheels
+    out += [("python.version", w.python if w else None), ("python.platform", w.platform if w else None),
+            ("python.leave_out", sorted(w.leave_out or ()) if w else [])]
     return out
 
 
@@ -91,32 +60,23 @@ def _show(value: Any) -> str:
 
 
 def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
-    """Where the recipe (as planned now) and the lock disagree, in a fixed order.
-
-    A value the recipe pins must be the lock's; a value the recipe leaves unknown is the lock's
-    to fill in (or to mark unresolved).
-    """
-    recipe = dict(_fields(plan, None))
-    locked = dict(_fields(None, lock))
+    """Where the recipe (as planned now) and the lock disagree; what the recipe leaves open the lock fills in."""
+    wheels = LockedWheels.of(plan.python, None, (), "not resolved") if plan.python else None
+    planned = _fields(make_lock(plan, {}, MIN_EPOCH, packages=None, packages_unresolved="not built", wheels=wheels))
+    recipe, locked = dict(planned), dict(_fields(lock))
     out = []
-    for name in dict.fromkeys([f for f, _ in _fields(plan, None)] + [f for f, _ in _fields(None, lock)]):
-        if name.startswith("components.") and name.count(".") == 2:
-            comp = name.split(".")[1]
-            if comp not in recipe["components"] or comp not in locked["components"]:
-                continue  # reported once, by the field "components"
-        if name.startswith("mods.") and name.split(".")[1] not in set(recipe["mods"]) & set(locked["mods"]):
-            continue  # reported by the field "mods"
+    for name in dict.fromkeys([f for f, _ in planned] + [f for f, _ in _fields(lock)]):
+        section, _, rest = name.partition(".")
+        if section in ("components", "mods") and rest and rest.split(".")[0] not in (
+                set(recipe[section]) & set(locked[section])):
+            continue  # a component or mod on one side only: reported once, by the field "components" or "mods"
         a, b = recipe.get(name), locked.get(name)
         if isinstance(a, Pinned) and a.value is None:
             continue  # the recipe leaves it open: the lock fills it in
-        if isinstance(a, Pinned) or isinstance(b, Pinned):
-            same = (a.value if isinstance(a, Pinned) else a) == (b.value if isinstance(b, Pinned) else b)
-        else:
-            same = a == b
         if name == "vllm.repo" and b is None and a is not None:
             out.append(Mismatch(name, _show(a), "nothing (the lock was made before locks named vLLM's repository)",
                                 recipe_changed=False))
-        elif not same:
+        elif (a.value if isinstance(a, Pinned) else a) != (b.value if isinstance(b, Pinned) else b):
             out.append(Mismatch(name, _show(a), _show(b)))
     return out
 
@@ -135,8 +95,7 @@ def check_lock(plan: Plan, lock: Lock, path: Path, given: dict[str, str] | None 
 
 
 def apply_lock(plan: Plan, lock: Lock) -> Plan:
-    """The plan with the lock's pins: base digest, commits and versions the recipe leaves open,
-    every installed package as a pip constraint, and the SOURCE_DATE_EPOCH."""
+    """The plan with the lock's pins, its installed packages as pip constraints, and its SOURCE_DATE_EPOCH."""
     base = plan.base
     if base.digest.value is None and lock.base.digest.value:
         base = BaseImage(base.repository, base.tag, Pin(lock.base.digest.value))
@@ -158,8 +117,7 @@ def apply_lock(plan: Plan, lock: Lock) -> Plan:
 
 
 def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """The installed packages that can be pip constraints: PEP 440 versions only (a Debian-built
-    distribution can carry a version pip cannot parse; pip would never install it anyway)."""
+    """The installed packages with a PEP 440 version (a Debian build's may not be one; pip never installs it)."""
     out = []
     for name, version in packages:
         try:
@@ -198,29 +156,23 @@ def make_lock(plan: Plan, pins: dict[str, Pinned], source_date_epoch: int, *,
                                             commit=pins.get(f"components.{c.name}.commit", _plan_pin(c.commit)))
     v = plan.vllm
     return Lock(
-        variant=plan.variant,
-        source_date_epoch=source_date_epoch,
+        variant=plan.variant, source_date_epoch=source_date_epoch,
         base=LockedBase(repository=plan.base.repository, tag=plan.base.tag,
                         digest=pins.get("base.digest", _plan_pin(plan.base.digest))),
         vllm=LockedVllm(source=v.source, version=v.version, ref=v.ref, install_deps=v.install_deps,
                         commit=pins.get("vllm.commit", _plan_pin(v.commit)) if v.source == "git" else None,
                         sha256=v.wheel.sha256 if v.wheel else None, repo=v.repo,
                         package=v.package if v.package != "vllm" else None),
-        components=comps,
-        mods=tuple(LockedMod(name=m.name, digest=m.digest) for m in plan.mods),
-        protect=plan.protect,
-        os_packages=plan.os_packages,
+        components=comps, mods=tuple(LockedMod(name=m.name, digest=m.digest) for m in plan.mods),
+        protect=plan.protect, os_packages=plan.os_packages,
         packages=installed if packages is not None else Unresolved(unresolved=packages_unresolved or "not known"),
-        built_from=built_from,
-        wheels=wheels,
+        built_from=built_from, wheels=wheels,
     )
 
 
 def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
-    """The pins `before` resolved that `after` leaves unresolved for the same source, because the source did not
-    answer: (field, the value `before` holds). The same source: the base's repository:tag, a git repository and
-    ref, and for the wheel set the Python target, the vLLM version and the pip components the recipe pins.
-    Locking again where a registry, remote or index does not answer must not drop a pin an earlier lock made."""
+    """(field, old value) of each pin `before` resolved that `after` leaves open for the same source because the
+    source did not answer: locking again then must not drop it."""
     lost: list[tuple[str, str]] = []
 
     def check(field: str, old: Pinned | None, new: Pinned | None) -> None:
@@ -252,8 +204,7 @@ def lost_pins(before: Lock, after: Lock) -> list[tuple[str, str]]:
 
 
 def _same_requirements(before: Lock, after: Lock) -> bool:
-    """The wheel set of `after` is asked for what `before`'s was: the Python target, the vLLM release and the
-    pip components (each version the recipe pins; `after`, locked without a build, holds only those)."""
+    """`after`'s wheel set is asked for what `before`'s was: Python target, vLLM release, pip components."""
     assert before.wheels is not None and after.wheels is not None
     if (before.wheels.target, before.vllm.version, before.vllm.install_deps) != \
             (after.wheels.target, after.vllm.version, after.vllm.install_deps):
@@ -267,8 +218,7 @@ def _same_requirements(before: Lock, after: Lock) -> bool:
 
 
 def keep_pins(path: Path, before: Lock, after: Lock) -> None:
-    """Refuse, with the lock file unchanged, a lock that would drop a pin the earlier lock made: its registry,
-    git remote or index did not answer this time (a network failure, exit 1), and the pin it held is not lost."""
+    """Refuse (a network failure, exit 1) a lock that would drop a pin the earlier one made; the file stays."""
     lost = lost_pins(before, after)
     if lost:
         field, value = lost[0]

@@ -1,16 +1,7 @@
-"""The lock file images/<variant>.lock.json: its one model, which reads and writes the file itself.
+"""The lock file images/<variant>.lock.json: one strict model that both reads and writes it, so the two cannot drift.
 
-A lock holds the base image digest (asked from its registry), the vLLM and component pins,
-every Python package a real build of the variant installed, each mod's content hash, and the
-SOURCE_DATE_EPOCH of builds. A field that cannot be resolved from where `lock` runs is written
-as {"unresolved": "<why>"}, never invented.
-
-The models below are the file's own shape: reading is validating the file against them (strict: an
-unknown key, a missing field or a value of another type is one line naming the file and the field),
-writing is dumping them, so the two cannot drift apart.
-
-The lock is JSON, not YAML: it is written by this tool, and a `.yaml` file in images/ would be
-taken for a variant.
+A field that cannot be resolved from where `lock` runs is written as {"unresolved": "<why>"}, never invented.
+JSON, not YAML: this tool writes it, and a `.yaml` file in images/ would be taken for a variant.
 """
 
 from __future__ import annotations
@@ -28,25 +19,8 @@ from ..errors import ConfigError, Hint, SparkforgeError
 from ..files import write_atomic
 from ..inimage.contract import JsonError, parse_json
 from .config import read_text, validation_error
-from .fields import (
-    AbsPath,
-    Commit,
-    Digest,
-    Distribution,
-    GitRef,
-    GitUrl,
-    ImageTag,
-    Name,
-    OsPackage,
-    Package,
-    PipVersion,
-    PythonVersion,
-    Repository,
-    Sha256,
-    Text,
-    WheelPlatform,
-    matching,
-)
+from .fields import (AbsPath, Commit, Digest, Distribution, GitRef, GitUrl, ImageTag, Name, OsPackage,
+                     Package, PipVersion, PythonVersion, Repository, Sha256, Text, WheelPlatform, matching)
 from .plan import PythonTarget, VllmSource, WheelPin
 from .schema import Strict
 
@@ -56,8 +30,8 @@ LOCK_SUFFIX = ".lock.json"
 # Python's zipfile fails on an earlier time, and on a later one with a struct error mid-build.
 MIN_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 MAX_EPOCH = 4354819199  # 2107-12-31T23:59:59Z
-# A wheel's plain file name (it becomes a file of the cache and a pip argument): no folder, no odd character.
-WHEEL_FILE_RE = re.compile(r"[A-Za-z0-9_.+-]+-[A-Za-z0-9_.+-]+\.whl")
+# A wheel's plain file name (a file of the cache, a pip argument, a Dockerfile line): no folder, no odd character.
+WHEEL_FILE_RE = re.compile(r"\A[A-Za-z0-9_.+-]+-[A-Za-z0-9_.+-]+\.whl\Z")
 # Installed versions are recorded as found; a Debian build can carry one pip cannot parse.
 InstalledVersion: TypeAlias = Annotated[str, matching(re.compile(r"\A[A-Za-z0-9][A-Za-z0-9.+!_~:-]*\Z"),
                                                        "installed version")]
@@ -74,8 +48,7 @@ class Unresolved(Strict):
 
 
 class Pinned(Strict):
-    """A value the lock pins, or the reason it could not be resolved: in the file, the value itself or
-    {"unresolved": "<why>"}."""
+    """A value the lock pins or why it could not be resolved: in the file, the value or {"unresolved": "<why>"}."""
 
     value: str | None = None
     unresolved: str | None = None
@@ -224,8 +197,7 @@ class Lock(Strict):
     @field_validator("packages", mode="before")
     @classmethod
     def _unresolved(cls, v: object) -> object:
-        """{"unresolved": "<why>"} says why the packages are not known, whatever the why (a version-like one too);
-        beside packages it says nothing a reader could trust."""
+        """{"unresolved": "<why>"} alone, whatever the why; beside packages it says nothing a reader could trust."""
         if isinstance(v, dict) and "unresolved" in v and len(v) > 1:
             raise ValueError('give the installed packages or {"unresolved": "<why>"}, not both')
         return Unresolved.model_validate(v) if isinstance(v, dict) and list(v) == ["unresolved"] else v
@@ -302,10 +274,7 @@ def write_lock(path: Path, lock: Lock) -> bool:
 
 
 def existing_lock(path: Path) -> Lock | None:
-    """The lock already at path, which locking again keeps what it can of (its epoch, its pins); None if there is
-    none, or none that reads."""
-    if not path.exists():
-        return None
+    """The lock already at path, whose epoch and pins locking again keeps; None when none reads."""
     try:
         return read_lock(path)
     except SparkforgeError:

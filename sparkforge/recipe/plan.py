@@ -1,19 +1,15 @@
-"""The Plan: everything the image will contain, frozen and printable, and its hash.
-
-It never touches Docker, and the same Plan always gives the same immutable tag. `planner` makes
-one from a recipe chain.
-"""
+"""The Plan: everything the image will contain, frozen and printable; the same Plan always gives the same tag."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal
 
 from .. import __version__
 from ..imageref import ImageRef
-from .schema import ModSpec, Unknown
+from .schema import ModSpec
 
 
 # The platforms sparkforge builds for, and the machine each runs as: what Python's platform.machine() says
@@ -32,14 +28,6 @@ class Pin:
 
     value: str | None
     unknown: str | None = None
-
-    @classmethod
-    def of(cls, raw: str | Unknown | None, missing: str) -> Pin:
-        if isinstance(raw, Unknown):
-            return cls(None, raw.unknown)
-        if raw is None:
-            return cls(None, missing)
-        return cls(raw)
 
 
 @dataclass(frozen=True)
@@ -66,22 +54,19 @@ class WheelFile:
 
 @dataclass(frozen=True)
 class PythonTarget:
-    """The image's Python (3.12) and wheel platform (aarch64-manylinux_2_34), which `lock` resolves the
-    wheel set for."""
+    """The image's Python (3.12) and wheel platform (aarch64-manylinux_2_34), which `lock` resolves wheels for."""
 
     version: str
     platform: str
     leave_out: tuple[str, ...] = ()  # distributions the resolution leaves out (recipe python.leave_out)
     reasons: tuple[str, ...] = field(default=(), compare=False)  # why, one per name; the lock keeps only names
-    # The venv the image's packages go into (recipe python.venv), or None: the base's Python. Where the set is
-    # installed, not what it is: a lock's wheel set is the same with or without it.
+    # The venv the packages go into (python.venv; None: the base's Python); a lock's wheel set is the same either way.
     venv: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class WheelPin:
-    """One distribution of a locked wheel set: its version and every wheel of it pip may pick for the
-    platform, by file name, sha256 and size in bytes."""
+    """One distribution of a locked wheel set: its version and each wheel pip may pick, (file, sha256, bytes)."""
 
     name: str
     version: str
@@ -93,8 +78,7 @@ VllmSource = Literal["git", "pypi", "wheel", "base"]
 
 @dataclass(frozen=True)
 class Vllm:
-    source: VllmSource  # "git": clone and compile; "pypi": install the release; "wheel": install a prebuilt wheel;
-    # "base": keep the vLLM the base image carries
+    source: VllmSource  # git: compile; pypi: install the release; wheel: a prebuilt wheel; base: the base's vLLM
     version: str
     repo: str | None
     ref: str | None
@@ -155,26 +139,18 @@ class Plan:
     env: tuple[tuple[str, str], ...]
     mods: tuple[Mod, ...]
     tooling_digest: str
-    # Compute capabilities ("12.1") every CUDA extension in the image must hold code for.
-    gpus: tuple[str, ...] = ()
-    # Extensions no listed GPU needs (vLLM loads them only on others), with the recipe's reason.
-    kernels_not_needed: tuple[tuple[str, str], ...] = ()
-    # Distributions whose libraries the kernel check reads too (besides vLLM and the pip components).
-    kernels_scan: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()  # compute capabilities ("12.1") every CUDA extension must hold code for
+    kernels_not_needed: tuple[tuple[str, str], ...] = ()  # extensions no listed GPU needs, with the reason
+    kernels_scan: tuple[str, ...] = ()  # distributions whose libraries the kernel check reads too
     tool_version: str = __version__
-    # The recipe's `python:`; with it, `lock` resolves the wheel set below.
-    python: PythonTarget | None = None
-    # From a lock file: every wheel the runtime's pip install takes (vLLM, its dependencies and the pip
-    # components), installed with hashes enforced. Empty when not locked.
+    python: PythonTarget | None = None  # the recipe's `python:`, which `lock` resolves the wheel set for
+    # From a lock file, empty when not locked: every wheel pip installs (with hashes enforced), every installed
+    # package's version as a pip constraint, and the SOURCE_DATE_EPOCH of the build.
     wheel_set: tuple[WheelPin, ...] = ()
-    # From a lock file (sparkforge/recipe/lockfile.py): every installed package's version, as pip
-    # constraints, and the SOURCE_DATE_EPOCH of the build. Empty and None when not locked.
     pins: tuple[tuple[str, str], ...] = ()
     source_date_epoch: int | None = None
-    # What the image runs on: "cuda" (a GPU) or "cpu" (a CPU build of vLLM; no GPU, no CUDA kernels).
-    device: str = "cuda"
-    # The platform BuildKit builds for (`--platform`): linux/arm64 for a DGX Spark, linux/amd64 for a test.
-    platform: str = "linux/arm64"
+    device: str = "cuda"  # "cpu": a CPU build of vLLM (no GPU, no CUDA kernels)
+    platform: str = "linux/arm64"  # what BuildKit builds for (`--platform`): a DGX Spark; linux/amd64 for a test
     plan_hash: str = field(default="", compare=False)
 
     @property
@@ -201,27 +177,29 @@ class Plan:
 
     def unpinned(self) -> list[tuple[str, str]]:
         """Every value that is not pinned yet, with the reason the recipe gives."""
-        out = []
-        if self.base.digest.value is None:
-            out.append(("base.digest", self.base.digest.unknown or ""))
-        if self.vllm.source == "git" and self.vllm.commit.value is None:
-            out.append(("vllm.commit", self.vllm.commit.unknown or ""))
+        pins = [("base.digest", self.base.digest)]
+        if self.vllm.source == "git":
+            pins.append(("vllm.commit", self.vllm.commit))
         for c in self.components:
-            if c.kind == "git" and c.commit.value is None:
-                out.append((f"components.{c.name}.commit", c.commit.unknown or ""))
-            if c.kind == "pip" and c.version.value is None:
-                out.append((f"components.{c.name}.version", c.version.unknown or ""))
+            key = "commit" if c.kind == "git" else "version"
+            pins.append((f"components.{c.name}.{key}", getattr(c, key)))
+        out = [(name, pin.unknown or "") for name, pin in pins if pin.value is None]
         if self.python is not None and not self.wheel_set:
             out.append(("wheels", f"the wheel set for {self.python.platform} is resolved by `python build.py lock "
                                   f"{self.variant}`; until then pip resolves the dependencies at build time"))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def _data(self) -> dict[str, Any]:
+        """The fields as JSON data, without host paths (renders would depend on the checkout's place)."""
         data = _fields_jsonable(self)
         for mod in data["mods"]:
-            mod.pop("folder")  # a host path: it would make renders depend on the checkout's place
+            mod.pop("folder")
         if data["vllm"]["wheel"]:
             data["vllm"]["wheel"].pop("local")
+        return data
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self._data()
         data["tag"] = self.tag
         data["moving_tag"] = self.moving_tag
         data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]
@@ -232,7 +210,7 @@ class Plan:
 
     def identity(self) -> dict[str, Any]:
         """What decides the image's content, and so the tag (not the description)."""
-        data = _fields_jsonable(self)
+        data = self._data()
         for key in ("plan_hash", "description", "recipe_files"):
             data.pop(key)
         if not data["kernels_scan"]:
@@ -247,10 +225,6 @@ class Plan:
             data.pop("device")  # likewise
         if data["vllm"]["package"] == "vllm":
             data["vllm"].pop("package")  # likewise
-        for mod in data["mods"]:
-            mod.pop("folder")
-        if data["vllm"]["wheel"]:
-            data["vllm"]["wheel"].pop("local")
         return data
 
 
@@ -270,12 +244,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 def rehash(plan: Plan) -> Plan:
-    """The plan with its hash (and so its tag) computed from its identity; call it after
-    changing a plan with dataclasses.replace."""
+    """The plan with its hash (and so its tag) computed from its identity: call it after dataclasses.replace."""
     canonical = json.dumps(plan.identity(), sort_keys=True, separators=(",", ":"))
-    return _with_hash(plan, hashlib.sha256(canonical.encode()).hexdigest())
-
-
-def _with_hash(plan: Plan, plan_hash: str) -> Plan:
-    values = {f.name: getattr(plan, f.name) for f in fields(plan)} | {"plan_hash": plan_hash}
-    return Plan(**values)
+    return replace(plan, plan_hash=hashlib.sha256(canonical.encode()).hexdigest())

