@@ -1,10 +1,5 @@
-"""The vLLM a base image carries (`vllm.source: base`), read from the engine's copy of the image.
-
-check-mods applies a base variant's mods to this tree, the one the build will patch. A container of the
-image (no network, removed at the end) writes the installed `vllm` package as a tar stream: regular files
-only, no links, no shared libraries (about 1 GB of a CUDA build, and never what a mod edits). The tree is
-cached by the image's ID, so another build of the base is read anew.
-"""
+"""The vLLM a base image carries (`vllm.source: base`), which check-mods patches: its regular files (no links, no
+shared libraries: 1 GB of a CUDA build that no mod edits), written out of a container and cached by image ID."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """Build stage: a rendered context becomes an image through BuildKit (`docker buildx build`).
 
-The build tags only its candidate (`TAG-candidate`): the engine then names the image by the ID its
-own image store uses, the config digest on the classic store and the manifest digest on the
-containerd store, whatever buildx writes in its metadata file. The immutable and moving tags are
-set by `promote` after the smoke tests pass, so a failed build or smoke test never moves them; an
-image that fails its smoke test keeps its candidate tag, for a look inside.
-
-Builds carry no provenance attestation (`--provenance=false`): on the containerd store buildx would
-otherwise add one, making every image an index whose digest changes with each build (the
-attestation holds the build's own invocation ID and times), even when every layer came from the
-cache, so an unchanged plan would never give the same image twice.
+The build tags only its candidate (`TAG-candidate`), which the engine resolves to the ID its own image store
+uses; `promote` moves the immutable and moving tags only after the smoke tests pass. Builds carry no provenance
+attestation (`--provenance=false`): on the containerd store it makes every image an index whose digest changes
+with each build (it holds the invocation ID and times), so an unchanged plan would never give the same image.
 """
 
 from __future__ import annotations
@@ -29,10 +23,8 @@ from ..recipe.plan import Plan
 from . import dockercli
 from .render import Context
 
-# Seconds a build may write no line before it is stopped. BuildKit's plain progress passes on every line
-# a step prints (ninja prints one per finished compile unit) and a line per step that starts or ends, so a
-# healthy build is rarely silent for minutes; two hours is a generous bound, there to end a wedged
-# BuildKit or a download that stopped sending, not to time a compile.
+# Seconds a build may write no line before it is stopped: BuildKit passes on every line a step prints (ninja:
+# one per compile unit), so this ends a wedged BuildKit or a stalled download, never a long compile.
 BUILD_STALL = 7200.0
 _STEP = re.compile(r"^#(\d+) \[([^\]]+)\] (.*)$")
 _CACHED = re.compile(r"^#(\d+) CACHED$")
@@ -65,7 +57,6 @@ class Step:
 
     @property
     def ran(self) -> bool:
-        """Whether the step was executed rather than taken from the cache."""
         return (not self.cached and self.seconds is not None and not self.command.startswith("FROM ")
                 and not self.name.startswith(("internal", "context ")))  # BuildKit's own, and named contexts
 
@@ -80,14 +71,10 @@ class BuildOptions:
     source_date_epoch: int | None = None
     log_dir: Path = Path("build/logs")
     builder: str | None = None
-    # Instead of INTO_ENGINE: a buildx --output, e.g. type=docker,dest=X.tar,rewrite-timestamp=true.
-    output: str | None = None
-    # The Docker engine to build on (DOCKER_HOST), e.g. unix:///run/other/docker.sock.
-    docker_host: str | None = None
-    # Named build contexts (--build-context NAME=DIR), e.g. the folder of a wheel to install.
-    contexts: tuple[tuple[str, str], ...] = ()
-    # Image labels given on the command line (--label), set on the image without touching a step's cache.
-    labels: tuple[tuple[str, str], ...] = ()
+    output: str | None = None  # instead of INTO_ENGINE: a buildx --output, e.g. type=docker,dest=X.tar
+    docker_host: str | None = None  # the engine to build on (DOCKER_HOST), e.g. unix:///run/other/docker.sock
+    contexts: tuple[tuple[str, str], ...] = ()  # named build contexts (--build-context NAME=DIR)
+    labels: tuple[tuple[str, str], ...] = ()  # --label: set on the image without touching a step's cache
 
 
 @dataclass
@@ -109,12 +96,9 @@ def candidate_tag(plan: Plan) -> str:
     return f"{plan.tag}-candidate"
 
 
-# How a build goes into the engine: `--load`'s exporter, with zstd at level 1 for the layers it writes. The
-# containerd image store (Docker 29's default) keeps each layer compressed as exported, and unpacked beside it:
-# zstd exports and unpacks there in about half the time of the default gzip and stores fewer bytes, and the
-# engine's push sends the layers as stored, so the nodes pull zstd too (README, performance). OCI media types are
-# the ones Docker 23+ and containerd pull zstd layers by. The classic store keeps layers unpacked and ignores it;
-# another builder than the engine's own (docker-container) loads them into the engine as such a tarball.
+# How a build goes into the engine: zstd level 1 exports and unpacks in half gzip's time on the containerd store
+# (Docker 29's default), which keeps and pushes layers as exported, so nodes pull zstd too (README, performance);
+# Docker 23+ and containerd pull zstd by the OCI media types. The classic store ignores it.
 INTO_ENGINE = "type=docker,compression=zstd,compression-level=1,oci-mediatypes=true"
 
 
@@ -151,8 +135,7 @@ def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | 
 
 
 def require_engine(host: str | None) -> None:
-    """Raise BuildError, in one line, unless the engine at host (None: the CLI's own) answers in time (or has
-    answered already in this process)."""
+    """BuildError, in one line, unless the engine at host answers in time (or answered in this process)."""
     problem = None if dockercli.answered(host) else dockercli.engine_problem(host)
     if problem:
         raise BuildError(problem, field="docker")
@@ -190,8 +173,7 @@ def require_platform(plan: Plan, opts: BuildOptions) -> None:
 
 def check_engine() -> None:
     """Fail early, with what to do, when there is no Docker engine with buildx."""
-    problem = dockercli.engine_problem()
-    if problem:
+    if problem := dockercli.engine_problem():
         raise BuildError(problem, field="docker")
     if dockercli.run(["buildx", "version"], check=False).returncode != 0:
         raise BuildError("the buildx plugin of the docker CLI is not installed (docker-buildx-plugin)",
@@ -211,10 +193,9 @@ class _BuildLog:
     fetch_failures: list[str] = field(default_factory=list)
     base_failures: list[tuple[str, str]] = field(default_factory=list)
     outputs: dict[int, deque[str]] = field(default_factory=dict)  # each step's last lines
-    # A step that has started but is not shown yet. BuildKit says "#N CACHED" of a step from the cache at
-    # once, and "#N DONE" of a base the engine holds, so a step is shown once a line of it says more than where
-    # its base comes from, or another step's line comes, or SHOW_AFTER seconds pass (feed("") with no line,
-    # see _buildx): never a step from the cache, nor a base that was there.
+    # A step that started but is not shown yet: BuildKit says "#N CACHED" (or "#N DONE" of a base the engine
+    # holds) at once, so a step is shown only once a line says more, another step's line comes, or SHOW_AFTER
+    # seconds pass (feed("")): never a step from the cache, nor a base that was there.
     pending: int | None = None
 
     def feed(self, line: str) -> None:
@@ -254,39 +235,37 @@ class _BuildLog:
 
     def failure(self, plan: Plan, code: int, log_path: Path) -> BuildError:
         """The one line that explains a failed build best, with the failing step's last lines to show above it."""
-        error = self._failure(plan, code, log_path)
+        tail = f"(build log: {log_path})"
         failed = next((s for s in self.steps.values() if s.error), None)
+        if self.mod_failures:
+            name, reason = self.mod_failures[0]
+            error = BuildError(f"mod {name} failed: {reason} {tail}", field=f"mods: {name}")
+        elif self.fetch_failures:
+            error = BuildError(f"cannot fetch the source: {self.fetch_failures[0]} {tail}", field=plan.variant)
+        elif self.base_failures:
+            ref, reason = self.base_failures[0]
+            error = BuildError(f"the base image {ref} cannot be pulled from here ({reason[-160:]}); build on a base "
+                               f"this engine has with --base IMAGE, or pull it where the registry is reachable {tail}",
+                               field="base")
+        else:
+            where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
+            error = BuildError(f"build failed at {where} {tail}", field=plan.variant)
         if failed is not None and not (self.fetch_failures or self.base_failures):  # those say it all
             error.context = (f"step [{failed.name}] {failed.command[:100]}, its last lines:",
                              *self.outputs.get(failed.number, ()))
         return error
 
-    def _failure(self, plan: Plan, code: int, log_path: Path) -> BuildError:
-        tail = f"(build log: {log_path})"
-        if self.mod_failures:
-            name, reason = self.mod_failures[0]
-            return BuildError(f"mod {name} failed: {reason} {tail}", field=f"mods: {name}")
-        if self.fetch_failures:
-            return BuildError(f"cannot fetch the source: {self.fetch_failures[0]} {tail}", field=plan.variant)
-        if self.base_failures:
-            ref, reason = self.base_failures[0]
-            return BuildError(f"the base image {ref} cannot be pulled from here ({reason[-160:]}); build on a base "
-                              f"this engine has with --base IMAGE, or pull it where the registry is reachable {tail}",
-                              field="base")
-        failed = next((s for s in self.steps.values() if s.error), None)
-        where = f"step [{failed.name}] {failed.command[:80]}: {failed.error}" if failed else f"exit code {code}"
-        return BuildError(f"build failed at {where} {tail}", field=plan.variant)
+    def result(self, plan: Plan, image_id: str, candidate: str, log_path: Path,
+               tags: dict[str, str | None]) -> BuildResult:
+        return BuildResult(plan, image_id, candidate, log_path, time.monotonic() - self.start,
+                           sorted(self.steps.values(), key=lambda s: s.number), tags)
 
 
-# The label that says which base image a build started from, where the plan pins no digest: the base's
-# registry digest as the engine knows it (repository@sha256:...), or else its image ID on the engine.
-BASE_LABEL = "io.sparkforge.base.resolved"
+BASE_LABEL = "io.sparkforge.base.resolved"  # an undigested plan's base as the engine held it (base_on_engine)
 
 
 def base_on_engine(plan: Plan, host: str | None) -> str | None:
-    """The base as the engine holds it now, for a plan whose base has no digest: `REPOSITORY@sha256:...` when
-    the engine knows the image by a registry digest, else its image ID; None when the engine does not have it
-    (BuildKit then resolves it, and the record's base stays unpinned)."""
+    """An undigested base as the engine holds it: `REPOSITORY@sha256:...`, else its image ID; None when absent."""
     if plan.base.digest.value is not None:
         return None
     data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
@@ -300,25 +279,20 @@ def base_on_engine(plan: Plan, host: str | None) -> str | None:
 def build_image(plan: Plan, context: Context, opts: BuildOptions,
                 progress: Callable[[Step, float], None] = lambda step, elapsed: None,
                 also: tuple[str, ...] = ()) -> BuildResult:
-    """Run BuildKit on a rendered context, streaming its log to a file and steps to `progress`. Where the plan
-    pins no base digest, the image is labelled with the base the engine held (BASE_LABEL). The engine is asked
-    for the image ID of the candidate and of each tag in `also` in one call afterwards (result.tags)."""
+    """Run BuildKit on a context (log to a file, steps to `progress`); result.tags: the candidate's and `also`'s IDs."""
     log_path = _log_path(plan, opts, "")
     if opts.output is None and not any(key == BASE_LABEL for key, _ in opts.labels):
         require_engine(opts.docker_host)
-        resolved = base_on_engine(plan, opts.docker_host)
-        if resolved:
+        if resolved := base_on_engine(plan, opts.docker_host):
             opts = replace(opts, labels=(*opts.labels, (BASE_LABEL, resolved)))
     loads = opts.output is None  # into the engine, tagged as the candidate; else an exporter's file
     candidate = candidate_tag(plan) if loads else ""
     reader = _buildx(plan, buildx_command(plan, context, opts, tag=candidate or None), opts, log_path, progress)
     tags = image_ids(candidate, *also) if loads else {}
-    image_id = tags.get(candidate) or ""
-    if loads and not image_id:
+    if loads and not tags.get(candidate):
         raise BuildError(f"the build finished but the engine has no image {candidate} (build log: {log_path})",
                          field="docker")
-    return BuildResult(plan, image_id, candidate, log_path, time.monotonic() - reader.start,
-                       sorted(reader.steps.values(), key=lambda s: s.number), tags)
+    return reader.result(plan, tags.get(candidate) or "", candidate, log_path, tags)
 
 
 def export_stage(plan: Plan, context: Context, opts: BuildOptions, target: str, dest: Path,
@@ -326,9 +300,7 @@ def export_stage(plan: Plan, context: Context, opts: BuildOptions, target: str, 
     """Build one stage of a context and write its files to dest (BuildKit's local exporter); no image."""
     log_path = _log_path(plan, opts, f"-{target}")
     cmd = buildx_command(plan, context, replace(opts, output=f"type=local,dest={dest}"), target=target)
-    reader = _buildx(plan, cmd, opts, log_path, progress)
-    return BuildResult(plan, "", "", log_path, time.monotonic() - reader.start,
-                       sorted(reader.steps.values(), key=lambda s: s.number))
+    return _buildx(plan, cmd, opts, log_path, progress).result(plan, "", "", log_path, {})
 
 
 def _log_path(plan: Plan, opts: BuildOptions, suffix: str) -> Path:
@@ -349,8 +321,6 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
     try:
         with open(log_path, "w", encoding="utf-8") as log:
             log.write("$ " + " ".join(cmd) + "\n")
-            # No overall limit: a cold compile takes as long as it takes. A build that writes no line for
-            # BUILD_STALL seconds is stopped; Ctrl-C or SIGTERM stops it too.
             proc = dockercli.start(cmd[1:], host=opts.docker_host, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace")
             try:
@@ -401,38 +371,29 @@ class Promotion:
 
 
 def promote(result: BuildResult, now: dict[str, str | None], *, move: bool = False) -> Promotion:
-    """After the smoke tests passed: point the immutable tag, then the moving tag, at the image.
-    `now` is what image_ids() said of both tags; tags already in place are left alone.
-
-    The immutable tag never moves silently. When it already names another image (a build of the same plan
-    that did not give the same bytes: `--no-cache` of a compiled variant, a base's tag moved), the new image
-    is kept as kept_tag and neither tag moves; with `move`, the old image is kept as its kept_tag first, so
-    that history, `deploy --to` and rollback still reach it, and then both tags move."""
+    """After the smoke tests passed: point the immutable, then the moving tag at the image (`now`: image_ids()).
+    An immutable tag naming another image moves only with `move` (the old image kept as kept_tag), else the new
+    image is kept as kept_tag."""
     plan = result.plan
     before = now.get(plan.tag)
+    refs: tuple[str, ...] = (plan.tag, plan.moving_tag)
     replaced = None
     if before and before != result.image_id:
         old, new, old_kept = _hex12(before), _hex12(result.image_id), kept_tag(plan.tag, before)
-        if not move:
-            kept = kept_tag(plan.tag, result.image_id)
-            dockercli.run(["tag", result.image_id, kept])
-            _drop_candidate(result, now)
-            return Promotion((kept,), f"{plan.tag} already names image {old}, an earlier build of this plan; this "
-                             f"build made {new}, kept as {kept}; neither tag moved (build --move-tag moves them, "
-                             f"keeping {old} as {old_kept})")
-        dockercli.run(["tag", before, old_kept])
-        replaced = f"{plan.tag} moved from image {old} to {new}; {old} stays as {old_kept}"
-    refs = (plan.tag, plan.moving_tag)
+        if move:
+            dockercli.run(["tag", before, old_kept])
+            replaced = f"{plan.tag} moved from image {old} to {new}; {old} stays as {old_kept}"
+        else:
+            refs = (kept_tag(plan.tag, result.image_id),)
+            replaced = (f"{plan.tag} already names image {old}, an earlier build of this plan; this build made "
+                        f"{new}, kept as {refs[0]}; neither tag moved (build --move-tag moves them, keeping {old} as "
+                        f"{old_kept})")
     for ref in refs:
         if now.get(ref) != result.image_id:
             dockercli.run(["tag", result.image_id, ref])
-    _drop_candidate(result, now)
-    return Promotion(refs, replaced)
-
-
-def _drop_candidate(result: BuildResult, now: dict[str, str | None]) -> None:
     if now.get(result.candidate):
         drop_candidate(result)
+    return Promotion(refs, replaced)
 
 
 def drop_candidate(result: BuildResult) -> None:

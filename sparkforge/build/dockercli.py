@@ -1,16 +1,9 @@
 """The Docker CLI as sparkforge runs it: a time limit on every call, one-line errors, no orphans.
 
-The CLI is sparkforge's one channel to Docker: builds need buildx, which only the CLI drives, and the CLI
-alone follows the user's DOCKER_HOST, contexts and credential helpers as every other docker command does.
-A call that runs to its end goes through proc.run (its own process group, stopped on the limit and on
-Ctrl-C).
-
-Every call names what it was doing, so a wedged or missing engine becomes one line instead of a hang
-or a traceback. An engine is asked `docker version` first, once per process, with a short limit (QUICK):
-a dead or wedged one is said within seconds. A question to an engine that answered gets a longer limit
-(ASK): a containerd-store engine busy exporting or unpacking a large image answers `docker image inspect`
-slowly. Long-running children (a build, a `docker save`) are tracked so that Ctrl-C or SIGTERM stops
-them with the CLI.
+Only the CLI drives buildx and follows the user's DOCKER_HOST, contexts and credential helpers. An engine is
+asked `docker version` first, once per process, within QUICK seconds, so a wedged one is said at once; a live
+one gets ASK (a busy containerd store answers `image inspect` slowly). Long-running children are tracked so
+that Ctrl-C or SIGTERM stops them with the CLI.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import IO, Any, Literal, NoReturn, overload
+from typing import Any, Literal, NoReturn, overload
 
 from ..errors import SparkforgeError
 from ..inimage import proc
@@ -49,7 +42,6 @@ class EngineError(SparkforgeError):
 
 
 def _env(host: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: `env` (default: ours), pointed at `host` when one is given."""
     env = dict(os.environ if env is None else env)
     if host:
         env["DOCKER_HOST"] = host
@@ -64,7 +56,11 @@ def last_line(text: str | bytes | None, fallback: str) -> str:
     return lines[-1] if lines else fallback
 
 
-# The output is str, or bytes with text=False.
+def _require_cli(what: str) -> None:
+    if shutil.which("docker") is None:
+        raise EngineError("the docker CLI is not installed", field=what)
+
+
 @overload
 def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, host: str | None = None,
         check: bool = True, text: Literal[True] = True, **kw: Any) -> subprocess.CompletedProcess[str]: ...
@@ -73,11 +69,9 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, h
         check: bool = True, text: Literal[False], **kw: Any) -> subprocess.CompletedProcess[bytes]: ...
 def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, host: str | None = None,
         check: bool = True, text: bool = True, **kw: Any) -> subprocess.CompletedProcess[Any]:
-    """Run `docker ARGS` through proc.run and return it; raise EngineError on a timeout, a missing CLI or
-    (with check) a failure."""
+    """Run `docker ARGS`; EngineError on a timeout, a missing CLI or (with check) a failure."""
     what = what or "docker " + " ".join(args[:2])
-    if shutil.which("docker") is None:
-        raise EngineError("the docker CLI is not installed", field=what)
+    _require_cli(what)
     if timeout > QUICK and kw.get("env") is None:
         _require_alive(host)
     kw.setdefault("capture_output", "stdin" not in kw and "stdout" not in kw)
@@ -103,25 +97,20 @@ def _engine_key(host: str | None) -> str:
 
 
 def answered(host: str | None) -> str | None:
-    """The architecture of the engine at host (None: the CLI's own) as Docker names it (amd64, arm64), where
-    that engine answered engine_problem in this process; else None."""
+    """The architecture (amd64, arm64) of the engine at host if it answered engine_problem in this process."""
     return _alive.get(_engine_key(host))
 
 
 def _require_alive(host: str | None) -> None:
-    """Before the first longer call to an engine: raise EngineError, after at most QUICK seconds, unless it
-    answers (a stopped or wedged engine is said within seconds, not after the longer call's limit)."""
-    if answered(host):
-        return
-    problem = engine_problem(host)
+    """EngineError within QUICK seconds, not after a longer call's limit, unless the engine answers."""
+    problem = None if answered(host) else engine_problem(host)
     if problem:
         raise EngineError(problem, field="docker")
 
 
 def inspect_images(*refs: str, host: str | None = None,
                    env: dict[str, str] | None = None) -> dict[str, dict[str, Any] | None]:
-    """What `docker image inspect` says of each reference on the engine (None where there is no such
-    image), in one call: the one way the head asks about its images."""
+    """`docker image inspect` of each reference, None where there is no such image, in one call."""
     done = run(["image", "inspect", *refs], what="docker image inspect", host=host, env=env, check=False)
     try:
         return read_inspect(refs, done.returncode, done.stdout, done.stderr)
@@ -131,9 +120,8 @@ def inspect_images(*refs: str, host: str | None = None,
 
 def remove_container(name: str, *, host: str | None = None, within: float = ASK,
                      pause: float = 5.0) -> str | None:
-    """`docker rm -f NAME` until the container is gone: None then, else the engine's last word after `within`
-    seconds. A loaded engine may refuse at first (a kill whose exit event comes late), so a refusal is
-    tried again, and a removal is believed only once `docker container inspect` no longer finds it."""
+    """`docker rm -f NAME` until `docker container inspect` no longer finds it (a loaded engine may refuse at
+    first): None then, else the engine's last word after `within` s."""
     deadline = time.monotonic() + within
     while True:
         try:
@@ -153,13 +141,8 @@ def remove_container(name: str, *, host: str | None = None, within: float = ASK,
 
 
 def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> dict[str, dict[str, Any] | None]:
-    """The data `docker image inspect REFS...` gave for each reference, None for each it named missing.
-
-    docker prints what it found as JSON on stdout and, on stderr, one line for each reference it did
-    not find ("No such image", or a line saying "not found"), exiting 1 when one is
-    missing. Over ssh a node's shell may add lines of its own (a login script's noise), so the answer
-    is whole when every reference is either found or named missing. A ValueError says why it is not.
-    """
+    """The data `docker image inspect REFS...` gave for each reference, None for each it named missing; whole
+    when each is found or named missing (over ssh a login script may add lines), else a ValueError."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     missing = [line for line in lines if "No such image" in line or "not found" in line.lower()]
     try:
@@ -181,9 +164,7 @@ def read_inspect(refs: tuple[str, ...], code: int, stdout: str, stderr: str) -> 
 
 
 def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | None:
-    """Why no engine can be used (no CLI, not answering), or None when one answers: `docker version` asks the
-    engine the CLI would use (host, else DOCKER_HOST, else the current context) within timeout seconds. One
-    that answers is remembered for run()."""
+    """Why the engine the CLI would use cannot be (no CLI, no answer within timeout), or None; remembered."""
     where = _where(host)
     try:
         done = proc.run(["docker", "version", "--format", "{{.Server.Version}} {{.Server.Arch}}"],
@@ -200,16 +181,14 @@ def engine_problem(host: str | None = None, timeout: float = QUICK) -> str | Non
 
 @dataclass(frozen=True)
 class ImageStore:
-    """Where an engine keeps its images: the containerd image store (Docker 29's default for new installs) or
-    the classic one, and its storage driver as `docker info` names it."""
+    """An engine's image store (containerd: Docker 29's default, else classic) and its storage driver."""
 
     containerd: bool
     driver: str
 
 
 def image_store(host: str | None = None, env: dict[str, str] | None = None) -> ImageStore:
-    """The image store of the engine the CLI would use (host, else DOCKER_HOST, else the current context; env
-    for the CLI, when given); EngineError, in one line, where the engine does not say."""
+    """The image store of the engine the CLI would use; EngineError where the engine does not say."""
     done = run(["info", "--format", "{{json .DriverStatus}} {{.Driver}}"], what="docker info", host=host, env=env)
     status, _, driver = done.stdout.strip().rpartition(" ")
     try:
@@ -243,61 +222,29 @@ def _why_not(stderr: str, where: str) -> str:
 
 def start(args: Sequence[str], *, host: str | None = None, **kw: Any) -> proc.Child[Any]:
     """Start `docker ARGS` in the background; it is stopped with the CLI if the CLI is interrupted."""
-    if shutil.which("docker") is None:
-        raise EngineError("the docker CLI is not installed", field="docker " + " ".join(args[:2]))
+    _require_cli("docker " + " ".join(args[:2]))
     return spawn(["docker", *args], env=_env(host, kw.pop("env", None)), **kw)
 
 
 def spawn(argv: Sequence[str], **kw: Any) -> proc.Child[Any]:
-    """Start argv (proc.start: its own process group) in the background, tracked: stopped with the CLI if the
-    CLI is interrupted. Raises OSError as Popen does."""
+    """Start argv in its own process group, tracked: stopped with the CLI if the CLI is interrupted."""
     with proc.held():  # tracked before a Ctrl-C can leave it unknown
         return track(proc.start(argv, **kw))
 
 
 def _named(child: proc.Child[Any]) -> str:
-    """A child's program and first two arguments, as errors name it."""
     args = child.args
     return " ".join(map(str, args[:3])) if isinstance(args, (list, tuple)) else str(args)
 
 
 def lines_until_stall(child: proc.Child[str], stall: float, tick: float | None = None) -> Iterator[str]:
-    """The lines a child from start() writes to its stdout; when it writes none for `stall` seconds, it is
-    stopped (the lines end) and EngineError names it. A watchdog thread does the stopping, so a child
-    that neither writes nor ends cannot hold the caller. With `tick`, an empty string comes after each
-    `tick` seconds without a line, so that the caller can act on time passing."""
-    last = [time.monotonic()]
-    done = threading.Event()
-    stalled = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(min(stall, 5.0)):
-            if time.monotonic() - last[0] > stall:
-                stalled.set()
-                stop(child)
-                return
-
-    watchdog = threading.Thread(target=watch, name="stall-watchdog", daemon=True)
-    watchdog.start()
-    try:
-        for line in _with_ticks(child.stdout, tick) if tick and child.stdout else child.stdout or ():
-            if line:
-                last[0] = time.monotonic()
-            yield line
-    finally:
-        done.set()
-        watchdog.join()
-    if stalled.is_set():
-        raise EngineError(f"wrote nothing for {stall:.0f} s and was stopped", field=_named(child))
-
-
-def _with_ticks(stream: IO[str], tick: float) -> Iterator[str]:
-    """The lines of stream, read on a thread of its own, and "" after each `tick` seconds without one."""
+    """The lines of a child's stdout, read on a thread of its own; silent for `stall` s, the child is stopped and
+    EngineError names it. With `tick`, "" comes after each `tick` s without a line, so the caller can act on time."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
         try:
-            for line in stream:
+            for line in child.stdout or ():
                 lines.put(line)
         except (OSError, ValueError):  # the stream was closed under the reader: the child was stopped
             pass
@@ -305,20 +252,25 @@ def _with_ticks(stream: IO[str], tick: float) -> Iterator[str]:
             lines.put(None)
 
     threading.Thread(target=read, name="line-reader", daemon=True).start()
+    last = time.monotonic()
     while True:
         try:
-            line = lines.get(timeout=tick)
+            line = lines.get(timeout=tick or min(stall, 5.0))
         except queue.Empty:
-            yield ""
+            if time.monotonic() - last > stall:
+                stop(child)
+                raise EngineError(f"wrote nothing for {stall:.0f} s and was stopped", field=_named(child)) from None
+            if tick:
+                yield ""
             continue
         if line is None:
             return
+        last = time.monotonic()
         yield line
 
 
 def track(child: proc.Child[Any]) -> proc.Child[Any]:
-    """Have a child started elsewhere stopped with the CLI, like those from start(); returns it. One a thread
-    starts after the CLI began to stop (stop_all) is stopped at once."""
+    """Have a child started elsewhere stopped with the CLI (at once, if the CLI is stopping); returns it."""
     with _lock:
         late = _stopping
         if not late:
@@ -346,8 +298,7 @@ def stop(child: proc.Child[Any], grace: float = 5.0) -> None:
 
 
 def stop_all(*, exiting: bool) -> None:
-    """Stop every child still running (on Ctrl-C or SIGTERM). Exiting, a child a thread starts from now on is
-    stopped as it is tracked."""
+    """Stop every child still running (Ctrl-C, SIGTERM); exiting, any child tracked later is stopped at once."""
     global _stopping
     with _lock:
         _stopping = _stopping or exiting
@@ -358,9 +309,8 @@ def stop_all(*, exiting: bool) -> None:
 
 
 def exit_on_sigterm() -> None:
-    """Turn SIGTERM, and SIGHUP (the terminal or the ssh session went away), into SystemExit, so that `finally`
-    blocks stop the children, which run in process groups of their own and hear neither. A SIGHUP that is
-    ignored (nohup) stays ignored."""
+    """Turn SIGTERM and SIGHUP (unless ignored, as by nohup) into SystemExit, so that `finally` blocks stop the
+    children, which run in process groups of their own and hear neither."""
     def handler(signum: int, frame: FrameType | None) -> NoReturn:  # noqa: ARG001 - the signal module's signature
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)

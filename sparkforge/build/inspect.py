@@ -15,10 +15,8 @@ RECORD_PATH = "/opt/sparkforge/build-record.json"
 
 
 def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
-    """(build record, labels) of an image in the local engine: a container of it is created, never started, and
-    the record copied out of it (`docker create`, `docker cp`), then the container is removed."""
-    problem = dockercli.engine_problem()
-    if problem:
+    """(build record, labels) of an image in the local engine, copied out of a container never started."""
+    if problem := dockercli.engine_problem():
         raise BuildError(problem, field="docker")
     data = dockercli.inspect_images(image)[image]
     if data is None:  # the image named is not there: bad input, as an unknown variant is
@@ -27,7 +25,7 @@ def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
     platform = "/".join(str(data[k]) for k in ("Os", "Architecture", "Variant") if data.get(k))
     created = dockercli.run(["create", "--network", "none", *(["--platform", platform] if platform else []),
                              str(data["Id"]), "true"], what="docker create")
-    container = created.stdout.strip().splitlines()[-1] if created.stdout.strip() else ""
+    container = dockercli.last_line(created.stdout, "")
     try:
         copied = dockercli.run(["cp", f"{container}:{RECORD_PATH}", "-"], what="docker cp", text=False, check=False)
     finally:
@@ -48,15 +46,13 @@ def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
         record = BuildRecord.from_json(record_data, f"{image}: {RECORD_PATH}")
     except ContractError as exc:
         raise BuildError(str(exc), field="IMAGE") from None
-    problem = kernels_problem(record.kernels)
-    if problem:
+    if problem := kernels_problem(record.kernels):
         raise BuildError(f"{image}: {RECORD_PATH}: {problem}", field="IMAGE")
     return record, labels
 
 
 def kernels_problem(kernels: KernelRecord | None) -> str | None:
-    """Why an image's kernel record cannot be shown, or None. The contract has checked its types; an image may
-    come from anywhere, so its GPUs and targets are checked here, where they are read, as a recipe's are."""
+    """Why an image's kernel record cannot be shown (its GPUs and targets checked as a recipe's are), or None."""
     if kernels is None:
         return None
     for i, gpu in enumerate(kernels.gpus):

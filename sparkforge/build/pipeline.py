@@ -1,10 +1,6 @@
-"""One library entry per verb of the build stage (list, show, render, build, test, lock): the command line, the
-benchmarks and the tests call these; the checking verbs (check-mods, verify-repro, outdated) are in repro.verbs.
-
-Every verb starts from `load_plan`, so `show`, `build`, `test`, `push`, `deploy` and `status`
-always resolve a variant to the same plan, and so to the same tag: the recipe chain, the base a
-`--base` swaps in, then the lock beside the recipe when it agrees with the recipe.
-"""
+"""One library entry per verb of the build stage (list, show, render, build, test, lock); the checking verbs
+(check-mods, verify-repro, outdated) are in repro.verbs. Every verb starts from `load_plan`, so all of them
+resolve a variant to the same plan, and so to the same tag."""
 
 from __future__ import annotations
 
@@ -31,22 +27,8 @@ from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set
 from ..serve import cache_dir, model_of
 from . import prebuilt, wheelfetch, wheels
-from .builder import (
-    BASE_LABEL,
-    BuildOptions,
-    BuildResult,
-    Step,
-    build_image,
-    buildx_command,
-    candidate_tag,
-    current_image,
-    drop_candidate,
-    export_stage,
-    image_ids,
-    keep_candidate,
-    promote,
-    require_engine,
-)
+from .builder import (BASE_LABEL, BuildOptions, BuildResult, Step, build_image, buildx_command, candidate_tag,
+                      current_image, drop_candidate, export_stage, image_ids, keep_candidate, promote, require_engine)
 from .render import Context, render_context
 from .smoke import TIERS, TierResult, run_static, run_tier
 from .wheels import WheelInput
@@ -72,18 +54,12 @@ class LoadedPlan:
 
 def load_plan(layout: Layout, variant: str, *, base: str | None = None, platform: str | None = None,
               lock_policy: LockPolicy = LockPolicy.AUTO) -> LoadedPlan:
-    """The one way from a variant name to its plan: recipe chain, `--base` and `--platform`, then the lock.
-
-    Raises ConfigError when the recipe is bad, or (LOCKED) when there is no lock or the recipe
-    changed after it was locked.
-    """
+    """The one way from a variant name to its plan: recipe chain, `--base` and `--platform`, then the lock."""
     plan = plan_variant(layout, variant, base=base, platform=platform)
     path = lock_path(layout.images_dir, variant)
-    if lock_policy is LockPolicy.IGNORE:
-        return LoadedPlan(plan, None)
-    if not path.exists():
-        if lock_policy is LockPolicy.LOCKED:
-            raise ConfigError("no lock file", path=path, field="--locked", hint=Hint("write one with", ("lock", variant)))
+    if lock_policy is LockPolicy.LOCKED and not path.exists():
+        raise ConfigError("no lock file", path=path, field="--locked", hint=Hint("write one with", ("lock", variant)))
+    if lock_policy is LockPolicy.IGNORE or not path.exists():
         return LoadedPlan(plan, None)
     lock = read_lock(path)
     # What the plan has from the command line rather than the recipe: a difference there is the option's.
@@ -92,14 +68,12 @@ def load_plan(layout: Layout, variant: str, *, base: str | None = None, platform
         given["platform"] = "--platform"
     if lock_policy is LockPolicy.LOCKED:
         check_lock(plan, lock, path, given)
-    else:
-        stale = compare(plan, lock)
-        if stale:
-            first = stale[0]
-            said = next((option for prefix, option in given.items() if first.field.startswith(prefix)), "recipe")
-            again = "lock again with the same option" if said != "recipe" else "lock again"
-            return LoadedPlan(plan, None, (f"{path.name} not used: {first.field}: {said} says {first.recipe}, lock "
-                                           f"says {first.lock} ({again} to use a lock)",))
+    elif stale := compare(plan, lock):
+        first = stale[0]
+        said = next((option for prefix, option in given.items() if first.field.startswith(prefix)), "recipe")
+        again = "lock again with the same option" if said != "recipe" else "lock again"
+        return LoadedPlan(plan, None, (f"{path.name} not used: {first.field}: {said} says {first.recipe}, lock "
+                                       f"says {first.lock} ({again} to use a lock)",))
     return LoadedPlan(apply_lock(plan, lock), path, (), tuple(lock.unresolved()))
 
 
@@ -113,9 +87,7 @@ def context_dir(plan: Plan) -> Path:
     return PROJECT_ROOT / "build" / "contexts" / f"{plan.variant}-{plan.plan_hash[:12]}"
 
 
-# How long a build waits for another build of the same plan (which renders the same context folder and
-# moves the same tags) before it gives up: longer than a cold compile on a GB10.
-SAME_PLAN_WAIT = 6 * 3600
+SAME_PLAN_WAIT = 6 * 3600  # seconds a build waits for another of the same plan: longer than a cold GB10 compile
 
 
 def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None) -> AbstractContextManager[None]:
@@ -127,8 +99,7 @@ def same_plan_lock(plan: Plan, say: Callable[[str], None] = lambda line: None) -
 
 
 def list_plans(layout: Layout) -> tuple[list[LoadedPlan], list[ConfigError]]:
-    """Every variant of the recipe folder, as `show` sees it; a recipe that does not load is one error of the
-    list, so that one broken recipe hides none of the others."""
+    """Every variant's plan, as `show` sees it, and an error for each recipe that does not load."""
     plans, errors = [], []
     for name in list_variants(layout.images_dir):
         try:
@@ -140,9 +111,7 @@ def list_plans(layout: Layout) -> tuple[list[LoadedPlan], list[ConfigError]]:
 
 def render_variant(plan: Plan, layout: Layout, output: Path | None = None, *,
                    ca_cert: Path | None = None) -> Context:
-    """`render`: write the context to output (default build/VARIANT). An output that is a file,
-    lies below one, or cannot be written is refused before anything is written. ca_cert is the CA
-    bundle for patches named by URL."""
+    """`render`: write the context to output (default build/VARIANT), refusing an unwritable one up front."""
     out_dir = (output or PROJECT_ROOT / "build" / plan.variant).absolute()
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     if not existing.is_dir():
@@ -181,21 +150,20 @@ class DryRun:
 def dry_run(plan: Plan, opts: BuildOptions, wheel_cache: bool = True) -> DryRun:
     """The command of a build; for a git source, the compiling one (the wheel cache is looked at by the build)."""
     ctx = Context(context_dir(plan), ())
-    note = ""
+    notes = []
     if plan.vllm.source == "wheel":
         opts = with_wheel(opts, prebuilt.planned_wheel(plan))
     elif plan.vllm.source == "git" and wheel_cache:
-        note = ("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is the "
-                "command of --no-wheel-cache, which compiles inside the image build")
+        notes.append("a build first looks in the wheel cache, whose key needs the engine (not asked here); this is "
+                     "the command of --no-wheel-cache, which compiles inside the image build")
     if plan.wheel_set:
         opts = with_wheel_set(plan, opts, fetch=False)
-        note = "; ".join(filter(None, (note, "a build first downloads the wheel set into the wheel-set folder "
-                                              "(what is not there yet)")))
+        notes.append("a build first downloads the wheel set into the wheel-set folder (what is not there yet)")
     if plan.base.digest.value is None:
-        note = "; ".join(filter(None, (note, f"the base has no digest: a build also gives --label {BASE_LABEL}="
-                                              "BASE, the base as the engine holds it then (not asked here)")))
-    return DryRun(plan.tag, plan.moving_tag, tuple(buildx_command(plan, ctx, opts, tag=candidate_tag(plan))), ctx.path,
-                  note)
+        notes.append(f"the base has no digest: a build also gives --label {BASE_LABEL}=BASE, the base as the engine "
+                     "holds it then (not asked here)")
+    command = tuple(buildx_command(plan, ctx, opts, tag=candidate_tag(plan)))
+    return DryRun(plan.tag, plan.moving_tag, command, ctx.path, "; ".join(notes))
 
 
 def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
@@ -205,8 +173,7 @@ def with_wheel(opts: BuildOptions, wheel: WheelInput | None) -> BuildOptions:
 
 def with_wheel_set(plan: Plan, opts: BuildOptions, say: Callable[[str], None] = lambda line: None, *,
                    fetch: bool = True) -> BuildOptions:
-    """The options of a build that installs the plan's locked wheel set: downloaded here first (unless `fetch`
-    is False: a dry run names the folder only), its folder is the named build context wheel-set."""
+    """The options of a build that installs the plan's wheel set (fetched first unless a dry run says not)."""
     if not plan.wheel_set:
         return opts
     folder = wheelfetch.fetch(plan, ca_cert=opts.ca_cert, say=say) if fetch else wheelfetch.set_folder(plan)
@@ -240,13 +207,8 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
                   say: Callable[[str], None] = lambda line: None,
                   progress: Callable[[Step, float], None] = lambda step, elapsed: None,
                   ) -> tuple[WheelInput | None, WheelNote]:
-    """The vLLM wheel the image build installs, made ready before it runs.
-
-    A wheel source: the recipe's wheel, fetched and checked. A git source with a wheel cache: the
-    cached wheel of this build's inputs, or else the compile runs now (BuildKit, the wheel-export
-    stage) and its wheel goes into the cache first; either way the image build installs it from
-    the cache, so that its Dockerfile, and so its cached layers, are the same on a hit and a miss.
-    None: the image build compiles (no cache, or a key cannot be made) or installs a release."""
+    """The vLLM wheel the image build installs (None: it compiles, or installs a release), made ready first; on
+    a wheel cache miss the compile runs now and stores it, so a hit and a miss give the same Dockerfile."""
     if plan.vllm.source == "wheel":
         wheel = prebuilt.recipe_wheel(plan, layout, ca_cert=opts.ca_cert)
         say(f"vLLM wheel: {wheel.wheel}, sha256 {wheel.sha256[:12]} (checked)")
@@ -288,9 +250,7 @@ def prepare_wheel(plan: Plan, layout: Layout, opts: BuildOptions, wheel_cache: P
 
 def kept_message(plan: Plan, before: str | None) -> str:
     """Where the moving tag still points after a failure."""
-    if before:
-        return f"{plan.moving_tag} still points to {before[:19]}"
-    return f"{plan.moving_tag} was not created"
+    return f"{plan.moving_tag} still points to {before[:19]}" if before else f"{plan.moving_tag} was not created"
 
 
 def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool = True,
@@ -298,58 +258,45 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
                   progress: Callable[[Step, float], None] = lambda step, elapsed: None,
                   on_smoke: Callable[[TierResult], None] = lambda result: None,
                   say: Callable[[str], None] = lambda line: None, move_tag: bool = False) -> BuildOutcome:
-    """Render, build, run the static smoke tier, then tag: the immutable tag and the moving tag
-    move only after the tier passes. A failure raises BuildError saying where the tags still are;
-    an image that fails its smoke test keeps only a candidate tag. An immutable tag that names another
-    image moves only with move_tag (builder.promote).
-
-    With a wheel cache, a git source installs the wheel of its inputs from the cache, compiled
-    first (and stored) only when the cache lacks it (prepare_wheel). Nothing is written (context, log,
-    wheel) before the engine has answered."""
+    """Render, build, run the static smoke tier, then tag (builder.promote): no tag moves before the tier passes,
+    and nothing is written before the engine answers. A failure says where the tags still are."""
     require_engine(opts.docker_host)
     with same_plan_lock(plan, say):
-        return _build_locked(plan, layout, opts, smoke, wheel_cache, progress, on_smoke, say, move_tag)
-
-
-def _build_locked(plan: Plan, layout: Layout, opts: BuildOptions, smoke: bool, wheel_cache: Path | None,
-                  progress: Callable[[Step, float], None], on_smoke: Callable[[TierResult], None],
-                  say: Callable[[str], None], move_tag: bool) -> BuildOutcome:
-    try:
-        wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
-        ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
-        result = build_image(plan, ctx, with_wheel_set(plan, with_wheel(opts, wheel), say), progress=progress,
-                             also=(plan.tag, plan.moving_tag))
-    except BuildError as exc:
-        exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
-        raise
-    now = result.tags
-    static = None
-    already = smoke and now[plan.tag] == result.image_id
-    if smoke and not already:
-        static = run_static(result.image_id)
-        on_smoke(static)
-        if not static.ok:
-            first = next(c for c in static.checks if c.state == "failed")
-            raise BuildError(f"static smoke tier failed ({first.name}: {first.detail}); image left as "
-                             f"{keep_candidate(result)}; "
-                             f"{kept_message(plan, now[plan.moving_tag])}", field=plan.variant)
-    promoted = promote(result, now, move=move_tag)
-    return BuildOutcome(result, static, already, promoted.tagged, note, promoted.replaced)
+        try:
+            wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
+            ctx = render_context(plan, layout, context_dir(plan), wheel, ca_cert=opts.ca_cert)
+            result = build_image(plan, ctx, with_wheel_set(plan, with_wheel(opts, wheel), say), progress=progress,
+                                 also=(plan.tag, plan.moving_tag))
+        except BuildError as exc:
+            exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
+            raise
+        now = result.tags
+        static = None
+        already = smoke and now[plan.tag] == result.image_id
+        if smoke and not already:
+            static = run_static(result.image_id)
+            on_smoke(static)
+            if not static.ok:
+                first = next(c for c in static.checks if c.state == "failed")
+                raise BuildError(f"static smoke tier failed ({first.name}: {first.detail}); image left as "
+                                 f"{keep_candidate(result)}; {kept_message(plan, now[plan.moving_tag])}",
+                                 field=plan.variant)
+        promoted = promote(result, now, move=move_tag)
+        return BuildOutcome(result, static, already, promoted.tagged, note, promoted.replaced)
 
 
 def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
                  model: str | None = None) -> list[TierResult]:
-    """Run smoke tiers inside the variant's built image (or `image`); the serve tier loads `model` (a folder or a
-    Hugging Face name; None: the tiny model made offline)."""
+    """Run smoke tiers in the variant's image (or `image`); serve loads `model` (None: the tiny offline one)."""
     for tier in tiers:
         if tier not in TIERS:
             raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
     ref = image or plan.tag
-    if image and current_image(image) is None:  # an --image that names nothing is bad input (exit 2)
-        raise ConfigError(f"image {image} not found in the local engine", field="--image")
     if current_image(ref) is None:
-        raise BuildError(f"image {ref} not found", field="--image" if image else plan.variant,
-                         hint=None if image else Hint("build it first with", ("build", plan.variant)))
+        if image:  # an --image that names nothing is bad input (exit 2)
+            raise ConfigError(f"image {image} not found in the local engine", field="--image")
+        raise BuildError(f"image {ref} not found", field=plan.variant,
+                         hint=Hint("build it first with", ("build", plan.variant)))
     served = None
     if "serve" in tiers:
         try:
@@ -371,12 +318,8 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
                  no_build: bool = False, image: str | None = None,
                  say: Callable[[str], None] = lambda line: None,
                  progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> tuple[Path, Lock]:
-    """Resolve what the recipe leaves open and write images/VARIANT.lock.json.
-
-    `plan` is the recipe's plan without a lock (LockPolicy.IGNORE). The installed packages come
-    from a real build of the pinned plan, or from `image`; with `no_build` they are marked
-    unresolved. Nothing is written until everything that can be resolved was.
-    """
+    """Resolve what the recipe's plan (without a lock) leaves open and write images/VARIANT.lock.json; the
+    installed packages come from a real build of the pinned plan, or `image`, or (no_build) stay unresolved."""
     from .inspect import read_record
 
     if no_build and image:
@@ -425,8 +368,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
 
 def lock_wheels(plan: Plan, ca_cert: Path | None = None,
                 say: Callable[[str], None] = lambda line: None) -> LockedWheels | None:
-    """The wheel set of a recipe with `python:`, resolved with uv (ca_cert: a proxy's CA bundle), or the reason it
-    cannot be; None without."""
+    """The wheel set of a recipe with `python:` (else None), resolved with uv, or the reason it cannot be."""
     if plan.python is None:
         return None
     try:

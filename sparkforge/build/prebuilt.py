@@ -14,7 +14,7 @@ from ..errors import BuildError, ConfigError, DownloadError
 from ..files import is_regular
 from ..recipe import download
 from ..recipe.layout import Layout
-from ..recipe.plan import Plan, WheelFile
+from ..recipe.plan import Plan
 from .wheels import WheelInput
 
 
@@ -28,24 +28,23 @@ def planned_wheel(plan: Plan) -> WheelInput:
 
 def recipe_wheel(plan: Plan, layout: Layout, *, ca_cert: Path | None = None) -> WheelInput:
     """The recipe's prebuilt wheel, fetched (or copied) into the cache and checked (checked_wheel)."""
-    w = plan.vllm.wheel
-    assert w is not None
-    path = checked_wheel(plan, layout.images_dir / f"{plan.variant}.yaml", ca_cert=ca_cert)
-    return WheelInput("recipe", path.parent, path.name, w.sha256)
+    checked_wheel(plan, layout.images_dir / f"{plan.variant}.yaml", ca_cert=ca_cert)
+    return planned_wheel(plan)
 
 
 def checked_wheel(plan: Plan, recipe: Path, *, ca_cert: Path | None = None) -> Path:
-    """The recipe's wheel in the cache, checked as every command that uses it checks it: its sha256, a
-    whole zip archive, and the version its METADATA gives against the recipe's (the file name's was
-    checked with the plan). A wrong wheel is bad input (ConfigError, naming recipe and field); only a
-    source that cannot be reached is a DownloadError."""
+    """The recipe's wheel in the cache, checked: its sha256, a whole zip, its METADATA's version. Only an
+    unreachable source is not a ConfigError (DownloadError)."""
     w = plan.vllm.wheel
     assert w is not None
     if w.local and not (is_regular(w.local) and os.access(w.local, os.R_OK)):
         raise ConfigError(f"{w.path} is not a readable regular file in {recipe.parent}", path=recipe,
                           field="vllm.path")
     try:
-        path = fetch_wheel(w, ca_cert)
+        if w.url:
+            path = download.fetch(w.url, w.sha256, w.filename, ca_cert=ca_cert)
+        else:
+            path = download.take_local(Path(w.local or ""), w.sha256, w.filename)
     except download.HashMismatch as exc:
         raise ConfigError(f"the wheel has sha256 {exc.got}, not {exc.wanted}: pin the wheel you mean",
                           path=recipe, field="vllm.sha256") from None
@@ -56,8 +55,7 @@ def checked_wheel(plan: Plan, recipe: Path, *, ca_cert: Path | None = None) -> P
     except OSError as exc:
         raise BuildError(f"cannot keep the wheel in the download cache {download.downloads_dir()}: "
                          f"{exc.strerror or exc}", path=recipe, field="vllm") from None
-    broken = _zip_damage(path)
-    if broken:
+    if broken := _zip_damage(path):
         raise ConfigError(f"{w.filename} is not a whole wheel: {broken}", path=recipe,
                           field="vllm.url" if w.url else "vllm.path")
     found = metadata_version(path)
@@ -75,14 +73,6 @@ def _zip_damage(path: Path) -> str | None:
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError) as exc:
         return f"not a zip archive ({exc})"
     return f"{bad} fails its CRC check" if bad else None
-
-
-def fetch_wheel(w: WheelFile, ca_cert: Path | None = None) -> Path:
-    """The recipe's wheel in the cache, by hash: downloaded, or copied from its path (which the plan
-    stage confined to the recipe folder). Raises download.HashMismatch, download.DownloadFailed, OSError."""
-    if w.url:
-        return download.fetch(w.url, w.sha256, w.filename, ca_cert=ca_cert)
-    return download.take_local(Path(w.local or ""), w.sha256, w.filename)
 
 
 def metadata_version(wheel: Path) -> Version | None:

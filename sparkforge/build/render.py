@@ -1,14 +1,14 @@
 """Render stage: a Plan becomes a build context (Dockerfile, plan.json, mods, the image-side package).
 
-Rendering is deterministic: the same Plan always gives byte-identical files. It never touches
-Docker. The context is written to a temporary sibling and swapped in whole, so a failed render
-never leaves a half-written directory behind.
+The same Plan always gives byte-identical files, without Docker; the context is swapped in whole, so a failed
+render never leaves a half-written folder behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -19,19 +19,8 @@ import jinja2
 
 from ..errors import ConfigError, SparkforgeError
 from ..inimage.contract import Phase, Unpinned
-from ..inimage.seam import (
-    BaseDoc,
-    BuildDoc,
-    ComponentDoc,
-    ComponentKind,
-    PatchOrigin,
-    PinDoc,
-    PlanDoc,
-    PlannedMod,
-    VllmDoc,
-    VllmSource,
-    WheelDoc,
-)
+from ..inimage.seam import (BaseDoc, BuildDoc, ComponentDoc, ComponentKind, PatchOrigin, PinDoc, PlanDoc, PlannedMod,
+                            VllmDoc, VllmSource, WheelDoc)
 from ..recipe.layout import Layout
 from ..recipe.plan import Pin, Plan
 from ..recipe.schema import RemotePatch
@@ -58,8 +47,7 @@ class Context:
 
 
 class _BytecodeCache(jinja2.FileSystemBytecodeCache):
-    """Jinja's bytecode kept in the cache folder, where it can be: a full or read-only cache only makes the
-    next render compile the template again, it never fails this one."""
+    """Jinja's bytecode in the cache folder; a full or read-only cache never fails a render."""
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         with contextlib.suppress(OSError):
@@ -69,10 +57,8 @@ class _BytecodeCache(jinja2.FileSystemBytecodeCache):
 def _environment(template_dir: Path) -> jinja2.Environment:
     # Compiling the template costs more than rendering it; keep the bytecode between runs.
     cache = cache_dir() / "jinja"
-    try:
+    with contextlib.suppress(OSError):  # compiled on every render instead
         cache.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass  # compiled on every render instead
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
         bytecode_cache=_BytecodeCache(str(cache)) if cache.is_dir() else None,
@@ -85,8 +71,7 @@ def _environment(template_dir: Path) -> jinja2.Environment:
 
 
 def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = None) -> str:
-    """The Dockerfile of a plan. A git source compiles unless `wheel` (from the wheel cache) is given;
-    a wheel source installs the recipe's wheel."""
+    """The Dockerfile of a plan: a git source compiles unless `wheel` (from the wheel cache) is given."""
     env = _environment(layout.template.parent)
     template = env.get_template(layout.template.name)
     cutlass = next((c for c in plan.components if c.name == "cutlass" and c.kind == "git"), None)
@@ -115,18 +100,13 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),
     )
     # Collapse runs of blank lines left by template conditionals.
-    lines: list[str] = []
-    for line in text.splitlines():
-        if line.strip() == "" and (not lines or lines[-1] == ""):
-            continue
-        lines.append(line.rstrip())
-    return "\n".join(lines).strip("\n") + "\n"
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(line.rstrip() for line in text.splitlines()))
+    return text.strip("\n") + "\n"
 
 
 def context_files(plan: Plan, layout: Layout, wheel: WheelInput | None = None, *,
                   ca_cert: Path | None = None) -> dict[str, bytes]:
-    """Every file of the build context, by relative path. A patch a mod names by URL is fetched
-    into the cache the first time (with ca_cert), and is then in the context like a local one."""
+    """Every file of the build context, by relative path (a mod's patch named by URL fetched with ca_cert)."""
     files: dict[str, bytes] = {
         DOCKERFILE: render_dockerfile(plan, layout, wheel).encode(),
         "plan.json": plan_document(plan).to_json(indent=2).encode(),
@@ -177,16 +157,11 @@ def _pin(pin: Pin) -> PinDoc:
 
 def _origin(patch: object) -> PatchOrigin | None:
     """A patch named by URL or pull request, as the recipe pins it; None for a file of the mod folder."""
-    if isinstance(patch, RemotePatch):
-        return PatchOrigin(url=patch.url, pr=patch.pr, sha256=patch.sha256)
-    return None
+    return PatchOrigin(url=patch.url, pr=patch.pr, sha256=patch.sha256) if isinstance(patch, RemotePatch) else None
 
 
 def mod_files(name: str, folder: Path) -> dict[str, bytes]:
-    """The files of a mod folder that go into the context, read without following any link.
-
-    A link in a mod folder is refused, wherever it points: following it could carry any host file
-    into the context and the image."""
+    """The files of a mod folder for the context; a link is refused, wherever it points (it could carry any file)."""
     found: dict[str, bytes] = {}
     for parent, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__" or Path(parent, d).is_symlink())
@@ -208,8 +183,7 @@ def mod_files(name: str, folder: Path) -> dict[str, bytes]:
 
 def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput | None = None, *,
                    ca_cert: Path | None = None) -> Context:
-    """Write the build context to out_dir, replacing a context that sparkforge rendered there before.
-    `wheel` is as for render_dockerfile; ca_cert fetches patches named by URL."""
+    """Write the build context to out_dir, replacing a context that sparkforge rendered there before."""
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANAGED_MARK).exists():
         raise SparkforgeError("exists and was not rendered by sparkforge; choose an empty or new folder",
@@ -223,8 +197,7 @@ def render_context(plan: Plan, layout: Layout, out_dir: Path, wheel: WheelInput 
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(body)
-            mode = 0o755 if rel.endswith(".py") and body.startswith(b"#!") else 0o644
-            os.chmod(target, mode)
+            os.chmod(target, 0o755 if rel.endswith(".py") and body.startswith(b"#!") else 0o644)
         os.chmod(staging, 0o755)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))

@@ -1,11 +1,7 @@
 """Smoke stage: run checks inside a built image before any moving tag points at it.
 
-Tiers: `static` needs no GPU (versions, mods, protected packages, build record, entry points);
-`gpu` checks CUDA and the device's arch; `serve` starts the image's own `vllm serve` with a model (by
-default a tiny one made offline) and asks it for an exact number of greedy tokens. An image built for
-the CPU (device: cpu) runs the serve tier without a GPU; for a CUDA image the tiers that need a GPU run
-only where the host has one and the image holds a CUDA build of torch, and are skipped with the reason
-elsewhere.
+Tiers: `static` (no GPU), `gpu` (CUDA and the device's arch) and `serve` (the image's own `vllm serve` asked for
+exact greedy tokens); a CUDA image's GPU tiers are skipped, with the reason, where host or torch lack CUDA.
 """
 
 from __future__ import annotations
@@ -13,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,49 +68,33 @@ def image_cuda_reason(image: str) -> str | None:
     return None
 
 
-def _gpu_tier_reason(image: str) -> str | None:
-    return gpu_missing_reason() or image_cuda_reason(image)
-
-
-def _run_in_image(image: str, args: list[str], *, gpu: bool = False,
-                  timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
-    if gpu:
-        cmd += ["--gpus", "all"]
-    cmd += [image, "-I", "-B", "/opt/sparkforge/inimage", *args]
-    return dockercli.run(cmd, what=f"docker run {' '.join(args[:3])}", timeout=timeout, check=False)
-
-
-def _parse(proc: subprocess.CompletedProcess[str]) -> tuple[Check, ...]:
+def _smoke_in_image(image: str, tier: str, *, gpu: bool = False) -> tuple[Check, ...]:
+    """The checks the image's own `smoke --tier TIER` prints, one JSON line each."""
+    cmd = ["run", "--rm", "--network", "none", "--entrypoint", "python3", *(["--gpus", "all"] if gpu else []),
+           image, "-I", "-B", "/opt/sparkforge/inimage", "smoke", "--tier", tier]
+    done = dockercli.run(cmd, what=f"docker run smoke --tier {tier}", timeout=600, check=False)
     checks = []
-    for line in proc.stdout.splitlines():
+    for line in done.stdout.splitlines():
         try:
             item = SmokeCheck.from_json(line, "smoke check")
         except ContractError:
             continue  # not a check line (a warning the image's Python printed)
         checks.append(Check(item.check, item.state.value, item.detail))
     if not checks:
-        checks.append(Check("run the checks in the image", "failed", dockercli.last_line(proc.stderr, "no output")))
+        checks.append(Check("run the checks in the image", "failed", dockercli.last_line(done.stderr, "no output")))
     return tuple(checks)
 
 
 def run_static(image: str) -> TierResult:
     """The static tier: the image's own checks, every CUDA extension against the plan's GPUs among them."""
-    return TierResult("static", _parse(_run_in_image(image, ["smoke", "--tier", "static"])))
+    return TierResult("static", _smoke_in_image(image, "static"))
 
 
-def run_gpu(image: str) -> TierResult:
-    reason = _gpu_tier_reason(image)
+def run_gpu(image: str, *, cpu: bool = False) -> TierResult:
+    reason = "the image is built for the CPU (device: cpu)" if cpu else gpu_missing_reason() or image_cuda_reason(image)
     if reason:
         return TierResult("gpu", (), skipped=reason)
-    return TierResult("gpu", _parse(_run_in_image(image, ["smoke", "--tier", "gpu"], gpu=True)))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # (host, port) for AF_INET
+    return TierResult("gpu", _smoke_in_image(image, "gpu", gpu=True))
 
 
 def _ended(name: str) -> str | None:
@@ -142,17 +121,14 @@ def serve_command(image: str, name: str, model: Model, port: int, *, cpu: bool) 
 
 def run_serve(image: str, model: Model, *, cpu: bool = False, timeout: float = 900,
               log_dir: Path = Path("build/logs")) -> TierResult:
-    """Start the image's own `vllm serve` (on the GPU, or on the CPU for an image built for it), wait for
-    /health, ask /v1/completions and /v1/chat/completions for greedy tokens, then stop and remove it.
-
-    Passes only on the exact number of tokens asked, ended by the length limit. Load time and time to first
-    token are in the checks' details. When it fails, the server's log is kept in log_dir and its last lines
-    are in the failed check; nothing is left running either way.
-    """
-    reason = None if cpu else _gpu_tier_reason(image)
+    """Start the image's own `vllm serve`, ask it for exactly TOKENS greedy tokens (completion and chat), remove
+    it; on a failure its log is kept in log_dir."""
+    reason = None if cpu else gpu_missing_reason() or image_cuda_reason(image)
     if reason:
         return TierResult("serve", (), skipped=reason)
-    port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a port nothing listens on right now
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])  # (host, port) for AF_INET
     name = f"sparkforge-serve-{os.getpid()}-{port}"
     try:
         checks = _serve_checks(image, name, model, port, cpu=cpu, timeout=timeout, log_dir=log_dir)
@@ -207,9 +183,7 @@ def run_tier(tier: str, image: str, model: Model | None = None, *, cpu: bool = F
     if tier == "static":
         return run_static(image)
     if tier == "gpu":
-        if cpu:
-            return TierResult("gpu", (), skipped="the image is built for the CPU (device: cpu)")
-        return run_gpu(image)
+        return run_gpu(image, cpu=cpu)
     if tier == "serve":
         return run_serve(image, model or model_of(None, cache_dir()), cpu=cpu)
     raise BuildError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")

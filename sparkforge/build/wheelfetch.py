@@ -1,13 +1,9 @@
 """A locked wheel set, downloaded on this machine before the build, for the image's pip to install offline.
 
-pip in the image would download the set itself, but for an arm64 image built on an x86-64 machine that pip
-runs under emulation: TLS, hashing and pip's own Python at a tenth of the machine's speed (15 minutes for
-vLLM 0.33.0's 4.3 GB set, where this machine's pip takes about one). So the machine's own pip (the project
-environment's) downloads exactly the lock's files (`pip download --require-hashes` for the image's Python and
-platform, which picks the same file of each pin as the image's pip would); each file is kept once, by its
-sha256, with the other downloads (recipe/download.py), and a folder per set holds links to them. The build
-gets that folder as the named context `wheel-set`, and the image's pip installs from it with `--no-index`.
-A second build of the set, or of a set sharing most of its wheels, downloads only what is new.
+The image's pip runs emulated for an arm64 image built on x86-64 (15 minutes for vLLM 0.33.0's 4.3 GB set,
+where this machine's pip takes one), so the project environment's pip downloads exactly the lock's files.
+Each file is kept once, by its sha256, with the other downloads (recipe/download.py); a folder per set links
+to them and is the build's named context `wheel-set`, which the image's pip installs from with `--no-index`.
 """
 
 from __future__ import annotations
@@ -31,6 +27,7 @@ from ..recipe.download import cached, downloads_dir, sha256_of
 from ..recipe.plan import Plan, WheelPin
 from ..recipe.sources import cache_dir, index_url
 from ..recipe.wheelset import download_bytes, platforms, requirements_txt
+from .wheels import discard
 
 CONTEXT = "wheel-set"  # the named build context Dockerfile.j2 mounts
 DOWNLOAD_TIMEOUT = 4 * 3600.0  # seconds for a whole set: 4.3 GB at 0.3 MB/s; more is a hung index
@@ -49,12 +46,6 @@ def folder_of(version: str, platform: str, wheel_set: tuple[WheelPin, ...]) -> P
     return cache_dir() / "wheel-sets" / hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _chosen(pin: WheelPin, folder: Path) -> Path | None:
-    """The one file of pin in folder (pip takes one of the files the lock allows), or None."""
-    found = [folder / name for name, _sha, _size in pin.files if (folder / name).is_file()]
-    return found[0] if len(found) == 1 else None
-
-
 def _stamp(folder: Path) -> Path:
     """Beside a set's folder: each file's size and mtime when its hash was last checked."""
     return folder.with_name(f"{folder.name}.checked")
@@ -68,17 +59,16 @@ def _complete(plan: Plan, folder: Path) -> bool:
     """Every pin has one of its files in folder, of the size the lock says, and nothing else is there."""
     if not folder.is_dir():
         return False
-    for pin in plan.wheel_set:
-        path = _chosen(pin, folder)
-        size = {name: size for name, _sha, size in pin.files}
-        if path is None or path.stat().st_size != size[path.name]:
+    for pin in plan.wheel_set:  # pip takes one of the files the lock allows
+        sizes = {name: size for name, _sha, size in pin.files}
+        there = [name for name in sizes if (folder / name).is_file()]
+        if len(there) != 1 or (folder / there[0]).stat().st_size != sizes[there[0]]:
             return False
     return len(list(folder.iterdir())) == len(plan.wheel_set)
 
 
 def _whole(plan: Plan, folder: Path) -> bool:
-    """A complete set whose files have not changed since their hashes were checked (a changed file would fail the
-    image's pip)."""
+    """A complete set whose files have not changed since their hashes were checked (else the image's pip fails)."""
     if not _complete(plan, folder):
         return False
     try:
@@ -119,8 +109,7 @@ def first_files(plan: Plan) -> str:
 
 
 def fetch(plan: Plan, *, ca_cert: Path | None = None, say: Callable[[str], None] = lambda line: None) -> Path:
-    """The folder holding the plan's locked wheel set, downloaded where it is not whole yet. One process at a
-    time fetches a set; another waits for it, then finds the set whole."""
+    """The folder of the plan's wheel set, downloaded where not whole yet (by one process at a time)."""
     folder = set_folder(plan)
     if _whole(plan, folder):
         return folder
@@ -151,7 +140,9 @@ def _fetch(plan: Plan, folder: Path, ca_cert: Path | None, say: Callable[[str], 
             if cached(sha, name).is_file():
                 with contextlib.suppress(FileNotFoundError):  # a prune took it meanwhile: pip downloads it
                     _link(cached(sha, name), staging / name)
-        _drop_changed(plan, staging)
+            if (staging / name).is_file() and sha256_of(staging / name) != sha:  # changed: it leaves the cache
+                cached(sha, name).unlink(missing_ok=True)
+                (staging / name).unlink()
         have = len(list(staging.iterdir()))
         if have == len(plan.wheel_set):
             say(f"wheel set: {len(plan.wheel_set)} wheels, {total / 1e9:.2f} GB; all {have} already here")
@@ -169,32 +160,16 @@ def _fetch(plan: Plan, folder: Path, ca_cert: Path | None, say: Callable[[str], 
                     keep.parent.mkdir(parents=True, exist_ok=True)  # set is whole, only the store lacks it
                     _link(staging / name, keep)
         stats = _stats(staging)
-        try:
-            os.rename(staging, folder)
-        except OSError:  # a broken set is there (a file deleted or changed): it goes, this one takes its place
-            if not folder.is_dir():
-                raise
-            old = Path(tempfile.mkdtemp(prefix=".old.", dir=folder.parent))
-            os.rename(folder, old / "set")
-            os.rename(staging, folder)
-            shutil.rmtree(old, ignore_errors=True)
+        if folder.is_dir():  # a broken set (a file deleted or changed): it goes, this one takes its place
+            discard(folder)
+        os.rename(staging, folder)
         write_atomic(_stamp(folder), json.dumps(stats).encode())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _drop_changed(plan: Plan, staging: Path) -> None:
-    """A file taken from the cache whose sha256 is no longer the lock's leaves the cache (pip downloads it again)."""
-    for pin in plan.wheel_set:
-        name, sha, _size = pin.files[0]
-        if (staging / name).is_file() and sha256_of(staging / name) != sha:
-            cached(sha, name).unlink(missing_ok=True)
-            (staging / name).unlink()
-
-
 def _download(plan: Plan, staging: Path, ca_cert: Path | None, say: Callable[[str], None], total: int) -> None:
-    """pip download into staging, saying every EVERY seconds how far pip's log has got (pip moves the files
-    into staging only once it has them all)."""
+    """pip download into staging, saying every EVERY seconds how far pip's log has got (files come at the end)."""
     reqs = staging.parent / f"{staging.name}.txt"
     log = staging.parent / f"{staging.name}.log"
     reqs.write_text(first_files(plan))
@@ -241,7 +216,7 @@ def _why(stderr: str) -> str:
 
 
 def stored_sets() -> list[Path]:
-    """Every wheel set folder in the cache (staging folders of a fetch, `.fetch.*` and `.old.*`, are not sets)."""
+    """Every wheel set folder in the cache (the hidden folders of a fetch or a discard are not sets)."""
     root = cache_dir() / "wheel-sets"
     try:
         return sorted(p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and not p.is_symlink())
@@ -249,36 +224,29 @@ def stored_sets() -> list[Path]:
         return []
 
 
-def _inodes(folder: Path) -> set[tuple[int, int]]:
-    """The (device, inode) of each file in a folder, links not followed; none when it is gone."""
-    found = set()
-    try:
+def _inodes(folder: Path) -> list[tuple[tuple[int, int], Path]]:
+    """Each file in a folder with its (device, inode), links not followed; none when it is gone."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(folder):
             st = entry.stat(follow_symlinks=False)
-            found.add((st.st_dev, st.st_ino))
-    except FileNotFoundError:
-        pass
+            found.append(((st.st_dev, st.st_ino), Path(entry.path)))
     return found
 
 
 def unshared(folder: Path, kept: list[Path]) -> list[Path]:
-    """The files removing a set removes: its own, and the downloads they are links to (<cache>/downloads/<sha>/)
-    but for one a kept set, or a fetch that is running (its staging folder), also links to."""
+    """The files removing a set removes: its own, and the downloads they link to that no kept set or running
+    fetch also links to."""
     root = cache_dir() / "wheel-sets"
     staging = [p for p in root.glob(".fetch.*") if p.is_dir() and not p.is_symlink()] if root.is_dir() else []
-    others = set().union(*(_inodes(k) for k in [*kept, *staging]))
-    mine = _inodes(folder) - others
+    others = {inode for k in [*kept, *staging] for inode, _ in _inodes(k)}
+    mine = {inode for inode, _ in _inodes(folder)} - others
     files = sorted(folder.iterdir()) if folder.is_dir() else []
     try:
         hashes = [d for d in downloads_dir().iterdir() if d.is_dir() and not d.is_symlink()]
     except FileNotFoundError:
         hashes = []
-    for d in hashes:
-        for entry in os.scandir(d):
-            st = entry.stat(follow_symlinks=False)
-            if (st.st_dev, st.st_ino) in mine:
-                files.append(Path(entry.path))
-    return files
+    return files + [path for d in hashes for inode, path in _inodes(d) if inode in mine]
 
 
 def freed(files: list[Path]) -> int:
@@ -294,8 +262,7 @@ def freed(files: list[Path]) -> int:
 
 
 def remove_set(folder: Path, kept: list[Path]) -> None:
-    """Remove a set, its check stamp and the downloads no kept set shares (see unshared). Its lock file stays: a
-    process waiting on it must find the one it waits on."""
+    """Remove a set, its check stamp and the downloads no kept set shares; its lock stays (a waiter waits on it)."""
     for f in unshared(folder, kept):
         if f.parent != folder:
             f.unlink(missing_ok=True)

@@ -1,10 +1,4 @@
-"""The wheel cache's key: what decides a compiled vLLM wheel's content, hashed.
-
-A compile's wheel is decided by the vLLM commit, the source-phase mods, the compile's environment
-(`build.env`), the arch list, the base (digest, or its content on the build engine when the recipe pins none), the
-commits of the git components the compile sees, and the template's compile step. Those inputs, as
-canonical JSON, are hashed into the cache key.
-"""
+"""The wheel cache's key: what decides a compiled vLLM wheel's content (key_inputs), as canonical JSON, hashed."""
 
 from __future__ import annotations
 
@@ -19,44 +13,31 @@ CACHE_FORMAT = 1
 
 
 def base_identity(plan: Plan, host: str | None = None) -> str | None:
-    """The base's digest, or (unpinned) what its content is on the build engine; None when neither is known.
-
-    Not the image ID: that is the config digest on the classic image store and a manifest digest on the
-    containerd store, so one base would give two keys. What both stores report alike is the ordered
-    layer diff IDs and the image's settings that a compile sees (environment, user, working folder,
-    entry point, platform); their digest names the base's content on any engine."""
+    """The base's digest, or (unpinned) the digest of its layers and settings on the engine; None when unknown.
+    Not the image ID: the classic and the containerd store give one base different IDs, so two keys."""
     if plan.base.digest.value:
         return plan.base.digest.value
     data = dockercli.inspect_images(plan.base.ref, host=host)[plan.base.ref]
-    return None if data is None else "content " + _content_digest(data)
-
-
-def _content_digest(data: dict[str, Any]) -> str:
+    if data is None:
+        return None
     config = data.get("Config") or {}
     seen = {
         "layers": list((data.get("RootFS") or {}).get("Layers") or []),
         "platform": [data.get("Os") or "", data.get("Architecture") or "", data.get("Variant") or ""],
         **{key: config.get(key) or None for key in ("Env", "User", "WorkingDir", "Entrypoint", "Cmd", "Shell")},
     }
-    return "sha256:" + hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
+    return "content sha256:" + hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
 
 
 def key_inputs(plan: Plan, base: str | None) -> tuple[dict[str, Any] | None, str]:
-    """What decides the compiled wheel's content, or None and why the cache cannot be used.
-
-    Everything the compile stages read: the source and its source-phase mods, the compile's
-    environment and arch list, the base and the OS packages and protected builds added to it, the
-    git components copied in, the template and the tools that run in those stages (tooling_digest),
-    the platform it is built for (a base digest may name a multi-arch index, whose wheels differ by it),
-    and SOURCE_DATE_EPOCH (it sets the times inside the wheel)."""
+    """Everything the compile stages read (the wheel's content), or None and why the cache cannot be used."""
     v = plan.vllm
     if v.source != "git":
         return None, "the variant compiles no vLLM"
     if v.commit.value is None:
         return None, "vllm.commit is not pinned (lock the variant)"
     gits = [c for c in plan.components if c.kind == "git"]
-    loose = next((c for c in gits if c.commit.value is None), None)
-    if loose:
+    if loose := next((c for c in gits if c.commit.value is None), None):
         return None, f"components.{loose.name}.commit is not pinned (lock the variant)"
     if base is None:
         return None, f"the base {plan.base.ref} has no digest and is not on this engine"
@@ -81,12 +62,9 @@ def cache_key(inputs: dict[str, Any]) -> str:
 
 
 def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    """The inputs in which another entry differs from this build, as `field (there: X, here: Y)`."""
-    out = []
-    for name in sorted(set(mine) | set(theirs)):
-        if mine.get(name) != theirs.get(name):
-            out.append(f"{name} (cached: {_short(theirs.get(name))}, this build: {_short(mine.get(name))})")
-    return out
+    """The inputs in which another entry differs from this build, as `field (cached: X, this build: Y)`."""
+    return [f"{name} (cached: {_short(theirs.get(name))}, this build: {_short(mine.get(name))})"
+            for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
 
 
 def _short(value: Any) -> str:

@@ -1,13 +1,11 @@
-"""The wheel cache, and the wheel a build installs without compiling.
+"""The wheel cache, and the wheel a build installs without compiling (the recipe's, or a cached compile's).
 
-A build installs a prebuilt wheel the recipe names (`prebuilt`), or the wheel an earlier compile
-with the very same inputs left in the wheel cache. An entry is used only when its key (`wheelkey`)
-is this build's key, and its wheel only when the wheel's sha256 still matches what the entry
-recorded. The cache is a plain folder (entry = <key>/entry.json + the wheel + the compile's records),
-so machines can share it.
+A cache entry is used only when its key (`wheelkey`) is this build's and its wheel still has the sha256 it
+recorded. The cache is a plain folder (<key>/entry.json + the wheel + the compile's records) machines can share.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -71,9 +69,6 @@ def default_root() -> Path:
     return Path(os.environ.get("SPARKFORGE_WHEEL_CACHE") or cache_dir() / "wheels")
 
 
-# ------------------------------------------------------------------ the wheel cache: entries
-
-
 def claim(root: Path) -> None:
     """Make root (when need be) and mark it as a wheel cache, so that prune may later clean it."""
     root.mkdir(parents=True, exist_ok=True)
@@ -83,11 +78,8 @@ def claim(root: Path) -> None:
 
 
 def is_wheel_cache(root: Path) -> bool:
-    """True for a folder sparkforge marked as a wheel cache (or one of an older sparkforge: it holds an entry or
-    its last-use folder), and for a folder that is empty or not there; never for anything else."""
-    if not root.exists():
-        return True
-    if (root / MARKER).is_file() or (root / USED).is_dir():
+    """A folder sparkforge marked (or, older, that holds an entry or USED), an empty one or none; nothing else."""
+    if not root.exists() or (root / MARKER).is_file() or (root / USED).is_dir():
         return True
     items = list(root.iterdir())
     return not items or any(read_entry(item) is not None for item in items if item.is_dir())
@@ -95,17 +87,12 @@ def is_wheel_cache(root: Path) -> bool:
 
 def entries(root: Path) -> list[Entry]:
     """Every complete entry of the cache, newest first; half-written or foreign folders are skipped."""
-    found = []
-    for folder in sorted(root.glob("*/")) if root.is_dir() else ():
-        entry = read_entry(folder)
-        if entry is not None:
-            found.append(entry)
-    return sorted(found, key=lambda e: e.created, reverse=True)
+    found = [read_entry(folder) for folder in (sorted(root.glob("*/")) if root.is_dir() else ())]
+    return sorted((e for e in found if e is not None), key=lambda e: e.created, reverse=True)
 
 
 def scan(root: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
-    """The whole entries of the cache, newest first, and the damaged ones: (folder name, why) of each folder
-    that has an entry.json but is not one whole, well-formed entry (bad JSON, wrong types, a missing wheel)."""
+    """The whole entries, newest first, and (folder name, why) of each folder with a damaged entry.json."""
     found, damaged = [], []
     for folder in sorted(root.glob("*/")) if root.is_dir() else ():
         if folder.name.startswith("."):
@@ -135,10 +122,7 @@ def _why_damaged(folder: Path) -> str:
 
 
 def read_entry(folder: Path) -> Entry | None:
-    """The entry in folder, or None when it is not one whole, well-formed entry of this format.
-
-    A shared folder may hold anything: every field that later reaches a Dockerfile line or a table
-    is checked here (a wheel path inside the entry with a plain file name, 64-hex hashes, one line)."""
+    """The entry in folder, or None unless it is whole and well-formed (a shared folder may hold anything)."""
     try:
         data = parse_json(read_regular(folder / ENTRY))
         used_file = folder.parent / USED / folder.name
@@ -182,7 +166,7 @@ def lookup(plan: Plan, root: Path, host: str | None = None) -> Lookup:
     entry = read_entry(root / key)
     if entry is None:
         return Lookup(inputs, key, None, _closest(inputs, root))
-    if not entry.path.is_file() or download.sha256_of(entry.path) != entry.sha256:
+    if not _intact(entry):
         return Lookup(inputs, key, None, f"the cached wheel {key[:12]} no longer has its recorded sha256 (changed "
                                          "after it was stored); it is compiled again and replaced")
     mark_used(root, key)
@@ -196,12 +180,10 @@ def as_input(entry: Entry) -> WheelInput:
 
 def mark_used(root: Path, key: str) -> None:
     """Note the entry's use, for `prune --older-than`; a cache this user cannot write is still read."""
-    try:
+    with contextlib.suppress(OSError):
         claim(root)
         (root / USED).mkdir(parents=True, exist_ok=True)
         (root / USED / key).touch()
-    except OSError:
-        pass
 
 
 def _closest(inputs: dict[str, Any], root: Path) -> str:
@@ -213,10 +195,7 @@ def _closest(inputs: dict[str, Any], root: Path) -> str:
 
 
 def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str) -> Entry:
-    """Move a compile's exported files (wheels/vllm-*.whl, record/) into the cache as one entry, whole.
-
-    An entry already there for the key is kept when it is whole and its wheel still has its recorded
-    hash (another build made it from the same inputs); otherwise it is moved aside and replaced."""
+    """Move a compile's exported files into the cache as one entry, whole; an intact entry of the key stays."""
     key = cache_key(inputs)
     wheels_found = sorted((exported / "wheels").glob("vllm-*.whl"))
     if len(wheels_found) != 1 or not ENTRY_WHEEL_RE.fullmatch(f"wheels/{wheels_found[0].name}"):
@@ -239,7 +218,7 @@ def store(root: Path, inputs: dict[str, Any], exported: Path, compiled_for: str)
         (staging / ENTRY).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.chmod(staging, 0o755)
         if (root / key).exists():
-            _discard(root / key)  # a broken or changed entry of this key
+            discard(root / key)  # a broken or changed entry of this key
         try:
             os.replace(staging, root / key)
         except OSError:  # another build stored the same key in the meantime
@@ -260,9 +239,8 @@ def _intact(entry: Entry) -> bool:
     return entry.path.is_file() and download.sha256_of(entry.path) == entry.sha256
 
 
-def _discard(folder: Path) -> bool:
-    """Take an entry out of the cache at once (a rename), then delete it: readers never see half of one.
-    False when it was gone already (another machine pruning the shared folder) or could not be deleted whole."""
+def discard(folder: Path) -> bool:
+    """Rename a folder aside, then delete it: readers never see half of one. False if gone or not deleted whole."""
     trash = folder.parent / f".trash-{folder.name[:12]}-{os.getpid()}-{time.monotonic_ns()}"
     try:
         os.replace(folder, trash)
@@ -273,7 +251,7 @@ def _discard(folder: Path) -> bool:
 
 
 LEFTOVER_HOURS = 24  # a compile of the image's own can take hours on a slow machine; a day is past any
-_LEFTOVER_RE = re.compile(r"\A\.(export\.|trash-|[0-9a-f]{12}\.)")  # prepare_wheel's export, _discard, store's staging
+_LEFTOVER_RE = re.compile(r"\A\.(export\.|trash-|[0-9a-f]{12}\.)")  # prepare_wheel's export, discard, store's staging
 
 
 def refuse_foreign(root: Path) -> None:
@@ -286,9 +264,8 @@ def refuse_foreign(root: Path) -> None:
 
 
 def leftovers(root: Path, *, older_than_hours: float = LEFTOVER_HOURS) -> list[Path]:
-    """Folders a killed build or prune left in the cache (an export, a staging folder, a renamed entry), untouched
-    for older_than_hours: younger ones may belong to a build that is still running, here or on a machine that
-    shares the cache."""
+    """Folders a killed build or prune left in the cache, untouched for older_than_hours (a younger one may be
+    a running build's, here or on a machine that shares the cache)."""
     now = time.time()
     found: list[Path] = []
     if not is_wheel_cache(root):
@@ -319,7 +296,7 @@ def remove_leftovers(found: list[Path]) -> list[Path]:
     gone = []
     for folder in found:
         try:
-            if _discard(folder):
+            if discard(folder):
                 gone.append(folder)
         except OSError as exc:
             raise BuildError(f"cannot remove {folder}: {exc.strerror or exc}", field="wheels prune") from None
@@ -328,8 +305,7 @@ def remove_leftovers(found: list[Path]) -> list[Path]:
 
 def prune(root: Path, *, older_than_days: float | None = None, key: str | None = None,
           dry_run: bool = False) -> list[Entry]:
-    """Remove entries not used for older_than_days, or the one entry whose key starts with `key`, or (neither)
-    all; each is renamed out of the cache before it is deleted."""
+    """Remove entries not used for older_than_days, or the one whose key starts with `key`, or (neither) all."""
     refuse_foreign(root)
     now = time.time()
     chosen = [e for e in entries(root)
@@ -341,7 +317,7 @@ def prune(root: Path, *, older_than_days: float | None = None, key: str | None =
     if not dry_run:
         for entry in chosen:
             try:
-                _discard(entry.folder)
+                discard(entry.folder)
                 (root / USED / entry.key).unlink(missing_ok=True)
             except OSError as exc:
                 raise BuildError(f"cannot remove {entry.folder}: {exc.strerror or exc}", field="wheels prune") from None
