@@ -1,10 +1,5 @@
-"""The one typer app, its consoles and what every verb shares: the global options, the options several verbs
-take (each defined once), the plan as every command sees it, hints written as commands to paste, and `run`,
-where every error becomes one line on stderr and its exit code (2 for bad input), never a traceback.
-
-The verbs register themselves on `app` in the modules beside this one (main, cluster, wheels, pins, mods); the
-package imports them in the order --help lists them.
-"""
+"""The one typer app, its consoles and what every verb shares: global and shared options, the plan, hints to paste,
+and `run`, where every error becomes one line on stderr and its exit code (2 for bad input), never a traceback."""
 
 from __future__ import annotations
 
@@ -34,21 +29,14 @@ from ..errors import ConfigError, Hint, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
 from ..recipe.layout import PROJECT_ROOT, Layout
 from ..recipe.plan import Plan
-from .usage import App, Invoked, usage_error_line
+from .usage import App, Command, usage_error_line
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-app = App(
-    help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
-    "Recipes live in images/VARIANT.yaml, mods in mods/NAME/. Typical use:\n\n"
-    "  ./build.py list\n\n"
-    "  ./build.py show ng17e\n\n"
-    "  ./build.py render ng17e -o build/ng17e",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = App(help="Build reproducible vLLM images for DGX Spark (GB10) clusters from recipes and mods.\n\n"
+          "Recipes live in images/VARIANT.yaml, mods in mods/NAME/. Typical use:\n\n"
+          "  ./build.py list\n  ./build.py show ng17e\n  ./build.py render ng17e -o build/ng17e")
 
 
 class _NamedFile(io.FileIO):
@@ -77,31 +65,25 @@ class _Closed(io.TextIOBase):
 
 
 def _named_stdio() -> None:
-    """Make sys.stdout and sys.stderr streams whose failures name them, `<stdout>` as Python names it: a full
-    disk, a closed or broken pipe is then one line like any other failure of the world, never a silent
-    drop and never Python's own complaint at exit. A character the terminal's encoding lacks is shown
-    as its escape rather than failing."""
+    """Make a failed write to sys.stdout or sys.stderr (a full disk, a closed or broken pipe) name it as `<stdout>`,
+    one line like any other failure, never a silent drop; a character the encoding lacks is shown as its escape."""
     for attr, fd in (("stdout", 1), ("stderr", 2)):
-        old = getattr(sys, attr)
-        shown = f"<{attr}>"
-        if old is None:  # Python found the descriptor closed: a file opened since may have its number
-            setattr(sys, attr, _Closed(shown))
-            continue
+        old, shown = getattr(sys, attr), f"<{attr}>"
+        stream: io.TextIOBase = _Closed(shown)
         try:
-            old.flush()
-            raw = _NamedFile(fd, shown)
+            if old is not None:  # None: Python found the descriptor closed, and a file opened since may have its number
+                old.flush()
+                stream = io.TextIOWrapper(io.BufferedWriter(_NamedFile(fd, shown)), errors="backslashreplace",
+                                          encoding=getattr(old, "encoding", None) or "utf-8",
+                                          line_buffering=bool(getattr(old, "line_buffering", False)))
         except (OSError, ValueError):  # closed meanwhile
-            setattr(sys, attr, _Closed(shown))
-            continue
-        setattr(sys, attr, io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
-                                            errors="backslashreplace",
-                                            line_buffering=bool(getattr(old, "line_buffering", False))))
+            pass
+        setattr(sys, attr, stream)
 
 
 def one_line(renderable: Any) -> Any:
-    """What a console prints, with every text in it shown on one line by the one rule (errors.visible):
-    a str, a Text (its styles kept), or each header, cell and title of a Table. A line break in a
-    recipe's description, a lock's reason or an image's label is shown as `\\n`, never as a line."""
+    """What a console prints, every text in it (a str, a Text with its styles, a Table's headers, cells and title)
+    shown on one line by errors.visible: a line break in a description or a label is shown as `\\n`."""
     if isinstance(renderable, str):
         return visible(renderable, keep_newlines=False)
     if isinstance(renderable, Text):
@@ -128,23 +110,17 @@ def one_line(renderable: Any) -> Any:
 
 
 class _OneLineConsole(Console):
-    """A console that prints every text as one line (one_line), read as markup only where a caller asks.
-
-    Names, paths, reasons and labels come from recipes, locks, mods, caches, registries and images: a
-    control character in one must neither reach the terminal nor start a line that looks like output."""
+    """A console that prints every text as one line (one_line): a control character in a name from a recipe, a lock
+    or an image must neither reach the terminal nor start a line that looks like output."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
         super().print(*(one_line(o) for o in objects), **kwargs)
 
 
-# Where output is no terminal (a log, a pipe), tables are never wrapped: each row stays one line.
-_UNWRAPPED = 1 << 16
-
-
 def _console(stderr: bool = False) -> Console:
-    probe = Console(stderr=stderr)
-    return _OneLineConsole(stderr=stderr, highlight=False, soft_wrap=True,
-                           width=None if probe.is_terminal else _UNWRAPPED)
+    # Where output is no terminal (a log, a pipe), tables are never wrapped: each row stays one line.
+    unwrapped = not Console(stderr=stderr).is_terminal
+    return _OneLineConsole(stderr=stderr, highlight=False, soft_wrap=True, width=1 << 16 if unwrapped else None)
 
 
 out = _console()
@@ -188,23 +164,22 @@ def main(
     State.platform = platform
     from ..recipe import sources
 
-    sources.announce = lambda line: err.print(f"  {line}", markup=False)  # downloads of release sources
+    sources.announce = tell_step  # downloads of release sources
 
 
 # ------------------------------------------------------------------ what several verbs take, defined once
 
-BASE_HELP = "Swap the base image: REPOSITORY:TAG, with @sha256:DIGEST after it to pin it (changes the tag)."
-CA_HELP = ("CA bundle for a proxy or a private server: used to download patches and wheels named by URL, and given to "
-           "BuildKit as a secret for its own downloads, never stored in a layer. Give a full bundle (system + yours).")
-WHEEL_CACHE_HELP = ("Folder of the wheel cache: compiled vLLM wheels by their inputs; a shared folder serves several "
-                    "machines (default: the folder the environment variable SPARKFORGE_WHEEL_CACHE names, else "
-                    "wheels/ in ~/.cache/sparkforge).")
-
 Variant = Annotated[str, typer.Argument(metavar="VARIANT", help="The variant (images/VARIANT.yaml), e.g. ng17e.")]
-Base = Annotated[str | None, typer.Option("--base", metavar="REF", help=BASE_HELP)]
-CaCert = Annotated[Path | None, typer.Option("--ca-cert", metavar="FILE", help=CA_HELP)]
-WheelCache = Annotated[Path | None, typer.Option("--wheel-cache", metavar="DIR", envvar="SPARKFORGE_WHEEL_CACHE",
-                                                    show_envvar=False, help=WHEEL_CACHE_HELP)]
+Base = Annotated[str | None, typer.Option("--base", metavar="REF", help="Swap the base image: REPOSITORY:TAG, with "
+                                          "@sha256:DIGEST after it to pin it (changes the tag).")]
+CaCert = Annotated[Path | None, typer.Option(
+    "--ca-cert", metavar="FILE", help="Full CA bundle (system + yours) for a proxy or a private server: used to "
+    "download patches and wheels named by URL, and given to BuildKit as a secret for its own downloads, never "
+    "stored in a layer.")]
+WheelCache = Annotated[Path | None, typer.Option(
+    "--wheel-cache", metavar="DIR", envvar="SPARKFORGE_WHEEL_CACHE", show_envvar=False, help="Folder of the wheel "
+    "cache, compiled vLLM wheels by their inputs, shareable by several machines (default: $SPARKFORGE_WHEEL_CACHE, "
+    "else ~/.cache/sparkforge/wheels).")]
 LogDir = Annotated[Path, typer.Option("--log-dir", metavar="DIR", help="Where build logs go (default: build/logs).",
                                       show_default=False)]
 DEFAULT_LOG_DIR = PROJECT_ROOT / "build" / "logs"
@@ -218,8 +193,8 @@ class Network(str, enum.Enum):
     default = "default"  # BuildKit's own
 
 
-NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RUN steps: host, "
-                                                "none, or default (BuildKit's own).")]
+NetworkOption = Annotated[Network, typer.Option("--network", help="Network of RUN steps: host, none, or default "
+                                                "(BuildKit's own).")]
 
 
 def ca_bundle(path: Path | None) -> Path | None:
@@ -240,7 +215,7 @@ def load(variant: str, base: str | None = None, *, locked: bool = False,
 
 def warned(loaded: LoadedPlan) -> LoadedPlan:
     for warning in loaded.warnings:
-        err.print(f"warning: {warning}", markup=False)
+        tell(f"warning: {warning}")
     return loaded
 
 
@@ -254,6 +229,16 @@ def say(text: str) -> None:
     out.print(text, markup=False)
 
 
+def tell(line: str) -> None:
+    """A line of progress or a warning on stderr, never read as markup."""
+    err.print(line, markup=False)
+
+
+def tell_step(line: str) -> None:
+    """A step of a longer job on stderr, indented under the line that started it."""
+    tell(f"  {line}")
+
+
 def write(text: str, *, stderr: bool = False) -> None:
     """Text as it is, to stdout (or stderr): a JSON document, or lines already made safe by errors.visible."""
     (sys.stderr if stderr else sys.stdout).write(text)
@@ -265,8 +250,7 @@ def plan_of(variant: str, base: str | None = None, *, locked: bool = False,
 
 
 def progress_printer(label: str) -> Callable[[Any, float], None]:
-    """Show each BuildKit step that runs as it starts (a step from the cache is not shown): live on a terminal,
-    one line per step in logs."""
+    """Show each BuildKit step that runs as it starts (none from the cache): live on a terminal, a line each in logs."""
     from ..build.builder import Step
 
     def show(step: Step, elapsed: float) -> None:
@@ -274,7 +258,7 @@ def progress_printer(label: str) -> Callable[[Any, float], None]:
             return
         mins, secs = divmod(int(elapsed), 60)
         what = f"... {visible(step.said, keep_newlines=False)[:100]}" if step.said else step.command[:100]
-        err.print(f"  {label} {mins:02d}:{secs:02d} [{step.name}] {what}", markup=False)
+        tell_step(f"{label} {mins:02d}:{secs:02d} [{step.name}] {what}")
 
     return show
 
@@ -289,7 +273,7 @@ CARRIED = ("images", "mods", "base", "ca_cert", "cluster", "nodes", "registry")
 def command_line(hint: Hint) -> str:
     """The hint's command as the user would type it here: this program, the global options they gave, the
     verb and its arguments, then the options they gave this verb that the hinted one takes too."""
-    ctx = Invoked.ctx
+    ctx = Command.invoked
     if ctx is None:
         return shlex.join([program(), *hint.words])
     root = ctx.find_root()
@@ -311,9 +295,8 @@ def command_line(hint: Hint) -> str:
 def _given(ctx: Context, takes: set[str]) -> Iterator[str]:
     """The carried options given on the command line to ctx's command that `takes` holds, as words."""
     for param in ctx.command.params:
-        if param.name is None or param.name not in CARRIED or param.name not in takes or not param.opts:
-            continue
-        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+        if (param.name is None or param.name not in CARRIED or param.name not in takes or not param.opts
+                or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE):
             continue
         value = ctx.params.get(param.name)
         for one in value if isinstance(value, (list, tuple)) else [value]:
@@ -347,8 +330,8 @@ def console() -> None:
 
 
 def run() -> None:
-    """Entry point: a usage error or a sparkforge error becomes one line on stderr and its exit code; so
-    does output that cannot be written (stdout on a full disk, a closed or broken pipe: exit 1)."""
+    """Entry point: a usage error, a sparkforge error or output that cannot be written (a full disk, a closed or
+    broken pipe: exit 1) becomes one line on stderr and its exit code."""
     _named_stdio()
     code = _run_app()
     try:
@@ -376,24 +359,28 @@ def _run_app() -> int:
             _report(f"  | {mask_secrets(visible(line, keep_newlines=False))}", 0)
         return _report(f"error: {exc.render(command_line)}", exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        return _report("interrupted", INTERRUPTED)
+        code = INTERRUPTED
     except OSError as exc:  # the world (disk full, read-only, permissions) or a path the user gave that cannot be one
         return _world_failed(exc)
     except RecursionError:
         return _report("error: input nested too deeply to read", 2)
-    if code == INTERRUPTED:  # typer turns Ctrl-C inside a verb into Exit(130), which comes back here as the code
+    if code == INTERRUPTED:  # also typer's Exit(130) for a Ctrl-C inside a verb, which comes back here as the code
         return _report("interrupted", INTERRUPTED)
     return code if isinstance(code, int) else 0
 
 
 def _world_failed(exc: OSError) -> int:
-    """The one line of an OSError, and its exit code. A broken pipe on stdout (`| head` read what it
-    wanted) is exit 1 without a line, as typer treats one that breaks while a command runs."""
+    """An OSError as one line naming its path(s) (`cache/x: No space left on device`), and its exit code. A broken
+    pipe on stdout (`| head` read what it wanted) is exit 1 without a line, as typer treats one during a command."""
     if exc.filename == "<stdout>":
         _drop("stdout")
         if exc.errno == errno.EPIPE:
             return 1
-    return _report(f"error: {os_error_line(exc)}", 2 if exc.errno in INPUT_ERRNOS else 1)
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    shown = " -> ".join(p if len(p) <= 160 else f"{p[:100]}...{p[-50:]}" for p in paths)  # a 300-character name: cut
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    line = visible(f"{shown}: {reason}" if paths else reason, keep_newlines=False)
+    return _report(f"error: {line}", 2 if exc.errno in INPUT_ERRNOS else 1)
 
 
 def _report(line: str, code: int) -> int:
@@ -416,17 +403,3 @@ def _drop(attr: str) -> None:
 
 # Errors of a path as given, not of the world: a name too long, a file where a folder must be, ...
 INPUT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP})
-
-
-def os_error_line(exc: OSError) -> str:
-    """An OSError as one line naming the path(s) it is about: `cache/x: No space left on device`."""
-    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    if paths:
-        return visible(f"{' -> '.join(_short_path(p) for p in paths)}: {reason}", keep_newlines=False)
-    return visible(reason, keep_newlines=False)
-
-
-def _short_path(path: str) -> str:
-    """A path as typed, cut in the middle when it is absurdly long (a 300-character name)."""
-    return path if len(path) <= 160 else f"{path[:100]}...{path[-50:]}"

@@ -1,7 +1,4 @@
-"""The cluster verbs of the command line: push, deploy and status, registered on the one typer app.
-
-Only flags and printing live here; what to do on the nodes is decided in the distribute package.
-"""
+"""The cluster verbs: push, deploy, status, registry, history and launch; the distribute package decides the rest."""
 
 from __future__ import annotations
 
@@ -19,17 +16,16 @@ from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import ConfigError, DistributeError, visible
 from ..imageref import ImageRef
 from . import views
-from .app import DEFAULT_LOG_DIR, Base, Variant, app, emit, err, next_step, out, plan_of, say, write
+from .app import DEFAULT_LOG_DIR, Base, Variant, app, emit, err, next_step, out, plan_of, say, tell_step, write
 
 if TYPE_CHECKING:
     from ..distribute.deploy import ProgressFn
 
 Cluster = Annotated[Path | None, typer.Option("--cluster", metavar="FILE", help="Cluster file naming the nodes and "
                                                  "the registry (default: ./cluster.yaml when it exists).")]
-Nodes = Annotated[list[str] | None, typer.Option("--nodes", metavar="NODES", help="Nodes by cluster-file name, or by "
-                                                    "endpoint (ssh://user@host, tcp://host:port, unix:///path); "
-                                                    "comma-separated or repeated. Default: every node of the cluster "
-                                                    "file.", show_default=False)]
+Nodes = Annotated[list[str] | None, typer.Option(
+    "--nodes", metavar="NODES", show_default=False, help="Nodes by cluster-file name, or by endpoint (ssh://user@host, "
+    "tcp://host:port, unix:///path); comma-separated or repeated. Default: every node of the cluster file.")]
 Registry = Annotated[str | None, typer.Option("--registry", metavar="HOST:PORT", help="Registry as HOST:PORT, e.g. "
                                                  "127.0.0.1:5000 (default: registry: of the cluster file).")]
 
@@ -58,10 +54,9 @@ class Action(str, enum.Enum):
 
 
 def _cluster_path(cluster: Path | None) -> Path | None:
-    if cluster is not None:
-        return cluster
-    default = Path("cluster.yaml")
-    return default if default.is_file() else None
+    if cluster is None and Path("cluster.yaml").is_file():
+        return Path("cluster.yaml")
+    return cluster
 
 
 def _distribute_printer() -> ProgressFn:
@@ -91,16 +86,12 @@ def push(
     registry: Registry = None,
     cluster: Cluster = None,
     base: Base = None,
-    compression: Annotated[Compression | None, typer.Option("--compression", help="zstd: layers compressed on "
-                                                            "every core (Docker 23+ pulls them, both image stores); "
-                                                            "none: uncompressed, for a fast LAN; gzip: the engine's "
-                                                            "own push (gzip on one core, any Docker; a containerd-"
-                                                            "store head sends the layers as it keeps them, zstd for "
-                                                            "sparkforge's builds). Default: the route a "
-                                                            "first deploy is fastest after: the engine's own push on a "
-                                                            "containerd-store head (blobs, zstd, where the engine "
-                                                            "cannot push to the registry), zstd on a classic-store "
-                                                            "head.", show_default=False)] = None,
+    compression: Annotated[Compression | None, typer.Option(
+        "--compression", show_default=False, help="zstd: layers compressed on every core (Docker 23+ pulls them, both "
+        "image stores); none: uncompressed, for a fast LAN; gzip: the engine's own push (gzip on one core, any Docker; "
+        "a containerd-store head sends the layers as it keeps them, zstd for sparkforge's builds). Default: the route "
+        "a first deploy is fastest after: the engine's own push on a containerd-store head (blobs, zstd, where the "
+        "engine cannot push to the registry), zstd on a classic-store head.")] = None,
 ) -> None:
     """Push a built image's immutable tag and moving tag to a registry.
 
@@ -114,12 +105,11 @@ def push(
     plan = plan_of(variant, base)
     reg = push_registry(registry, _cluster_path(cluster))
     image = head_image(plan)
-    if compression is None:
-        out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}")
-        result = push_by_default(image, reg, out.print, progress=_distribute_printer())
-    else:
-        out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}, layers {compression.value}")
-        result = push_to(image, reg, compression.value, progress=_distribute_printer())
+    layers = f", layers {compression.value}" if compression else ""
+    out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}{layers}")
+    show = _distribute_printer()
+    result = (push_by_default(image, reg, out.print, progress=show) if compression is None
+              else push_to(image, reg, compression.value, progress=show))
     for ref in result.refs:
         out.print(f"pushed {ref}")
     out.print(f"manifest {result.digest}; {result.layers_pushed} layers sent ({human_bytes(result.bytes_pushed)}), "
@@ -142,31 +132,24 @@ def deploy(
                                        "docker save piped into each node's docker load, no registry needed.")]
     = Mode.registry,
     base: Base = None,
-    to: Annotated[str | None, typer.Option("--to", metavar="TAG", help="Deploy this older build instead (an "
-                                              "immutable tag, see `history`); the moving tag goes back to it.")]
-    = None,
+    to: Annotated[str | None, typer.Option("--to", metavar="TAG", help="Deploy this older build instead (an immutable "
+                                           "tag, see `history`); the moving tag goes back to it.")] = None,
     previous: Annotated[bool, typer.Option("--previous", help="Deploy the build the nodes ran before their current "
                                            "one (from the head's deploy record).")] = False,
-    stall: Annotated[float | None, typer.Option("--stall", metavar="SECONDS", min=1,
-                                                   help="Stop a node's transfer after this many seconds without "
-                                                   "progress (its docker pull prints nothing, or its docker load "
-                                                   "takes no data); that node fails alone and keeps its old image. "
-                                                   f"Default: {PULL_STALL_TIMEOUT:.0f} for a pull (a containerd-store "
-                                                   "node prints nothing while it unpacks a layer), "
-                                                   f"{STALL_TIMEOUT:.0f} for a stream.")] = None,
+    stall: Annotated[float | None, typer.Option(
+        "--stall", metavar="SECONDS", min=1, help="Stop a node's transfer after this many seconds without progress "
+        "(docker pull prints nothing, docker load takes no data); that node fails alone, keeping its old image. "
+        f"Default: {PULL_STALL_TIMEOUT:.0f} for a pull (a containerd-store node is silent while it unpacks a layer), "
+        f"{STALL_TIMEOUT:.0f} for a stream.")] = None,
 ) -> None:
     """Put a built image on every node, in parallel, and check that every node has the head's image.
 
-    A node that already has the image is skipped. On each node the moving tag is set last, only
-    after the image ID matches the head's; a node that fails keeps its old image. Exits 1 when
-    any node failed.
+    A node that already has the image is skipped. On each node the moving tag is set last, only after the image ID
+    matches the head's; a node that fails keeps its old image. Exits 1 when any node failed.
 
     Examples:
-
       ./build.py push ng17e --registry 127.0.0.1:5000
-
       ./build.py deploy ng17e --cluster cluster.yaml
-
       ./build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
     from ..distribute.cluster import resolve_cluster
@@ -188,7 +171,6 @@ def deploy(
                                  stall_timeout=stall or PULL_STALL_TIMEOUT)
     else:
         result = deploy_stream(image, target.nodes, show, stall_timeout=stall or STALL_TIMEOUT)
-    out.print(views.deploy_table(result))
     emit(views.deploy_lines(plan, result))
     if not result.ok:
         raise typer.Exit(1)
@@ -196,12 +178,7 @@ def deploy(
 
 
 @app.command()
-def status(
-    variant: Variant,
-    nodes: Nodes = None,
-    cluster: Cluster = None,
-    base: Base = None,
-) -> None:
+def status(variant: Variant, nodes: Nodes = None, cluster: Cluster = None, base: Base = None) -> None:
     """Show which image each node's moving tag points to; exit 1 unless all match (and match the head).
 
     Example: ./build.py status ng17e --cluster cluster.yaml
@@ -246,16 +223,11 @@ def registry_cmd(
 
 
 @app.command()
-def history(
-    variant: Variant,
-    base: Base = None,
-) -> None:
+def history(variant: Variant, base: Base = None) -> None:
     """List the builds of a variant on this machine, newest first, with vLLM, base, mods and the nodes running each.
 
-    The base column is the first 12 hex of the digest of the base image the build started from; `inspect` shows
-    it whole.
-
-    Go back to one with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
+    The base column is the first 12 hex of the base image's digest (`inspect` shows it whole). Go back to a build
+    with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
     """
     from ..distribute.images import builds
 
@@ -265,9 +237,7 @@ def history(
         say(f"no builds of {plan.variant} on this machine ({plan.image}:{plan.variant}-...); "
             f"{next_step('make one with', 'build', plan.variant)}")
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("tag", "tagged (UTC)", "vLLM", "base", "mods", "last deployed to"):
-        table.add_column(col)
+    table = Table("tag", "tagged (UTC)", "vLLM", "base", "mods", "last deployed to", box=None, pad_edge=False)
     for b in found:
         shown = ImageRef.parse(b.tag).tag or ""
         table.add_row(escape(shown + (f"  <- {plan.variant}" if b.moving else "")), b.tagged, escape(b.vllm),
@@ -278,54 +248,47 @@ def history(
 @app.command()
 def launch(
     variant: Variant,
-    vllm_args: Annotated[list[str] | None, typer.Argument(metavar="[-- VLLM_ARGS...]", help="More arguments for "
-                                                             "vLLM on every rank, after --, e.g. -- --max-model-len "
-                                                             "8192 --enforce-eager.", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", metavar="MODEL", help="The model: a folder at the same "
-                                                 "path on every node (mounted read-only), or a Hugging Face name. "
-                                                 "Required, but with --stop.")] = None,
+    vllm_args: Annotated[list[str] | None, typer.Argument(
+        metavar="[-- VLLM_ARGS...]", show_default=False, help="More arguments for vLLM on every rank, after --, e.g. "
+        "-- --max-model-len 8192 --enforce-eager.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", metavar="MODEL", help="The model: a folder at the same path on every node (mounted read-only), or "
+        "a Hugging Face name. Required, but with --stop.")] = None,
     nodes: Nodes = None,
     cluster: Cluster = None,
     base: Base = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Rank 0's HTTP port.")] = 8011,
     master_port: Annotated[int, typer.Option("--master-port", min=1, max=65535, help="The port the ranks meet at, "
                                              "on the first node.")] = 29500,
-    master_addr: Annotated[str | None, typer.Option("--master-addr", metavar="ADDRESS", help="The first node's "
-                                                       "address as the others reach it (default: its host in the "
-                                                       "cluster file).")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", metavar="NAME=VALUE", help="An environment variable "
-                                                     "for every rank; repeat for several.", show_default=False)]
+    master_addr: Annotated[str | None, typer.Option(
+        "--master-addr", metavar="ADDRESS", help="The first node's address as the others reach it (default: its host "
+        "in the cluster file).")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", metavar="NAME=VALUE", show_default=False, help="An "
+                                                     "environment variable for every rank; repeat for several.")]
     = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=1, help="How long rank 0 may take to "
                                            "load the model and answer.")] = 1800,
-    check: Annotated[bool, typer.Option("--check", help="Before leaving the server running, compare its greedy "
-                                        "tokens for a fixed prompt with a single-node run (the model must fit on "
-                                        "one node) and with VLLM_UF_EAGER_ALLREDUCE=1; fail naming the first token "
-                                        "that differs.")]
-    = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Before leaving the server running, compare its greedy tokens for a fixed prompt with a "
+        "single-node run (the model must fit on one node) and with VLLM_UF_EAGER_ALLREDUCE=1; fail naming the first "
+        "token that differs.")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the variant's server on every node.")] = False,
 ) -> None:
     """Start the variant's server on every node: one container each, tensor parallel across the nodes.
 
-    One node runs the image's `vllm serve`; several run the torchrun server (serve-torchrun mod), rank 0 on the
-    first node, which serves the OpenAI API. Every node must hold the image `status` calls current and the model
-    folder at the same path. Launch waits for rank 0's first token and prints the endpoint, the load time and
-    the time to first token. If a rank exits during start-up, a node fails, the time runs out or you press
-    Ctrl-C, every rank on every node is stopped. Exits 1 when the server did not start.
+    One node runs the image's `vllm serve`; several run the torchrun server (serve-torchrun mod), rank 0 on the first
+    node serving the OpenAI API. Every node needs the image `status` calls current and the model folder at the same
+    path. Launch waits for rank 0's first token, then prints the endpoint, load time and time to first token. A rank
+    exiting during start-up, a node failing, the time running out or Ctrl-C stops every rank on every node. Exits 1
+    when the server did not start.
 
     Examples:
-
       ./build.py launch ng17e --cluster cluster.yaml --model /models/Qwen3-Coder-30B-A3B-Instruct
-
       ./build.py launch ng17e --cluster cluster.yaml --model /models/tiny --check -- --enforce-eager
-
       ./build.py launch ng17e --cluster cluster.yaml --stop
     """
     from ..distribute.cluster import resolve_cluster
-    from ..distribute.launch import LaunchSpec
-    from ..distribute.launch import check as check_launch
-    from ..distribute.launch import launch as launch_nodes
-    from ..distribute.launch import stop as stop_nodes
+    from ..distribute.launch import LaunchSpec, check as check_launch, launch as launch_nodes, stop as stop_nodes
     from ..recipe.fields import ENV_NAME_RE, HOST, host_problem
     from ..serve import ServeError, cache_dir, model_of
 
@@ -356,17 +319,13 @@ def launch(
     spec = LaunchSpec(served, port, master_port, master_addr, tuple(pairs), tuple(vllm_args or ()), timeout,
                       DEFAULT_LOG_DIR)
     world = len(target.nodes)
-    out.print(f"launching {plan.moving_tag} on {world} node{'s' if world > 1 else ''}"
-              + (f" (tensor parallel {world} over torchrun)" if world > 1 else " (vllm serve)"), markup=False)
-
-    def progress(line: str) -> None:
-        err.print(f"  {line}", markup=False)
-
+    say(f"launching {plan.moving_tag} on {world} node{'s' if world > 1 else ''}"
+        + (f" (tensor parallel {world} over torchrun)" if world > 1 else " (vllm serve)"))
     try:
         if check:
-            launched, result = check_launch(plan, target.nodes, spec, progress)
+            launched, result = check_launch(plan, target.nodes, spec, tell_step)
         else:
-            launched, result = launch_nodes(plan, target.nodes, spec, progress), None
+            launched, result = launch_nodes(plan, target.nodes, spec, tell_step), None
     except ServeError as exc:
         raise DistributeError(str(exc)) from None
     if result is not None:
@@ -374,8 +333,8 @@ def launch(
             say(f"check: {label}: {list(answer.token_ids or [])} {answer.text!r}")
         if result.difference:
             raise DistributeError(f"check failed, every rank stopped: {result.difference}")
-        say(f"check passed: the {len(result.answers)} runs generated the same {len(result.answers[0][1].token_ids or [])}"
-            " tokens")
+        say(f"check passed: the {len(result.answers)} runs generated the same "
+            f"{len(result.answers[0][1].token_ids or [])} tokens")
     say(f"serving {served.served} at {launched.endpoint}/v1 (ranks: "
         f"{', '.join(f'{r.rank} on {r.node.name}' for r in launched.ranks)}); loaded in {launched.load_seconds:.1f} s, "
         f"first token in {launched.first_token.seconds:.2f} s")

@@ -1,9 +1,7 @@
-"""How the command line shows itself: help and usage lines that name values as the README does, and every
-usage error as one line with its usage.
+"""How the command line shows itself: help that names values by the words a user types, and usage errors as one line.
 
-typer 0.29's Rich help shows a value type beside every parameter (`--help <bool>`, `VARIANT <str>`) and a
-required argument in braces (`{VARIANT}`). Here a flag shows no type, an argument only its metavar
-(`VARIANT`, `[VARIANTS]...`), and an option its metavar (`--base REF`): the words a user types.
+typer's Rich help shows a value type beside every parameter (`--help <bool>`) and a required argument in braces
+(`{VARIANT}`); here a flag shows no type, an argument only its metavar, and an option its metavar (`--base REF`).
 """
 
 from __future__ import annotations
@@ -40,17 +38,19 @@ def readable(param: Parameter) -> Parameter:
 
 
 class _Readable:
-    """What Command and Group share: their parameters and --help shown by readable()."""
+    """What Command and Group share: their parameters and --help shown by readable(), their help by flowing()."""
 
     params: list[Parameter]
+    help: str | None
 
-    def _readable_params(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         for param in self.params:
             readable(param)
+        self.help = flowing(self.help)
 
     def get_help_option(self, ctx: Context) -> TyperOption | None:
-        # A mixin's super() is click's Command in the classes that use it, not object; readable() gives back
-        # the option it was given.
+        # The mixin's super() is click's Command in the classes that use it; readable() gives back what it is given.
         option = super().get_help_option(ctx)  # type: ignore[misc]
         return None if option is None else readable(option)  # type: ignore[return-value]
 
@@ -58,52 +58,38 @@ class _Readable:
 class Command(_Readable, TyperCommand):
     """A verb of the command line."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._readable_params()
-        self.help = flowing(self.help)
+    invoked: Context | None = None  # the verb that runs: what the user gave it, and the command line above it
 
     def invoke(self, ctx: Context) -> Any:
-        Invoked.ctx = ctx
+        Command.invoked = ctx
         return super().invoke(ctx)
 
 
 class Group(_Readable, TyperGroup):
     """The command line itself, and a verb with verbs of its own (`mod`, `wheels`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._readable_params()
-
-
-class Invoked:
-    """The context of the verb that runs: what the user gave it, and the command line above it."""
-
-    ctx: Context | None = None
-
 
 Verb = TypeVar("Verb", bound=Callable[..., Any])
 
 
 class App(typer.Typer):
-    """typer.Typer whose verbs and groups show themselves as above."""
+    """typer.Typer whose verbs and groups show themselves as above, and show their help when given no verb."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cls=Group, **kwargs)
+        super().__init__(cls=Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                         **kwargs)
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[Verb], Verb]:
-        kwargs.setdefault("cls", Command)
-        register: Callable[[Verb], Verb] = super().command(*args, **kwargs)
-        return register
+        return super().command(*args, **{"cls": Command, **kwargs})
 
 
 def flowing(text: str | None) -> str | None:
-    """A docstring as help shows it: the lines of a paragraph joined, so that the terminal wraps them (Rich
-    help keeps every line break); a paragraph indented as a whole (examples) keeps its lines."""
+    """A docstring as help shows it: the lines of a paragraph joined, so that the terminal wraps them (Rich help
+    keeps every line break); a paragraph with indented lines (`Examples:` and its commands) keeps its lines."""
     if text is None:
         return None
     paragraphs = inspect.cleandoc(text).split("\n\n")
-    return "\n\n".join(p if p.startswith(" ") else " ".join(p.split()) for p in paragraphs)
+    return "\n\n".join(p if p.startswith(" ") or "\n " in p else " ".join(p.split()) for p in paragraphs)
 
 
 def usage_error_line(exc: UsageError, prog: str) -> str:

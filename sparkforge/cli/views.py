@@ -1,8 +1,5 @@
-"""What the command line prints: results of the library turned into Rich tables and lines.
-
-Every value that came from a file, an image or a remote is shown as plain text (a `Text`, never
-markup), so a description holding `[bold]` prints as written instead of being eaten or crashing.
-"""
+"""What the command line prints: results of the library as Rich tables and lines, every value from a file, an image
+or a remote as a `Text`, never markup, so a description holding `[bold]` prints as written."""
 
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from ..repro.verbs import BumpResult
 if TYPE_CHECKING:  # annotations only: repro.diff, repro.outdated, repro.repro and distribute load for their verbs
     from pathlib import Path
 
-    from ..build.pipeline import BuildOutcome, DryRun, WheelNote
+    from ..build.pipeline import BuildOutcome, DryRun
     from ..build.smoke import TierResult
     from ..distribute.deploy import ClusterStatus, Deployment
     from ..recipe.lockfile import Lock
@@ -43,17 +40,12 @@ OUTCOME_STYLE = {"updated": "green", "current": "cyan", "failed": "bold red"}  #
 
 
 def _table(*columns: str, title: str | None = None, names: int = 1) -> Table:
-    """A table for any terminal width: its first `names` columns (what a row is: a variant, a mod, a node) are
-    kept whole, and the others wrap where the terminal is narrow, a long word (a path) folded onto the next
-    line rather than cut."""
+    """A table for any terminal width: its first `names` columns (what a row is about) are kept whole, the others
+    wrap, a long word (a path) folded onto the next line rather than cut."""
     table = Table(box=None, pad_edge=False, title=title)
     for i, col in enumerate(columns):
         table.add_column(col, overflow="fold", no_wrap=i < names)
     return table
-
-
-def _styled(text: str, style: str) -> Text:
-    return Text(text, style=style)
 
 
 def _line(*parts: str | tuple[str, str]) -> Text:
@@ -76,12 +68,15 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     """The resolved plan of `show`, one fact a line."""
     plan = loaded.plan
     v, b = plan.vllm, plan.build
+    # Neither the recipe's digest nor a lock's is asked of the registry when shown; `lock` keeps the recipe's.
+    origin = ("" if plan.base.digest.value is None else f"  (digest as {loaded.lock.name} records it)" if loaded.lock
+              else "  (digest as the recipe gives it; not checked against the registry)")
     lines = [
         _line((plan.variant, "bold"), f"  {plan.description}"),
         _line(f"  chain       {' <- '.join(plan.chain)}"),
         _line(f"  tag         {plan.tag}  (moving: {plan.moving_tag})"),
         _line(f"  lock        {loaded.lock.name + ' (applied)' if loaded.lock else 'none applied'}"),
-        _line(f"  base        {plan.base.ref}", *_digest_origin(loaded)),
+        _line(f"  base        {plan.base.ref}", origin),
         _line(f"  platform    {plan.platform}"),
     ]
     if v.source == "git":
@@ -102,11 +97,9 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
             lines.append(_line(f"  venv        {plan.python.venv} (python3 on PATH; sees the base's own packages)"))
         lines += [_line(f"  left out    {name}: {reason}")
                   for name, reason in zip(plan.python.leave_out, plan.python.reasons)]
-    for c in plan.components:
-        if c.kind == "pip":
-            lines.append(_line(f"  {c.name:<11} pip {c.requirement}"))
-        else:
-            lines.append(_line(f"  {c.name:<11} git {c.repo} {c.ref} @ {c.commit.value or 'UNPINNED'} -> {c.dest}"))
+    lines += [_line(f"  {c.name:<11} pip {c.requirement}" if c.kind == "pip"
+                    else f"  {c.name:<11} git {c.repo} {c.ref} @ {c.commit.value or 'UNPINNED'} -> {c.dest}")
+              for c in plan.components]
     lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
                        f"NVCC_THREADS={b.nvcc_threads}"))
     lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
@@ -131,25 +124,15 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     return lines
 
 
-def _digest_origin(loaded: LoadedPlan) -> tuple[str, ...]:
-    """Where the base digest `show` prints comes from: neither the recipe's nor a lock's is asked of the
-    registry when shown, and `lock` keeps a digest the recipe gives as it is."""
-    if loaded.plan.base.digest.value is None:
-        return ()
-    if loaded.lock is not None:
-        return (f"  (digest as {loaded.lock.name} records it)",)
-    return ("  (digest as the recipe gives it; not checked against the registry)",)
-
-
 def check_table(rows: Sequence[Row], plans: Sequence[Plan]) -> Table:
     """check-mods: a row per variant and mod."""
     table = _table("variant", "mod", "result", "checked against", "detail", names=2)
     for row in rows:
-        table.add_row(Text(row.variant), Text(row.mod), _styled(row.state, STATE_STYLE[row.state]),
+        table.add_row(Text(row.variant), Text(row.mod), Text(row.state, STATE_STYLE[row.state]),
                       Text(row.source), Text(row.detail))
     for plan in plans:
         if not plan.mods:
-            table.add_row(Text(plan.variant), "-", _styled("skipped", "yellow"), "", "the variant has no mods")
+            table.add_row(Text(plan.variant), "-", Text("skipped", "yellow"), "", "the variant has no mods")
     return table
 
 
@@ -161,7 +144,7 @@ def matrix_table(cells: Sequence[MatrixCell], mods: Sequence[str], versions: Seq
         for name in mods:
             cell = next(c for c in cells if c.mod == name and c.version == version)
             if cell.state == RowState.UNVERIFIED:
-                marks.append(_styled("unverified", "yellow"))
+                marks.append(Text("unverified", "yellow"))
                 continue
             ok = cell.state in (RowState.APPLIED, RowState.ALREADY)
             marks.append(_line(("applies", "green") if ok else ("fails", "red"), "!" if ok != cell.declared else ""))
@@ -177,35 +160,32 @@ def smoke_table(results: Iterable[TierResult]) -> Table:
     table = _table("tier", "check", "result", "detail")
     for res in results:
         if res.skipped:
-            table.add_row(res.tier, "(whole tier)", _styled("skipped", "yellow"), Text(res.skipped))
+            table.add_row(res.tier, "(whole tier)", Text("skipped", "yellow"), Text(res.skipped))
         for c in res.checks:
             # The site-packages folder is the same in every row: a kernel row names the file below it.
             name = _SITE_PACKAGES.sub(".../", c.name)
             name = name if len(name) <= 100 else name[:97] + "..."
-            table.add_row(res.tier, Text(name), _styled(c.state, CHECK_STYLE[c.state]), Text(c.detail))
+            table.add_row(res.tier, Text(name), Text(c.state, CHECK_STYLE[c.state]), Text(c.detail))
     return table
 
 
 def kernels_table(kernels: KernelRecord) -> Table:
-    """The kernel record of an image: a row per CUDA extension, its SASS and PTX archs, and per GPU
-    what it runs there (a cubin; `JIT compute_NN` where it runs PTX only, which the driver compiles
-    at first start), NONE, how many kernels it cannot run (`90 missing`), `partial?` (kernel names
-    unreadable), `not needed` or `unreadable`. Relocatable code (nvlink's input, never loaded from
-    the file) is listed after the SASS as `rel 90 120`."""
+    """An image's kernel record: a row per CUDA extension, its SASS and PTX archs (relocatable code, never loaded, after
+    the SASS as `rel 90 120`), and per GPU what it runs there: a cubin, `JIT compute_NN` (PTX the driver compiles at
+    first start), NONE, `90 missing` kernels, `partial?` (names unreadable), `not needed` or `unreadable`."""
     from ..inimage.kernels import exempt, verdicts
 
     gpus = kernels.gpus
     table = _table("extension", "SASS", "PTX", *(f"GPU {g}" for g in gpus),
                    title=f"CUDA extensions (shared libraries without device code: {kernels.without_device_code})")
     for ext in kernels.extensions:
-        path = ext.path
-        short = path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
+        short = ext.path.split("site-packages/", 1)[-1].split("dist-packages/", 1)[-1]
         runs = verdicts(ext, gpus)
-        not_needed = exempt(path, kernels.not_needed)
-        cells = [_styled(label, "green") if state in ("ok", "relocatable")
-                 else _styled(label, "yellow") if state == "jit"
-                 else _styled("not needed", "yellow") if not_needed and state != "unreadable"
-                 else _styled(label, "bold red") for state, label in runs.values()]
+        not_needed = exempt(ext.path, kernels.not_needed)
+        cells = [Text(label, "green") if state in ("ok", "relocatable")
+                 else Text(label, "yellow") if state == "jit"
+                 else Text("not needed", "yellow") if not_needed and state != "unreadable"
+                 else Text(label, "bold red") for state, label in runs.values()]
         sass = " ".join(n.removeprefix("sm_") for n in ext.cubins) or "-"
         if ext.relocatable:
             sass += "  rel " + " ".join(n.removeprefix("sm_") for n in ext.relocatable)
@@ -279,12 +259,8 @@ def diff_lines(d: Diff, sections: Sequence[str], summary: Callable[[Diff, str], 
     """diff: each section's changes, or what stayed the same; a section not listed only when it changed."""
     lines = [_line(f"diff {d.a.label} -> {d.b.label}")]
     for section in (*sections, *(s for s in d.sections if s not in sections)):
-        changes = d.in_section(section)
-        if not changes:
-            lines.append(_line(f"  {section:<11} {summary(d, section)}"))
-            continue
-        for i, change in enumerate(changes):
-            lines.append(_line(f"  {section if i == 0 else '':<11} {change.line()}"))
+        shown = [change.line() for change in d.in_section(section)] or [summary(d, section)]
+        lines += [_line(f"  {section if i == 0 else '':<11} {text}") for i, text in enumerate(shown)]
     lines += [_line(f"  note: {note}") for note in d.notes]
     count = len(d.changes)
     lines.append(_line(f"{count} change{'s' if count != 1 else ''}"))
@@ -301,12 +277,9 @@ def outdated_table(components: Iterable[Outdated]) -> Table:
 def applies_lines(names: Iterable[str], runs_of: Callable[[str], Iterable[tuple[str, str]]],
                   declared: dict[str, str] | None = None, prefix: str = "applies to vllm") -> list[Text]:
     """Where each mod applies, as runs of releases, and (check-mods) what it declares."""
-    lines = []
-    for name in names:
-        runs = ", ".join(a if a == b else f"{a}..{b}" for a, b in runs_of(name)) or "none"
-        tail = f"; declares {declared[name]}" if declared else ""
-        lines.append(_line(f"{name}: {prefix} {runs}{tail}"))
-    return lines
+    runs = {name: ", ".join(a if a == b else f"{a}..{b}" for a, b in runs_of(name)) or "none" for name in names}
+    return [_line(f"{name}: {prefix} {shown}" + (f"; declares {declared[name]}" if declared else ""))
+            for name, shown in runs.items()]
 
 
 def build_lines(plan: Plan, done: BuildOutcome) -> list[Text]:
@@ -319,25 +292,19 @@ def build_lines(plan: Plan, done: BuildOutcome) -> list[Text]:
         lines.append(_line(f"static smoke tier already passed for {result.image_id[:19]} (it carries {plan.tag})"))
     elif done.static is None:
         lines.append(_line("static smoke tier: not run (--no-smoke); the tags moved without it"))
-    lines += wheel_lines(done.wheel)
+    wheel, key = done.wheel, (done.wheel.key or "")[:12]
+    if wheel.origin == "cache":
+        lines.append(_line(f"vllm wheel: from the wheel cache, key {key}, sha256 {wheel.sha256}; the compile did "
+                           "not run"))
+    elif wheel.origin == "recipe":
+        lines.append(_line(f"vllm wheel: the recipe's prebuilt wheel, sha256 {wheel.sha256}"))
+    elif wheel.origin == "compiled":
+        lines.append(_line(f"vllm wheel: compiled ({wheel.why_compiled}) and stored in the wheel cache, key {key}, "
+                           f"sha256 {wheel.sha256}" if wheel.stored
+                           else f"vllm wheel: compiled in the image build ({wheel.why_compiled})"))
     if done.replaced:
         lines.append(_line(done.replaced))
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
-
-
-def wheel_lines(note: WheelNote) -> list[Text]:
-    """Where the vLLM wheel of a build came from, with its hash; for a compile, why it ran."""
-    if note.origin == "cache":
-        return [_line(f"vllm wheel: from the wheel cache, key {(note.key or '')[:12]}, sha256 {note.sha256}; "
-                      "the compile did not run")]
-    if note.origin == "recipe":
-        return [_line(f"vllm wheel: the recipe's prebuilt wheel, sha256 {note.sha256}")]
-    if note.origin != "compiled":
-        return []
-    if note.stored:
-        return [_line(f"vllm wheel: compiled ({note.why_compiled}) and stored in the wheel cache, key "
-                      f"{(note.key or '')[:12]}, sha256 {note.sha256}")]
-    return [_line(f"vllm wheel: compiled in the image build ({note.why_compiled})")]
 
 
 def dry_run_lines(d: DryRun) -> list[Text]:
@@ -416,48 +383,37 @@ def outdated_lines(report: Report, tried_mods: bool) -> list[Table | Text]:
                     *applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm")]
 
 
-def deploy_table(result: Deployment) -> Table:
-    """`deploy`: a row per node, with what it moved and how long it took."""
-    from ..distribute.deploy import FAILED, human_bytes  # the distribute package loads only for its verbs
+def deploy_lines(plan: Plan, result: Deployment) -> list[Table | Text]:
+    """`deploy`: a row per node with what it moved, where each failed node's moving tag stayed, then the counts."""
+    from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes  # distribute loads only for its verbs
 
     table = _table("node", "result", "image ID", "moved", "time", "detail")
     for r in result.results:
         detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
-        table.add_row(Text(r.node.name), _styled(r.outcome, OUTCOME_STYLE[r.outcome]), (r.image_id or "-")[:19],
+        table.add_row(Text(r.node.name), Text(r.outcome, OUTCOME_STYLE[r.outcome]), (r.image_id or "-")[:19],
                       human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", Text(detail))
-    return table
-
-
-def deploy_lines(plan: Plan, result: Deployment) -> list[Text]:
-    """`deploy`: where each failed node's moving tag stayed, then the counts."""
-    from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes
-
-    lines = [_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on {(r.previous_id or 'nothing')[:19]}")
-             for r in result.results if r.outcome == FAILED]
+    lines: list[Table | Text] = [table]
+    lines += [_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on {(r.previous_id or 'nothing')[:19]}")
+              for r in result.results if r.outcome == FAILED]
     counts = {k: sum(1 for r in result.results if r.outcome == k) for k in (UPDATED, CURRENT, FAILED)}
     lines.append(_line(f"{len(result.results)} nodes: {counts[UPDATED]} updated, {counts[CURRENT]} current, "
                        f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s"))
     return lines
 
 
-def status_table(status: ClusterStatus) -> Table:
-    """`status`: a row per node: its moving tag's image, the compared build's tag, and whether it is the head's."""
-    table = _table("node", "image ID", ImageRef.parse(status.tag).tag or "tag", "matches head", "detail")
+def status_lines(status: ClusterStatus, moving_tag: str) -> list[Table | Text]:
+    """`status`: a row per node (its image, the compared build's tag, whether it is the head's), and what they mean."""
+    tag = ImageRef.parse(status.tag).tag or "tag"
+    table = _table("node", "image ID", tag, "matches head", "detail")
     head_id = status.image.image_id if status.image else None
     for n in status.nodes:
         if n.error:
-            table.add_row(Text(n.node.name), "-", "-", _styled("no answer", "red"), Text(n.error))
+            table.add_row(Text(n.node.name), "-", "-", Text("no answer", "red"), Text(n.error))
             continue
-        match = "-" if head_id is None else _styled("yes", "green") if n.current else _styled("no", "red")
+        match = "-" if head_id is None else Text("yes", "green") if n.current else Text("no", "red")
         table.add_row(Text(n.node.name), (n.moving_id or "none")[:19], n.tag_state or "-", match,
                       Text(n.node.endpoint))
-    return table
-
-
-def status_lines(status: ClusterStatus, moving_tag: str) -> list[Table | Text]:
-    """`status`: the table, and what its columns mean."""
-    tag = ImageRef.parse(status.tag).tag or "tag"
-    return [status_table(status), _line(
+    return [table, _line(
         (f"image ID: what {moving_tag} points to on the node (its own ID); {tag}: whether the node holds that "
          "build under its tag (yes, other: another image, no: absent); matches head: the node's image is the "
          "head's build, compared by its layers", "dim"))]
@@ -468,10 +424,9 @@ def status_summary(status: ClusterStatus) -> list[Text]:
     answered = [n for n in status.nodes if not n.error]
     silent = len(status.nodes) - len(answered)
     matching = sum(1 for n in answered if n.current)
-    parts = [f"{matching} of {len(status.nodes)} match the head" if status.image else "the head has no image"]
-    parts.append(f"{len(status.ids)} distinct image{'s' if len(status.ids) != 1 else ''} among the "
-                 f"{len(answered)} that answered")
+    parts = [f"{matching} of {len(status.nodes)} match the head" if status.image else "the head has no image",
+             f"{len(status.ids)} distinct image{'s' if len(status.ids) != 1 else ''} among the {len(answered)} that "
+             "answered"]
     if silent:
         parts.append(f"{silent} did not answer")
     return [_line(("nodes differ", "bold red"), f": {'; '.join(parts)}")]
-

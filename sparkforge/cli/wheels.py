@@ -1,5 +1,4 @@
-"""The housekeeping verbs of the command line: `wheels` shows and cleans the wheel cache (sparkforge/build/wheels.py),
-`prune` removes what builds left on the head (sparkforge/distribute/prune.py)."""
+"""The housekeeping verbs: `wheels` shows and cleans the wheel cache, `prune` removes what builds left on the head."""
 
 from __future__ import annotations
 
@@ -14,15 +13,11 @@ from rich.text import Text
 
 from ..distribute.prune import Leftover
 from ..errors import BuildError, ConfigError
-from .app import State, WheelCache, app, out, write
+from .app import State, WheelCache, app, out, say, write
 from .usage import App
 
-wheels_app = App(
-    help="Show and clean the wheel cache: the vLLM wheels git-source builds compiled, by their inputs.\n\n"
-    "  ./build.py wheels list\n\n"
-    "  ./build.py wheels prune --older-than 30",
-    no_args_is_help=True,
-)
+wheels_app = App(help="Show and clean the wheel cache: the vLLM wheels git-source builds compiled, by their inputs."
+                 "\n\n  ./build.py wheels list\n\n  ./build.py wheels prune --older-than 30")
 app.add_typer(wheels_app, name="wheels")
 
 
@@ -49,16 +44,15 @@ def list_wheels(
         raise ConfigError("is not a folder", path=root, field="--wheel-cache")
     found, damaged = scan(root)
     if as_json:
-        write(json.dumps([{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size,
-                                      "created": e.created, "inputs": e.inputs} for e in found]
-                                    + [{"folder": name, "damaged": why} for name, why in damaged],
-                                    indent=2, sort_keys=True) + "\n")
+        entries = [{"key": e.key, "wheel": e.wheel, "sha256": e.sha256, "size": e.size, "created": e.created,
+                    "inputs": e.inputs} for e in found]
+        write(json.dumps(entries + [{"folder": name, "damaged": why} for name, why in damaged], indent=2,
+                         sort_keys=True) + "\n")
         return
     for name, why in damaged:
-        out.print(f"damaged entry {name[:64]}: {why}; it is never used (`wheels prune` leaves it; delete the folder)",
-                  markup=False)
+        say(f"damaged entry {name[:64]}: {why}; it is never used (`wheels prune` leaves it; delete the folder)")
     if not found:
-        out.print(f"the wheel cache {root} " + ("holds no whole wheel" if damaged else "is empty"), markup=False)
+        say(f"the wheel cache {root} " + ("holds no whole wheel" if damaged else "is empty"))
         return
     table = Table("key", "vllm", "commit", "arch", "source mods", "size", "created", "last used", box=None,
                   header_style="bold")
@@ -70,14 +64,14 @@ def list_wheels(
                                               e.inputs.get("torch_cuda_arch_list"), mods, _size(e.size),
                                               e.created, used)))
     out.print(table)
-    out.print(f"{len(found)} wheels, {_size(sum(e.size for e in found))}, in {root}", markup=False)
+    say(f"{len(found)} wheels, {_size(sum(e.size for e in found))}, in {root}")
 
 
 @wheels_app.command("prune")
 def prune_wheels(
     wheel_cache: WheelCache = None,
-    older_than: Annotated[float | None, typer.Option("--older-than", min=0, metavar="DAYS",
-                                                        help="Remove wheels no build has used for DAYS days.")] = None,
+    older_than: Annotated[float | None, typer.Option("--older-than", min=0, metavar="DAYS", help="Remove wheels no "
+                                                        "build has used for DAYS days.")] = None,
     key: Annotated[str | None, typer.Option("--key", metavar="KEY", help="Remove the wheel whose key starts with "
                                                "this.")] = None,
     everything: Annotated[bool, typer.Option("--all", help="Remove every wheel.")] = False,
@@ -85,8 +79,9 @@ def prune_wheels(
 ) -> None:
     """Remove wheels from the cache: by age of last use, by key, or all. A later build compiles again.
 
-    Each prune also removes what killed builds left in the cache (compile exports, half-stored entries)
-    once no one has touched it for a day."""
+    Each prune also removes what killed builds left in the cache (compile exports, half-stored entries) once no one has
+    touched it for a day.
+    """
     from ..build.wheels import folder_size, leftovers, prune, remove_leftovers
 
     if not (everything or older_than is not None or key):
@@ -97,38 +92,35 @@ def prune_wheels(
     gone = prune(root, older_than_days=older_than, key=key, dry_run=dry)
     verb = "would remove" if dry else "removed"
     for e in gone:
-        out.print(f"{verb} {e.key[:12]} vllm {e.inputs.get('vllm', {}).get('version')} ({_size(e.size)})",
-                  markup=False)
-    out.print(f"{verb} {len(gone)} wheels, {_size(sum(e.size for e in gone))}, from {root}", markup=False)
+        say(f"{verb} {e.key[:12]} vllm {e.inputs.get('vllm', {}).get('version')} ({_size(e.size)})")
+    say(f"{verb} {len(gone)} wheels, {_size(sum(e.size for e in gone))}, from {root}")
     stale = leftovers(root)
     if stale:
         sizes = {f: folder_size(f) for f in stale}
         if not dry:
             stale = remove_leftovers(stale)
-        out.print(f"{verb} {len(stale)} folders that interrupted builds left, {_size(sum(sizes[f] for f in stale))}",
-                  markup=False)
+        say(f"{verb} {len(stale)} folders that interrupted builds left, {_size(sum(sizes[f] for f in stale))}")
 
 
 @app.command("prune")
 def prune_head(
     wheel_cache: WheelCache = None,
-    wheels: Annotated[bool, typer.Option("--wheels", help="Also remove the wheel cache's entries no variant here "
-                                         "would use, and the downloaded wheel sets no lock here names (other "
-                                         "machines sharing the cache may use them).")] = False,
-    build_cache: Annotated[bool, typer.Option("--build-cache", help="Also remove BuildKit's cache records that name "
-                                              "sparkforge (its steps, its pip and git caches): the next build of "
-                                              "every variant runs cold.")] = False,
+    wheels: Annotated[bool, typer.Option(
+        "--wheels", help="Also remove the wheel cache's entries no variant here would use, and the downloaded wheel "
+        "sets no lock here names (other machines sharing the cache may use them).")] = False,
+    build_cache: Annotated[bool, typer.Option(
+        "--build-cache", help="Also remove BuildKit's cache records that name sparkforge (its steps, its pip and git "
+        "caches): the next build of every variant runs cold.")] = False,
     dry: Annotated[bool, typer.Option("--dry-run", help="List what would go and its size; remove nothing.")] = False,
 ) -> None:
     """Remove what sparkforge's builds left on this machine that nothing names any more.
 
     That is: candidates (TAG-candidate: a build before its smoke test, or one that failed it) and kept builds
-    (TAG.<12 hex>) no deploy record names; with --wheels the wheel-cache entries no variant's build would use
-    and the downloaded wheel sets no lock names, and with --build-cache BuildKit's cache of sparkforge's steps. An image that a moving tag, a variant's
-    current tag or a deploy record names is never removed, nor the candidate of a build that is running.
+    (TAG.<12 hex>) no deploy record names; with --wheels, wheel-cache entries no variant's build would use and
+    downloaded wheel sets no lock names; with --build-cache, BuildKit's cache of sparkforge's steps. An image a moving
+    tag, a variant's current tag or a deploy record names is never removed, nor the candidate of a running build.
 
       ./build.py prune --dry-run
-
       ./build.py prune --wheels --build-cache
     """
     from ..distribute.prune import prune_head as prune
@@ -136,20 +128,18 @@ def prune_head(
     root = _root(wheel_cache) if wheels else None
     verb = "would remove" if dry else "removed"
 
-    def said(item: Leftover) -> None:
-        out.print(_leftover_line(verb, item), markup=False)
-
-    found, failed = prune(State.layout, wheel_root=root, build_cache=build_cache, dry_run=dry, say=said)
+    found, failed = prune(State.layout, wheel_root=root, build_cache=build_cache, dry_run=dry,
+                          say=lambda item: say(_leftover_line(verb, item)))
     if dry:
         for item in found.leftovers:
-            said(item)
+            say(_leftover_line(verb, item))
     for name, why in found.left:
-        out.print(f"kept {name}: {why}", markup=False)
+        say(f"kept {name}: {why}")
     refused = {item for item, _ in failed}
     gone = [x for x in found.leftovers if x not in refused]
     n = len(gone)
-    out.print(f"{verb} {n} {'item' if n == 1 else 'items'}, {_size(sum(x.size for x in gone if not x.shared))}"
-              if n else "nothing to remove", markup=False)
+    say(f"{verb} {n} {'item' if n == 1 else 'items'}, {_size(sum(x.size for x in gone if not x.shared))}"
+        if n else "nothing to remove")
     if failed:
         item, why = failed[0]
         raise BuildError(f"{len(failed)} could not be removed, the first {item.name}: {why}", field="prune")
