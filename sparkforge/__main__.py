@@ -1,8 +1,7 @@
 """The `sparkforge` console script, and `python -m sparkforge`: the command line as build.py runs it.
 
-A Ctrl-C while the command line's modules load ends the process at once with one line, as in build.py: raised
-as KeyboardInterrupt there, it could land in a callback of importlib's, which prints and drops it, and the
-command would go on. console() puts Python's own handler back before it runs the command.
+A Ctrl-C while the modules load ends the process at once, as in build.py: a KeyboardInterrupt there could land
+in an importlib callback that drops it. console() puts Python's own handler back before it runs the command.
 """
 
 import os

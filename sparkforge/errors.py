@@ -12,10 +12,8 @@ from collections.abc import Callable
 
 @dataclass(frozen=True)
 class Hint:
-    """A command to run next, as its verb and arguments (`build testvllm`), and the words before it
-    ("build it first with"). The library names only what it knows; the command line writes the whole
-    command, with the options the user gave that name the same variant, image and cluster
-    (`--images`, `--base`, ...), so that it can be pasted."""
+    """A command to run next (`build testvllm`) and the words before it ("build it first with"); the command
+    line adds the user's options that name the same variant, image and cluster, so that it can be pasted."""
 
     lead: str
     words: tuple[str, ...]
@@ -45,16 +43,9 @@ class SparkforgeError(Exception):
 
     def render(self, command: Callable[[Hint], str] = Hint.plain) -> str:
         """The one line; `command` writes the hint's command (the command line adds the user's options)."""
-        where = ""
-        if self.path:
-            where = _display(self.path)
-            if self.field:
-                where += f": {self.field}"
-            where += ": "
-        elif self.field:
-            where = f"{self.field}: "
+        where = "".join(f"{part}: " for part in (self.path and _display(self.path), self.field) if part)
         hint = f"; {self.hint.lead} `{command(self.hint)}`" if self.hint else ""
-        return _one_line(f"{where}{self.detail}{hint}")
+        return visible(f"{where}{self.detail}{hint}", keep_newlines=False)
 
 
 class ConfigError(SparkforgeError):
@@ -68,8 +59,7 @@ class BuildError(SparkforgeError):
 
 
 class DownloadError(SparkforgeError):
-    """Something named by URL (a file, a registry, a git remote) could not be reached or fetched (network, TLS,
-    HTTP status): not bad input, so exit 1."""
+    """Something named by URL (a file, a registry, a git remote) could not be fetched: not bad input, so exit 1."""
 
     exit_code = 1
 
@@ -80,29 +70,21 @@ class DistributeError(SparkforgeError):
     exit_code = 1
 
 
-def _one_line(text: str) -> str:
-    """The message on one line: a line break or any other control character that came from a file or a
-    tool is shown escaped, and a password in a URL is masked."""
-    return visible(text, keep_newlines=False)
-
-
 # Characters that are not text on a terminal: controls (C0, DEL, C1: an escape sequence's ESC, a bell, a
 # carriage return), format characters (bidirectional overrides that reorder what a line shows, zero-width
 # marks), line and paragraph separators, and lone surrogates (a file name's undecodable bytes).
 _NOT_TEXT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _NAMED = {"\t": "\\t", "\r": "\\r", "\n": "\\n"}
-# scheme://userinfo@host: everything between `://` and the last `@` of a URL is its user and password, whatever
-# they hold (a `/`, `#`, `?`, `%` or `@` that should have been percent-encoded); a path holding an `@` is masked
-# up to it too. That part goes nowhere, not even into an error message (a web URL's user alone may be a token);
-# an ssh node's user name alone is no secret and stays. In free text a URL ends at the first blank.
+# Everything between a URL's `://` and its last `@` is its user and password, whatever it holds (a `/`, `#`, `@`
+# not percent-encoded): it goes nowhere, not even into an error message (a user alone may be a token); an ssh
+# node's user name alone is no secret and stays. In free text a URL ends at the first blank.
 _WORD = re.compile(r"[^ \t\n\r\f\v]+")
 _SCHEME_END = re.compile(r"[a-zA-Z0-9+.-]://")  # the end of a URL's scheme; found in one pass, whatever the text
 _SSH = re.compile(r"(?:.*[^a-zA-Z0-9+.-])?ssh", re.IGNORECASE | re.DOTALL)
 
 
-def _masked(text: str) -> str:
-    """text, one URL or one word of free text, with the user and password of its first URL (everything up to
-    the last `@` after its `://`) as `***`."""
+def mask_url(text: str) -> str:
+    """One URL (or one word of free text; blanks included) as it may be shown: as mask_secrets, for its first URL."""
     found = _SCHEME_END.search(text) if "@" in text else None
     if found is None:
         return text
@@ -116,18 +98,12 @@ def _masked(text: str) -> str:
 
 def mask_secrets(text: str) -> str:
     """text with the password of every URL in it, and the user of every URL but ssh's, replaced by `***`."""
-    return _WORD.sub(lambda word: _masked(word.group()), text) if "@" in text else text
-
-
-def mask_url(url: str) -> str:
-    """One URL as it may be shown: as mask_secrets, but the whole string is the URL (a blank in a password
-    is still the password)."""
-    return _masked(url)
+    return _WORD.sub(lambda word: mask_url(word.group()), text) if "@" in text else text
 
 
 def escaped(ch: str) -> str:
-    """One character as it is shown: itself when it is text, else its escape (`\\n`, `\\x1b`, `\\u202e`;
-    a surrogate that stands for an undecodable byte of a file name shows that byte, `\\xff`)."""
+    """One character as shown: itself when it is text, else its escape (`\\n`, `\\x1b`, `\\u202e`; an
+    undecodable byte of a file name, `\\xff`)."""
     if ch.isprintable() or ch == " " or unicodedata.category(ch) not in _NOT_TEXT:
         return ch
     code = ord(ch)
@@ -138,9 +114,8 @@ def escaped(ch: str) -> str:
 
 
 def visible(text: str, *, keep_newlines: bool = True) -> str:
-    """External text made safe for a terminal: every character that is not text (errors._NOT_TEXT) is shown
-    as its escape, and URL passwords are masked. The one rule for everything printed: error lines, and,
-    through the CLI's consoles, every table and line (which keep no line break: keep_newlines=False)."""
+    """External text made safe for a terminal, the one rule for everything printed: every character not text
+    (_NOT_TEXT) escaped, URL passwords masked; error lines and the CLI's tables keep no line break."""
     text = mask_secrets(text)
     if text.isprintable():
         return text
@@ -150,8 +125,7 @@ def visible(text: str, *, keep_newlines: bool = True) -> str:
 
 
 def _display(path: str) -> str:
-    """Show a path relative to the working directory when it lies below it; a name longer than any file name
-    can be (255) is cut in the middle."""
+    """A path relative to the working directory when below it; a part longer than a file name can be is cut."""
     p = Path(path)
     try:
         shown = str(p.resolve().relative_to(Path.cwd().resolve()))

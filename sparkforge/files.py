@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import stat
 import tempfile
@@ -27,20 +28,17 @@ def kind_of(mode: int) -> str:
 
 
 def open_regular(path: Path | str, *, field: str | None = None) -> BinaryIO:
-    """path opened for reading, refused (NotRegularFile) unless it is a regular file (links followed).
+    """path opened for reading, refused (NotRegularFile) unless it is a regular file (links followed): checked
+    before opening and on the open file (O_NONBLOCK: a FIFO swapped in between does not block the open)."""
 
-    Checked twice: before opening, and on the open file itself (a FIFO swapped in between is opened
-    without blocking, since O_NONBLOCK makes opening a FIFO with no writer return at once). Other
-    OSErrors (missing, no permission) pass to the caller.
-    """
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise NotRegularFile(f"is {kind_of(mode)}, not a regular file", path=path, field=field)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
+    def check(mode: int) -> None:
         if not stat.S_ISREG(mode):
             raise NotRegularFile(f"is {kind_of(mode)}, not a regular file", path=path, field=field)
+
+    check(os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        check(os.fstat(fd).st_mode)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -69,22 +67,18 @@ def name_path(exc: BaseException, path: Path | str) -> None:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Put data at path whole, or leave path as it was: written to a temporary file of this process's own
-    beside it, then renamed over it, so that another reader sees the old file or the new, never half of
-    one. On any failure (a full disk, a read-only folder, Ctrl-C) the temporary file is gone and the
-    OSError names path."""
+    """Put data at path whole, or leave path as it was (a temporary file beside it, renamed over it): a reader
+    sees the old file or the new, never half; on any failure the temporary file is gone and the OSError names path."""
     _place(path, data, mode, os.replace)
 
 
 def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Put data at path whole, where no file is: like write_atomic, but the temporary file is linked to path,
-    which fails when another process made path first (FileExistsError, naming path); nothing is replaced."""
+    """Like write_atomic, but where no file is: FileExistsError when another process made path first."""
     _place(path, data, mode, os.link)
 
 
 def _place(path: Path, data: bytes, mode: int, put: Callable[[str, Path], None]) -> None:
-    """data in a temporary file beside path, then put(temporary, path); the temporary file never stays, and an
-    OSError of any step names path."""
+    """data in a temporary file beside path, then put(temporary, path); the temporary file never stays."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -102,22 +96,19 @@ def _place(path: Path, data: bytes, mode: int, put: Callable[[str, Path], None])
 
 
 @contextlib.contextmanager
-def locked(lock_file: Path, *, timeout: float, what: str,
-           on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+def locked(lock_file: Path, *, timeout: float, what: str, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Hold an exclusive lock (flock) on lock_file, for work two processes sharing a cache must not do at
     once (two git fetches into one mirror). Waits at most timeout seconds, then fails in one line."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         end = time.monotonic() + timeout
-        waited = False
-        while True:
+        for attempt in itertools.count():
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if waited is False:
-                    waited = True
+                if attempt == 0:
                     on_wait()
                 if time.monotonic() > end:
                     raise BuildError(f"another sparkforge process has held this lock for over {timeout:.0f}s while "

@@ -1,19 +1,9 @@
 #!/usr/bin/env python3
 """Fetch one commit of a git repository into a folder, through a blob-less mirror. Stdlib only.
 
-It runs inside image builds (copied to /opt/sparkforge/gitfetch.py, with the mirrors in a BuildKit
-cache mount) and on the host for `lock`. A ref is resolved to the one commit it names:
-
-- a full commit is fetched as it is (servers configured as GitHub is allow any reachable SHA);
-- a branch or tag is fetched by name, and an annotated tag is peeled to its commit;
-- a short SHA, when that is all a recipe knows, is looked up among the commits of every branch
-  and tag (a blob-less clone of all refs), and refused when it names no commit or several.
-
-Mirrors are keyed by the repository URL, so a recipe moved to a fork never reuses upstream's.
-
-Every command has a time limit and runs in a process group of its own, which is stopped whole (git's
-remote helper with it) on the limit and on Ctrl-C: it runs through inimage/proc.py, sparkforge's one way to
-run a process. In an image this file runs as a script, with a copy of proc.py beside it.
+It runs in image builds (a script, with a copy of inimage/proc.py beside it) and on the host for `lock`. Mirrors
+are keyed by the repository URL (a fork never reuses upstream's); every command runs through proc.run: a time
+limit, its process group (git's remote helper with it) stopped whole on the limit and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -36,11 +26,9 @@ except ImportError:  # in an image, run as a script: the copy of inimage/proc.py
 FULL = re.compile(r"[0-9a-f]{40}")
 SHORT = re.compile(r"[0-9a-f]{7,39}")
 COMMIT_MARK = ".sparkforge-commit"
-# Time limits, in seconds. A step that talks to the remote (fetch, and archive, which fetches the blobs
-# of a blob-less mirror) gets an hour: a first fetch of a large repository's history over a slow link
-# inside a build is slow but finite, and past an hour a remote that stopped sending is given up instead
-# of holding the build forever. A step on local files only (init, config, rev-parse, cat-file, tar)
-# gets ten minutes, far more than a healthy disk needs.
+# Time limits, in seconds. A step that talks to the remote (fetch, and archive, which fetches the blobs of a
+# blob-less mirror) gets an hour: a first fetch of a large history over a slow link is slow but finite. A step
+# on local files only gets ten minutes, far more than a healthy disk needs.
 NETWORK_TIMEOUT = 3600.0
 LOCAL_TIMEOUT = 600.0
 
@@ -56,23 +44,21 @@ def mirror_path(cache: Path, repo: str) -> Path:
 
 
 def _run(argv: list[str], what: str, timeout: float, **kw: Any) -> subprocess.CompletedProcess[Any]:
-    """argv to its end within timeout (proc.run: its process group stopped whole on the limit and on Ctrl-C);
-    a command that cannot run, or runs past its limit, is one FetchError."""
+    """argv to its end within timeout through proc.run; one that cannot run, or runs past its limit, is a FetchError."""
     try:
         return run_to_end(argv, what=what, timeout=timeout, **kw)
     except CommandError as exc:
         raise FetchError(str(exc)) from None
 
 
-def _git(mirror: Path, *args: str, timeout: float | None = None) -> str:
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
-    if timeout is None:
-        timeout = NETWORK_TIMEOUT if args[0] == "fetch" else LOCAL_TIMEOUT
-    proc = _run(["git", "-C", str(mirror), *args], f"git {args[0]}", timeout, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, env=env)
+def _git(mirror: Path, *args: str, stdout: Any = subprocess.PIPE, what: str = "") -> str:
+    what = what or f"git {args[0]}"
+    timeout = NETWORK_TIMEOUT if args[0] in ("fetch", "archive") else LOCAL_TIMEOUT
+    proc = _run(["git", "-C", str(mirror), *args], what, timeout, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                errors="replace", env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
     if proc.returncode != 0:
         lines = [x for x in proc.stderr.strip().splitlines() if x.strip()] or [f"exit code {proc.returncode}"]
-        raise FetchError(f"git {args[0]}: {lines[-1].removeprefix('fatal: ').removeprefix('error: ')}")
+        raise FetchError(f"{what}: {lines[-1].removeprefix('fatal: ').removeprefix('error: ')}")
     return str(proc.stdout)
 
 
@@ -88,10 +74,6 @@ def open_mirror(cache: Path, repo: str) -> Path:
         _git(staging, "config", "remote.origin.partialclonefilter", "blob:none")
         os.replace(staging, mirror)
     return mirror
-
-
-def _peel(mirror: Path, rev: str) -> str:
-    return _git(mirror, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
 
 
 def resolve_short(mirror: Path, repo: str, short: str) -> str:
@@ -113,30 +95,23 @@ def resolve_short(mirror: Path, repo: str, short: str) -> str:
 def resolve(cache: Path, repo: str, ref: str, commit: str | None = None) -> tuple[Path, str]:
     """(mirror, full commit) for a ref, fetching what is missing; with `commit`, check the ref gives it."""
     mirror = open_mirror(cache, repo)
-    if commit is not None:
-        if not FULL.fullmatch(commit):
-            raise FetchError(f"{commit!r} is not a full 40-hex commit")
-        _git(mirror, "fetch", "--quiet", "--filter=blob:none", "origin", commit)
-        return mirror, _peel(mirror, commit)
-    if SHORT.fullmatch(ref) or FULL.fullmatch(ref):
-        if FULL.fullmatch(ref):
-            _git(mirror, "fetch", "--quiet", "--filter=blob:none", "origin", ref)
-            return mirror, _peel(mirror, ref)
+    if commit is not None and not FULL.fullmatch(commit):
+        raise FetchError(f"{commit!r} is not a full 40-hex commit")
+    if commit is None and SHORT.fullmatch(ref):
         return mirror, resolve_short(mirror, repo, ref)
-    _git(mirror, "fetch", "--quiet", "--filter=blob:none", "origin", ref)
-    return mirror, _peel(mirror, "FETCH_HEAD")
+    # A full commit is fetched as it is (servers configured as GitHub is allow any reachable SHA); a branch or
+    # tag by name, an annotated tag peeled to its commit.
+    wanted = commit or ref
+    _git(mirror, "fetch", "--quiet", "--filter=blob:none", "origin", wanted)
+    peeled = wanted if commit or FULL.fullmatch(ref) else "FETCH_HEAD"
+    return mirror, _git(mirror, "rev-parse", "--verify", "--quiet", f"{peeled}^{{commit}}").strip()
 
 
 def export(mirror: Path, commit: str, dest: Path) -> None:
     """Write the tree of a commit into dest (blobs are fetched as needed), and mark it with the commit."""
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile() as tarball:
-        env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
-        proc = _run(["git", "-C", str(mirror), "archive", "--format=tar", commit], "git archive", NETWORK_TIMEOUT,
-                    stdout=tarball, stderr=subprocess.PIPE, env=env)
-        if proc.returncode != 0:
-            tail = (proc.stderr.decode(errors="replace").strip().splitlines() or ["failed"])[-1]
-            raise FetchError(f"git archive {commit[:12]}: {tail.removeprefix('fatal: ')}")
+        _git(mirror, "archive", "--format=tar", commit, stdout=tarball, what=f"git archive {commit[:12]}")
         tarball.seek(0)
         untar = _run(["tar", "-x", "-C", str(dest)], "tar", LOCAL_TIMEOUT, stdin=tarball, stdout=subprocess.PIPE,
                      stderr=subprocess.PIPE, text=True)

@@ -1,9 +1,7 @@
 """One image reference, `[REGISTRY[:PORT]/]REPOSITORY[:TAG][@DIGEST]`, parsed once and formatted back.
 
-A colon after the last slash starts the tag; one before it is a registry's port
-(`127.0.0.1:5000/sparkforge/vllm` has no tag). The first path part is a registry when it has a dot or
-a port, or is `localhost`, as Docker reads it. Parsing checks nothing: the callers that take a
-reference from the user validate its parts (config's patterns) and say which option or field was wrong.
+A colon after the last slash starts the tag; the first path part is a registry when it has a dot or a port, or
+is `localhost`, as Docker reads it. Parsing checks nothing: callers validate what the user gave.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ class ImageRef:
 
 
 def is_attestation(entry: dict[str, Any]) -> bool:
-    """Whether an image index entry is an attestation manifest (BuildKit's provenance or SBOM), not an image:
-    by its annotation, or by the platform `unknown/unknown` BuildKit gives it; any other shape is not one."""
+    """Whether an image index entry is BuildKit's attestation manifest (by annotation, or platform unknown/unknown)."""
     notes, platform = entry.get("annotations"), entry.get("platform")
     return ((isinstance(notes, dict) and notes.get("vnd.docker.reference.type") == "attestation-manifest")
             or (isinstance(platform, dict) and platform.get("os") == "unknown"))

@@ -1,19 +1,13 @@
 """The one way sparkforge reads a URL: a time limit on the whole transfer, never from https to http.
 
-A per-read timeout alone lets a server that sends one byte every 20 s hold a command for ever, so
-every transfer also has an overall deadline: a timer shuts the connection's socket when it passes,
-which ends a read or send blocked anywhere (status line, headers or body).
-
-Only http and https are ever opened, never a URL that carries a user or password, and nothing goes from https
-to http, redirects included. A redirect of a GET or HEAD is followed (at most MAX_REDIRECTS); the credentials a
-caller gave (Authorization, Cookie) go only to the origin of the URL they were given for, never along a
-redirect to another scheme, host or port. No message repeats the user and password of a URL
-(errors.mask_url). `stream` and `get` read a URL; `request` sends one request of any method (the Registry
-v2 client, sparkforge/registry.py).
+A timer shuts the socket at the overall deadline (a per-read timeout alone lets a server that drips a byte now
+and then hold a command for ever). Only http(s) URLs without a user or password are opened, never from https to
+http, redirects included; credentials go only to their own origin, and no message shows a URL's password.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import socket
@@ -46,12 +40,9 @@ class FetchFailed(Exception):
 
 def is_loopback(address: str) -> bool:
     """Whether HOST or HOST:PORT (or [IPv6]:PORT) is this machine: localhost or a loopback IP."""
-    name = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
-    name = name.strip("[]")
-    if name == "localhost":
-        return True
+    name = (address.rsplit(":", 1)[0] if address.count(":") == 1 else address).strip("[]")
     try:
-        return ipaddress.ip_address(name).is_loopback
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
 
@@ -62,9 +53,8 @@ def tls_context(ca_cert: Path | None) -> ssl.SSLContext:
 
 
 def origin(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of an absolute URL, so that two spellings of one origin compare equal: scheme and
-    host in lower case, an IDN host in its ASCII form, an IP address in its short form, the default port
-    filled in (`https://h` is `https://h:443`). A URL that has none, or a port that is none, raises ValueError."""
+    """(scheme, host, port) of an absolute URL, spelled so that two spellings of one origin compare equal
+    (lower case, IDN as ASCII, short IP form, default port filled in); ValueError without a host or port."""
     parts = urllib.parse.urlsplit(url)
     scheme, host, port = parts.scheme.lower(), parts.hostname or "", parts.port
     if not host or port == 0:
@@ -88,9 +78,8 @@ def same_origin(a: str, b: str) -> bool:
 
 
 def join(base: str, ref: str) -> str:
-    """ref read relative to base (a redirect's or an upload's location); a reference urllib cannot even parse
-    (`https://[x/`) is returned as it is, for `refusal` to refuse. The fragment stays: a `#` in a password
-    would otherwise cut the URL before its `@`, and what is left would not look like a password."""
+    """ref read relative to base; one urllib cannot parse is returned as it is, for `refusal` to refuse.
+    The fragment stays: a `#` in a password would otherwise cut the URL before its `@` and unmask it."""
     try:
         return urllib.parse.urljoin(base, ref)
     except ValueError:
@@ -98,10 +87,8 @@ def join(base: str, ref: str) -> str:
 
 
 def refusal(url: str, after: str | None = None) -> str | None:
-    """Why url may not be opened, as the end of a sentence (`the URL is not http or https`), or None
-    when it may: it must be an absolute http or https URL with a host and a valid port, without a user or
-    password, a blank or a control character; and when it comes `after` an https URL (a redirect, a location
-    or a realm a server named) it may not leave https."""
+    """Why url may not be opened, as the end of a sentence (`is not http or https`), or None when it may;
+    coming `after` an https URL (a redirect, a location, a realm), it may not leave https."""
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         return "is not http or https"
@@ -123,9 +110,8 @@ class _Refused(Exception):
 
 
 class _Redirects(urllib.request.BaseHandler):
-    """Follows the redirects of a GET or HEAD, at most MAX_REDIRECTS of them, where `refusal` allows; a
-    redirect of any other method is the answer itself (a body is never sent twice, nor to another place).
-    Authorization and Cookie go along only while the origin stays the same."""
+    """Follows a GET's or HEAD's redirects where `refusal` allows, credentials only within one origin; a
+    redirect of any other method is the answer itself (a body is never sent twice, nor to another place)."""
 
     def __init__(self) -> None:
         self.hops = 0
@@ -161,6 +147,18 @@ class _Watch:
         self.socks: list[socket.socket] = []
         self.expired = False
         self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+
+    def arm(self, seconds: float) -> None:
+        """Expire in `seconds`, in place of any deadline set before."""
+        self.disarm()
+        self.timer = threading.Timer(seconds, self.expire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
     def add(self, sock: socket.socket) -> None:
         with self.lock:
@@ -176,16 +174,13 @@ class _Watch:
 
 
 def _shut(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def _opener(watch: _Watch, ca_cert: Path | None) -> urllib.request.OpenerDirector:
     """An opener of http and https only (urllib's default one also opens file:, ftp: and data: URLs), whose
-    sockets the watch can shut, following redirects as _Redirects allows. The TLS context is made when an
-    https URL is opened, not before: the system's store takes a noticeable time to load, for nothing on http."""
+    sockets the watch can shut. The TLS context is made on the first https URL: the system's store is slow to load."""
     contexts: list[ssl.SSLContext] = []
 
     class Http(http.client.HTTPConnection):
@@ -193,10 +188,8 @@ def _opener(watch: _Watch, ca_cert: Path | None) -> urllib.request.OpenerDirecto
             super().connect()
             watch.add(self.sock)
 
-    class Https(http.client.HTTPSConnection):
-        def connect(self) -> None:
-            super().connect()
-            watch.add(self.sock)
+    class Https(Http, http.client.HTTPSConnection):  # Http.connect runs around TLS's, so it adds the TLS socket
+        pass
 
     class HttpHandler(urllib.request.HTTPHandler):
         def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
@@ -224,9 +217,8 @@ def time_left(seconds: float) -> str:
 
 def byte_progress(say: Callable[[str], None], label: str, every: float = 5.0,
                   clock: Callable[[], float] = time.monotonic) -> Callable[[int, int | None], None]:
-    """A progress callback for stream(): a line at most every `every` seconds, with the bytes so far, of how
-    many where the server said, and the time left at the pace so far; and, after such a line, one when the body
-    is whole. A download done within `every` seconds says nothing."""
+    """A progress callback for stream(): a line at most every `every` seconds (bytes, total, time left), and
+    after such a line one when the body is whole; a download done within `every` seconds says nothing."""
     start = clock()
     last = [start]
     said = [False]
@@ -244,26 +236,39 @@ def byte_progress(say: Callable[[str], None], label: str, every: float = 5.0,
     return show
 
 
+@contextlib.contextmanager
+def _transfer(url: str, deadline: float, window: float, whole: bool) -> Iterator[tuple[str, _Watch]]:
+    """(url masked, its watch) for one transfer; a URL `refusal` refuses is refused before urllib could open or
+    print it, and every failure inside becomes one FetchFailed line."""
+    shown = mask_url(url)
+    why = refusal(url)
+    if why:
+        raise FetchFailed(f"{shown}: the URL {why}; refused")
+    watch = _Watch()
+    try:
+        yield shown, watch
+    except FetchFailed:
+        raise
+    except _Refused as exc:
+        raise FetchFailed(f"{shown}: {exc}") from None
+    except urllib.error.HTTPError as exc:
+        raise FetchFailed(f"{shown}: HTTP {exc.code} {exc.reason}") from None
+    except _FAILURES as exc:
+        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window, whole)}") from None
+    finally:
+        watch.disarm()
+
+
 def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: float = READ_TIMEOUT,
            progress: Callable[[int, int | None], None] = lambda done, total: None) -> Iterator[bytes]:
-    """The body of url in chunks, all of it within `deadline` seconds: the headers within HEADERS_TIME,
-    and at least MIN_RATE bytes in every `window` seconds of the body (no read waits longer than window).
-
-    Raises FetchFailed with one line saying why; the URL in it has its user and password masked."""
-    shown = _checked(url)
-    watch = _Watch()
-    start = time.monotonic()
-    timer = threading.Timer(min(deadline, HEADERS_TIME), watch.expire)
-    timer.daemon = True
-    request = urllib.request.Request(url, headers={"User-Agent": "sparkforge"})
-    timer.start()
-    try:
-        opener = _opener(watch, ca_cert)
-        with opener.open(request, timeout=window) as resp:
-            timer.cancel()
-            timer = threading.Timer(max(0.0, deadline - (time.monotonic() - start)), watch.expire)
-            timer.daemon = True
-            timer.start()
+    """The body of url in chunks, all of it within `deadline` seconds: the headers within HEADERS_TIME, and at
+    least MIN_RATE bytes in every `window` seconds of the body. Raises FetchFailed with one line saying why."""
+    with _transfer(url, deadline, window, whole=False) as (shown, watch):
+        start = time.monotonic()
+        watch.arm(min(deadline, HEADERS_TIME))
+        with _opener(watch, ca_cert).open(urllib.request.Request(url, headers={"User-Agent": "sparkforge"}),
+                                          timeout=window) as resp:
+            watch.arm(max(0.0, deadline - (time.monotonic() - start)))
             total = int(resp.headers.get("Content-Length") or 0) or None
             done = 0
             window_start, window_bytes = time.monotonic(), 0
@@ -285,16 +290,6 @@ def stream(url: str, *, deadline: float, ca_cert: Path | None = None, window: fl
                 yield chunk
             if total is not None and done < total:
                 raise FetchFailed(f"{shown}: the connection ended after {done} of {total} bytes")
-    except FetchFailed:
-        raise
-    except _Refused as exc:
-        raise FetchFailed(f"{shown}: {exc}") from None
-    except urllib.error.HTTPError as exc:
-        raise FetchFailed(f"{shown}: HTTP {exc.code} {exc.reason}") from None
-    except _FAILURES as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window)}") from None
-    finally:
-        timer.cancel()
 
 
 def get(url: str, *, deadline: float, ca_cert: Path | None = None, limit: int = 64 << 20,
@@ -321,20 +316,14 @@ class Reply:
 def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[bytes] | None = None,
             headers: dict[str, str] | None = None, ca_cert: Path | None = None, window: float = READ_TIMEOUT,
             limit: int = 64 << 20) -> Reply:
-    """One HTTP request of any method, sent and answered whole within `deadline` seconds, no send or read
-    waiting longer than `window`. body may be an iterable of chunks (sent chunked, for a stream of unknown
-    length). An HTTP error status is a Reply too, for the caller to read (a 401's challenge, a 404);
-    a failure to get any answer raises FetchFailed with one line, as stream does."""
-    shown = _checked(url)
-    watch = _Watch()
-    timer = threading.Timer(deadline, watch.expire)
-    timer.daemon = True
-    req = urllib.request.Request(url, data=body, method=method, headers={"User-Agent": "sparkforge", **(headers or {})})
-    timer.start()
-    try:
-        opener = _opener(watch, ca_cert)
+    """One HTTP request of any method, answered whole within `deadline` seconds (body may be an iterable of chunks,
+    sent chunked). An HTTP error status is a Reply too (a 401's challenge, a 404); no answer raises FetchFailed."""
+    with _transfer(url, deadline, window, whole=True) as (shown, watch):
+        watch.arm(deadline)
+        req = urllib.request.Request(url, data=body, method=method,
+                                     headers={"User-Agent": "sparkforge", **(headers or {})})
         try:
-            resp = opener.open(req, timeout=window)
+            resp = _opener(watch, ca_cert).open(req, timeout=window)
         except urllib.error.HTTPError as exc:
             resp = exc  # an error status is an answer: its headers and body are read as any other's
         with resp:
@@ -344,31 +333,13 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
             if len(data) > limit:
                 raise FetchFailed(f"{shown}: more than {limit} bytes")
             return Reply(resp.status, resp.headers, data, getattr(resp, "url", None) or url)
-    except FetchFailed:
-        raise
-    except _Refused as exc:
-        raise FetchFailed(f"{shown}: {exc}") from None
-    except _FAILURES as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window, whole=True)}") from None
-    finally:
-        timer.cancel()
-
-
-def _checked(url: str) -> str:
-    """url with its user and password masked, for messages; a URL that `refusal` refuses is refused here,
-    before urllib could open it or print it."""
-    shown = mask_url(url)
-    why = refusal(url)
-    if why:
-        raise FetchFailed(f"{shown}: the URL {why}; refused")
-    return shown
 
 
 # What urllib and the sockets under it raise when no answer comes (urllib's URLError is an OSError).
 _FAILURES = (OSError, ssl.SSLError, http.client.HTTPException, ValueError)
 
 
-def _reason(exc: object, watch: _Watch, deadline: float, window: float = READ_TIMEOUT, whole: bool = False) -> str:
+def _reason(exc: object, watch: _Watch, deadline: float, window: float, whole: bool) -> str:
     if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
         exc = exc.reason  # what went wrong under urllib: a refused connection, a timeout, a TLS error
     if watch.expired:

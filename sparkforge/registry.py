@@ -1,13 +1,8 @@
-"""The one Registry v2 client: manifests, blobs and uploads, every request within a deadline.
+"""The one Registry v2 client: manifests, blobs and uploads, every request within a deadline (net.request).
 
-The recipe stage asks a registry for a base's digest, the distribute stage reads manifests and
-pushes blobs; all of it goes through :class:`Client`, over net.request (a socket timeout on every
-send and read, and an overall deadline, so a registry dripping a byte now and then cannot hold a
-command). A registry that answers 401 with a Bearer challenge gets the anonymous token flow, once,
-here: the token is asked from the challenge's realm (https, or http only for a plain-http registry), trusting
-the registry's CA, and goes only to the registry's own origin, never to another host or port a location or
-redirect names, nor over http from an https registry. Every failure is one :class:`RegistryError` whose
-message names the host and what was asked; callers turn it into their own error.
+A 401 with a Bearer challenge gets the anonymous token flow, once: the token is asked from the challenge's
+realm (https, or http only for a plain-http registry), trusting the registry's CA, and goes only to the
+registry's own origin. Every failure is one RegistryError naming the host and what was asked.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ TRANSFER_DEADLINE = 3600.0  # seconds for one blob upload, a layer of several GB
 WINDOW = 60.0  # seconds any one send or read may wait
 _DIGEST = re.compile(r"\Asha256:[0-9a-f]{64}\Z")
 _TOKEN = re.compile(r"\A[\x21-\x7e]+\Z")  # what may stand in an Authorization header after "Bearer "
+_ACCEPT = {"Accept": ", ".join(MANIFEST_TYPES)}
 
 
 class RegistryError(Exception):
@@ -73,17 +69,15 @@ class Client:
     window: float = WINDOW
     token: str | None = field(default=None, repr=False)
 
-    # -------------------------------------------------------------------- manifests
-
     def manifest_digest(self, repo: str, ref: str) -> str:
-        """The digest of repo:ref's manifest (an index when there is one): the registry's
-        Docker-Content-Digest on HEAD, else the sha256 of the manifest itself."""
+        """The digest of repo:ref's manifest (an index when there is one): Docker-Content-Digest on HEAD, else
+        the sha256 of the manifest itself."""
         what = f"manifest {repo}:{ref}"
         path = f"/v2/{repo}/manifests/{ref}"
-        accept = {"Accept": ", ".join(MANIFEST_TYPES)}
-        digest = self._ok(what, self._send(what, "HEAD", path, headers=accept)).headers.get("Docker-Content-Digest")
+        digest = self._ok(what, self._send(what, "HEAD", path, headers=_ACCEPT)).headers.get("Docker-Content-Digest")
         if not digest:  # not every registry sends it on HEAD
-            digest = "sha256:" + hashlib.sha256(self._ok(what, self._send(what, "GET", path, headers=accept)).body).hexdigest()
+            body = self._ok(what, self._send(what, "GET", path, headers=_ACCEPT)).body
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if not _DIGEST.match(digest):
             raise RegistryError(self.endpoint.host, what, f"answered an unexpected digest {digest[:80]!r}")
         return digest
@@ -91,8 +85,7 @@ class Client:
     def manifest(self, repo: str, ref: str) -> dict[str, Any]:
         """repo:ref's manifest or index, as JSON."""
         what = f"manifest {repo}:{ref}"
-        reply = self._ok(what, self._send(what, "GET", f"/v2/{repo}/manifests/{ref}",
-                                          headers={"Accept": ", ".join(MANIFEST_TYPES)}))
+        reply = self._ok(what, self._send(what, "GET", f"/v2/{repo}/manifests/{ref}", headers=_ACCEPT))
         try:
             data = parse_json(reply.body)
         except JsonError as exc:  # also a key written twice, or nesting deeper than the parser goes
@@ -107,8 +100,6 @@ class Client:
         reply = self._ok(what, self._send(what, "PUT", f"/v2/{repo}/manifests/{tag}", body,
                                           {"Content-Type": media_type}))
         return reply.headers.get("Docker-Content-Digest")
-
-    # -------------------------------------------------------------------- blobs
 
     def blob_exists(self, repo: str, digest: str) -> bool:
         what = f"blob {repo}@{digest}"
@@ -145,13 +136,10 @@ class Client:
         self._ok(what, self._send(what, "PUT", url, data, {"Content-Type": "application/octet-stream",
                                                            "Content-Length": str(len(data))}, long=True))
 
-    # -------------------------------------------------------------------- requests
-
     def _send(self, what: str, method: str, path: str, body: bytes | Iterable[bytes] | None = None,
               headers: dict[str, str] | None = None, long: bool = False) -> net.Reply:
-        """One request (path on the endpoint, or a full URL the registry gave); on a 401 with a Bearer
-        challenge from the registry itself, a token and the same request once more (a body that is a stream
-        cannot be sent twice). The token goes only to the endpoint's own origin."""
+        """One request (a path on the endpoint, or a URL the registry gave); on the registry's own 401, a token and
+        the request once more (not a streamed body, which cannot be sent twice)."""
         url = net.join(self.endpoint.url + "/", path)
         for attempt in (1, 2):
             sent = dict(headers or {})
@@ -173,8 +161,7 @@ class Client:
         return Path(self.endpoint.ca) if self.endpoint.ca else None
 
     def _fetch_token(self, what: str, challenge: str) -> str:
-        """An anonymous token for the scope a 401 asks for (the Docker token flow), from the challenge's
-        realm: an https URL (http only when the registry itself is plain http), asked trusting the registry's CA."""
+        """An anonymous token for the scope a 401 asks for (the Docker token flow), from the challenge's realm."""
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         realm = params.pop("realm", None)
         if not realm or not challenge.lower().startswith("bearer"):
@@ -187,8 +174,7 @@ class Client:
         query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
         url = f"{realm}{'&' if '?' in realm else '?'}{query}"
         try:
-            reply = net.request("GET", url, deadline=self.deadline, window=self.window, ca_cert=self._ca,
-                                limit=1 << 20)
+            reply = net.request("GET", url, deadline=self.deadline, window=self.window, ca_cert=self._ca, limit=1 << 20)
             body = parse_json(reply.body) if reply.status == 200 else None
         except (net.FetchFailed, ValueError) as exc:
             raise RegistryError(self.endpoint.host, what, f"cannot get a token from {shown}: "
@@ -203,8 +189,7 @@ class Client:
         """reply when its status is a success; else the RegistryError saying which status."""
         if 200 <= reply.status < 300:
             return reply
-        home = net.same_origin(reply.url, self.endpoint.url)
-        if reply.status == 401 and not home:
+        if reply.status == 401 and not net.same_origin(reply.url, self.endpoint.url):
             reason = f"HTTP 401 from {mask_url(reply.url)}, another origin, which the registry's token never goes to"
         elif reply.status == 401 and self.token:
             reason = "refused the token it issued"
@@ -213,8 +198,8 @@ class Client:
         raise RegistryError(self.endpoint.host, what, reason, reply.status)
 
     def _location(self, what: str, reply: net.Reply) -> str:
-        """The upload location an answer names, made absolute; one that leaves https, or is no http(s) URL,
-        is refused (on another origin it is used, but without the token)."""
+        """The upload location an answer names, made absolute; refused where `net.refusal` says (on another
+        origin it is used, without the token)."""
         location = reply.headers.get("Location")
         if not location:
             raise RegistryError(self.endpoint.host, what, f"HTTP {reply.status} without a Location to upload to")

@@ -1,8 +1,6 @@
-"""Talking to a running vLLM server: wait for it, ask it for greedy tokens, compare two answers.
+"""Talking to a running vLLM server (the serve tier and `launch`): wait for it, ask for greedy tokens, compare.
 
-The serve tier (build/smoke.py) and `launch` (distribute/launch.py) both start a server and then ask it the
-same questions through this module: `vllm serve`'s OpenAI API and the torchrun server's answer alike, with
-vLLM's own extensions `ignore_eos` (an exact number of tokens) and `return_token_ids`.
+`vllm serve`'s OpenAI API and the torchrun server answer alike, with vLLM's `ignore_eos` and `return_token_ids`.
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ class Model:
 
 def model_of(value: str | None, cache: Path) -> Model:
     """A --model as given: an existing folder (mounted read-only), a Hugging Face name (vLLM fetches it), or
-    None: the tiny model made offline (sparkforge make-model) into the cache, made once per seed."""
+    None: the tiny model, made offline into the cache once per seed."""
     if value is None:
         from .inimage.tinymodel import make_model
 
@@ -104,22 +102,17 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def ask(base: str, model: str, kind: str, tokens: int = TOKENS, timeout: float = REQUEST_TIMEOUT) -> Answer:
-    """Ask for `tokens` greedy tokens (temperature 0, past any end of sequence) of the fixed prompt (kind
-    completion) or conversation (kind chat), with their token ids."""
+    """`tokens` greedy tokens (past any end of sequence), with their ids, of the fixed prompt or chat (kind)."""
+    chat = kind == "chat"
     body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-                            "return_token_ids": True}
-    if kind == "chat":
-        body["messages"] = CHAT
-        path = "/v1/chat/completions"
-    else:
-        body["prompt"] = PROMPT
-        path = "/v1/completions"
+                            "return_token_ids": True, "messages" if chat else "prompt": CHAT if chat else PROMPT}
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     t0 = time.monotonic()
     data = _post(base + path, body, timeout)
     seconds = time.monotonic() - t0
     try:
         choice = data["choices"][0]
-        text = choice["message"]["content"] if kind == "chat" else choice["text"]
+        text = choice["message"]["content"] if chat else choice["text"]
         ids = choice.get("token_ids")
         return Answer(kind, str(text or ""), tuple(int(t) for t in ids) if isinstance(ids, list) else None,
                       int(data["usage"]["completion_tokens"]), choice.get("finish_reason"), seconds)
@@ -162,9 +155,8 @@ def first_difference(name: str, got: Answer, want: Answer, want_name: str) -> st
     """None when both answers hold the same tokens; else the first token that differs, named."""
     a, b = got.token_ids, want.token_ids
     if a is None or b is None:
-        if got.text == want.text:
-            return None
-        return f"{name} generated {got.text!r}, {want_name} {want.text!r} (no token ids to compare)"
+        same = got.text == want.text
+        return None if same else f"{name} generated {got.text!r}, {want_name} {want.text!r} (no token ids to compare)"
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return f"{name} differs from {want_name} at token {i}: {x} against {y} ({got.text!r} against {want.text!r})"

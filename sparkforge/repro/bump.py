@@ -1,13 +1,8 @@
 """`bump`: a new variant for a newer vLLM release, keeping the mods that apply to its real source.
 
-The new variant `extends` the old one and says only what differs: the vLLM pin, the mods it drops
-(`mods: {remove: [...]}`) and the env names it no longer sets. Every vLLM mod is applied, in the
-build's order, to the release's own source (its sdist, as check-mods reads it); a mod that fails
-there, or is already in it, is dropped with the reason. A mod that applies but whose declared
-targets leave the release out is widened only over releases it was proven on: each release the
-wider range would newly claim is tried too (check-mods --matrix). Nothing is written until the new
-variant, planned from a scratch copy of the recipes and mods, passes check-mods; then the widened
-mod.yaml files and the recipe are written whole, or not at all.
+The new variant `extends` the old one and says only what differs: the vLLM pin, the mods it drops and the env
+names it no longer sets. A mod's targets are widened only over releases it was proven on. Nothing is written
+until the new variant, planned from scratch copies, passes check-mods; then every file is written, or none.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ from ..recipe.layout import Layout
 from ..recipe.plan import Mod, Plan
 from ..recipe.planner import plan_variant
 from ..recipe.resolve import NotFound, Unreachable, git_commit
-from .checkmods import RowState, apply_in_scratch, check_env, check_variant, matrix
+from .checkmods import RowState, apply_in_scratch, check_env, check_variant, declares, matrix
 
 # A wider range is proven release by release; past this many, widening is left to the user.
 MAX_PROVEN = 12
@@ -63,20 +58,6 @@ class Bump:
     env_dropped: tuple[tuple[str, str], ...]  # (name, why)
     edits: tuple[tuple[Path, bytes], ...]  # mod.yaml: its new bytes
     unresolved: tuple[str, ...]  # what the new recipe leaves open, in words
-
-    @property
-    def dropped(self) -> list[Verdict]:
-        return [v for v in self.verdicts if not v.kept]
-
-
-def default_name(variant: str, version: str) -> str:
-    """testvllm at 0.17.1 becomes testvllm-0-17-1: a variant name holds no dots."""
-    return f"{variant}-{version.replace('.', '-')}"
-
-
-def leaf(plan: Plan, layout: Layout) -> Path:
-    """The variant's own recipe file (a plan records its recipes relative to the recipe folder's parent)."""
-    return layout.images_dir / Path(plan.recipe_files[0]).name
 
 
 def target_version(plan: Plan, recipe: Path, to: str | None, latest: bool,
@@ -148,29 +129,26 @@ def judge_mods(plan: Plan, version: str, tree: Path, workdir: Path, releases: li
         say(f"applying {len(vllm_mods)} vLLM mods to vllm {version}'s release source")
         for mod, state, detail in apply_in_scratch(vllm_mods, tree, workdir / "sequence"):
             results[mod.name] = (state, detail)
-    verdicts = []
-    for mod in plan.mods:
-        declared = mod.spec.targets.versions
-        declares = not declared or SpecifierSet(declared).contains(version, prereleases=True)
+
+    def verdict(mod: Mod) -> Verdict:
+        declared, takes = mod.spec.targets.versions, declares(mod, version)
+        if mod.spec.component == "image" and takes:
+            return Verdict(mod.name, True, f"drop-in files; its targets ({declared}) take {version}")
         if mod.spec.component == "image":
-            verdicts.append(Verdict(mod.name, True, f"drop-in files; its targets ({declared}) take {version}")
-                            if declares else
-                            Verdict(mod.name, False, f"its targets ({declared}) leave out {version}, and drop-in "
-                                    "files are read against a release by hand, not proven by applying them"))
-            continue
+            return Verdict(mod.name, False, f"its targets ({declared}) leave out {version}, and drop-in files are "
+                           "read against a release by hand, not proven by applying them")
         if mod.spec.component != "vllm":
-            verdicts.append(Verdict(mod.name, True, f"edits {mod.spec.component}, which bump leaves at its pin"))
-            continue
+            return Verdict(mod.name, True, f"edits {mod.spec.component}, which bump leaves at its pin")
         state, detail = results[mod.name]
         if state == RowState.ALREADY:
-            verdicts.append(Verdict(mod.name, False, f"its change is already in vllm {version}'s source"))
-        elif state != RowState.APPLIED:
-            verdicts.append(Verdict(mod.name, False, f"does not apply to vllm {version}: {detail}"))
-        elif declares:
-            verdicts.append(Verdict(mod.name, True, f"applies to vllm {version}"))
-        else:
-            verdicts.append(prove_wider(mod, version, releases, workdir, say))
-    return verdicts
+            return Verdict(mod.name, False, f"its change is already in vllm {version}'s source")
+        if state != RowState.APPLIED:
+            return Verdict(mod.name, False, f"does not apply to vllm {version}: {detail}")
+        if takes:
+            return Verdict(mod.name, True, f"applies to vllm {version}")
+        return prove_wider(mod, version, releases, workdir, say)
+
+    return [verdict(mod) for mod in plan.mods]
 
 
 def prove_wider(mod: Mod, version: str, releases: list[str], workdir: Path, say: Callable[[str], None]) -> Verdict:
@@ -217,8 +195,7 @@ def vllm_pin(plan: Plan, recipe: Path, version: str, tree: Path,
 def recipe_text(plan: Plan, name: str, version: str, vllm: dict[str, Any], verdicts: list[Verdict],
                 env_dropped: list[tuple[str, str]], command: str) -> str:
     """The new variant's recipe: what differs from the old one, with the reasons as comments."""
-    doc: dict[str, Any] = {"extends": plan.variant, "description": f"{plan.variant} with vLLM {version}",
-                           "vllm": vllm}
+    doc: dict[str, Any] = {"extends": plan.variant, "description": f"{plan.variant} with vLLM {version}", "vllm": vllm}
     if env_dropped:
         doc["env"] = {n: None for n, _ in env_dropped}
     dropped = [v for v in verdicts if not v.kept]
@@ -234,9 +211,8 @@ def recipe_text(plan: Plan, name: str, version: str, vllm: dict[str, Any], verdi
     return "\n".join(" ".join(line.split()) for line in head) + "\n" + body
 
 
-def _scratch_layout(layout: Layout, plan: Plan, work: Path, edits: dict[str, str]) -> Layout:
-    """Copies of the recipe chain and of the old variant's mods (with widened targets), to plan the new
-    variant from before anything is written."""
+def _scratch_layout(layout: Layout, plan: Plan, work: Path, edits: dict[Path, str]) -> Layout:
+    """Copies of the recipe chain and the old variant's mods (targets widened), to plan the new variant from."""
     images, mods = work / "images", work / "mods"
     images.mkdir()
     mods.mkdir()
@@ -244,8 +220,9 @@ def _scratch_layout(layout: Layout, plan: Plan, work: Path, edits: dict[str, str
         shutil.copy2(layout.images_dir / Path(file).name, images / Path(file).name)
     for mod in plan.mods:
         shutil.copytree(mod.folder, mods / mod.name, symlinks=True)
-        if mod.name in edits:
-            (mods / mod.name / "mod.yaml").write_text(edits[mod.name])
+        edited = edits.get(Path(mod.folder) / "mod.yaml")
+        if edited is not None:
+            (mods / mod.name / "mod.yaml").write_text(edited)
     return Layout(images_dir=images, mods_dir=mods, template=layout.template, inimage=layout.inimage,
                   gitfetch=layout.gitfetch)
 
@@ -256,9 +233,9 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
     if name is not None and (not NAME_RE.fullmatch(name) or len(name) > MAX_VARIANT):
         raise ConfigError(f"{name!r} is not a variant name: lowercase letters, digits and '-', at most {MAX_VARIANT}",
                           field="--name")
-    own = leaf(plan, layout)
+    own = layout.images_dir / Path(plan.recipe_files[0]).name  # recipe_files are relative to images_dir's parent
     version = target_version(plan, own, to, latest)
-    name = name or default_name(plan.variant, version)
+    name = name or f"{plan.variant}-{version.replace('.', '-')}"  # a variant name holds no dots
     recipe = layout.images_dir / f"{name}.yaml"
     if recipe.exists() or recipe.is_symlink():
         raise ConfigError(f"{recipe} exists; name the new variant with --name", field="--name")
@@ -269,44 +246,39 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
         work = Path(tmp)
         verdicts = judge_mods(plan, version, tree, work, releases, say)
         vllm, unresolved = vllm_pin(plan, own, version, tree, say)
-        edits: dict[str, str] = {}
-        files: list[tuple[Path, bytes]] = []
-        for v in verdicts:
+        edits: dict[Path, str] = {}  # mod.yaml: its text with widened targets
+        for mod, v in zip(plan.mods, verdicts):
             if v.widened:
-                mod = next(m for m in plan.mods if m.name == v.mod)
                 path = Path(mod.folder) / "mod.yaml"
-                edits[v.mod] = with_targets(path.read_text(), *v.widened, path)
-                files.append((path, edits[v.mod].encode()))
+                edits[path] = with_targets(path.read_text(), *v.widened, path)
         scratch = _scratch_layout(layout, plan, work, edits)
         dropped_mods = {m.name for m in plan.mods} - {v.mod for v in verdicts if v.kept}
         toggles = {m.spec.env.name: m.name for m in plan.mods if m.spec.env and m.name in dropped_mods}
         env_dropped = [(n, f"the toggle of {toggles[n]}, which is dropped") for n, _ in plan.env if n in toggles]
-        toggled = len(env_dropped)
-        text = recipe_text(plan, name, version, vllm, verdicts, env_dropped, command)
-        (scratch.images_dir / recipe.name).write_text(text)
-        new = plan_variant(scratch, name, platform=None)
-        # An env name the recipe sets that the new release does not read goes too, with the reason.
-        env_rows = check_env(new, work)
-        env_dropped += [(r.mod.removeprefix("env "), r.detail) for r in env_rows if r.state == RowState.FAILED]
-        if len(env_dropped) > toggled:
+        # An env name the recipe sets that the new release does not read goes too, with the reason; the recipe
+        # then changes, and its env is read again (a name still unread after that fails check-mods below).
+        for _ in range(2):
             text = recipe_text(plan, name, version, vllm, verdicts, env_dropped, command)
             (scratch.images_dir / recipe.name).write_text(text)
             new = plan_variant(scratch, name, platform=None)
-            env_rows = check_env(new, work)  # the recipe changed: its env is read again
+            env_rows = check_env(new, work)
+            unread = [(r.mod.removeprefix("env "), r.detail) for r in env_rows if r.state == RowState.FAILED]
+            if not unread:
+                break
+            env_dropped += unread
         say(f"check-mods {name}")
         rows = check_variant(new, work) + env_rows
         failed = [r for r in rows if r.state == RowState.FAILED]
         if failed:
             raise ConfigError(f"the new variant fails check-mods: {failed[0].mod}: {failed[0].detail}",
                               path=recipe, field="mods")
-    return Bump(plan, new, version, recipe, text, tuple(verdicts), tuple(env_dropped), tuple(files),
-                tuple(unresolved))
+    return Bump(plan, new, version, recipe, text, tuple(verdicts), tuple(env_dropped),
+                tuple((path, edited.encode()) for path, edited in edits.items()), tuple(unresolved))
 
 
 def write(bump: Bump) -> None:
-    """The recipe first, never over an existing one (so that of two bumps to one name, the second stops
-    before it touches a mod), then the widened mod.yaml files. On any failure, the mod.yaml files already
-    written get their old bytes back and the recipe is removed."""
+    """The recipe first, never over an existing one (of two bumps to one name, the second stops before it touches
+    a mod), then the widened mod.yaml files; on any failure, every file written before is put back."""
     write_new(bump.recipe, bump.text.encode())
     done: list[tuple[Path, bytes]] = []
     try:

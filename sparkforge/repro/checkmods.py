@@ -1,20 +1,18 @@
-"""Check that each mod applies to the real source it targets, in a scratch copy.
+"""Check that each mod applies to the real source it targets, in a scratch copy, with the build's own applier.
 
-For every variant: fetch the pinned source of each component its mods edit, apply the mods
-in the variant's order with the same applier the image build uses, run each mod's file checks,
-and apply again to prove the second application is detected. Only a variant that keeps its base's vLLM
-(`vllm.source: base`) asks the engine, for that base's installed tree.
+Only a variant that keeps its base's vLLM (`vllm.source: base`) asks the engine, for that base's installed tree.
 """
 
 from __future__ import annotations
 
-import shutil
+import contextlib
+import itertools
 import tempfile
 import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -68,9 +66,8 @@ def unavailable(label: str, reason: str) -> SourceRef:
 
 
 def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
-    """The vLLM tree at the variant's pin: the release's sdist when the pin is that release
-    (for git pins: when the release records a commit that the pinned commit starts with), else git;
-    for a wheel source, the wheel's own files (fetched with ca_cert)."""
+    """The vLLM tree at the variant's pin: the release's sdist when the pin is that release (for a git pin, when
+    the release records the start of its commit), else git; for a wheel source, the wheel's own files."""
     v = plan.vllm
     if v.wheel is not None:
         wheel = v.wheel
@@ -119,13 +116,9 @@ def base_source(plan: Plan) -> SourceRef:
 def apply_in_scratch(mods: list[Mod], tree: Path | None, scratch: Path, *,
                      patcher_timeout: float = inimage.PATCHER_TIMEOUT,
                      ca_cert: Path | None = None) -> list[tuple[Mod, RowState, str]]:
-    """Apply mods in order to a scratch copy of tree (an empty root for drop-in files).
-
-    Each mod: apply, run its file checks, apply again (must be detected as already applied).
-    A failed mod leaves its files untouched, and the mods after it still run, so one broken mod
-    never hides the state of the next. A patch named by URL that cannot be fetched (with ca_cert)
-    leaves its mod unverified, as an unreachable source does.
-    """
+    """Apply mods in order to a scratch copy of tree (None: an empty root): apply, run its file checks, apply
+    again (must be detected as already applied). A failed mod leaves its files untouched, so one broken mod
+    never hides the state of the next; a patch URL that cannot be fetched leaves its mod unverified."""
     if tree is not None:
         # Install-phase mods of vLLM see what the image's site-packages holds of it, the vllm/ package alone: only
         # that is copied (under half of a release's source tree). Source-phase mods see the whole checkout.
@@ -133,29 +126,26 @@ def apply_in_scratch(mods: list[Mod], tree: Path | None, scratch: Path, *,
         sources.scratch_copy(tree, scratch, only="vllm" if vllm_install else None)
     else:
         scratch.mkdir(parents=True)
-    results = []
-    for mod in mods:
+
+    def outcome(mod: Mod) -> tuple[RowState, str]:
         try:
             spec, folder = materialize(mod, ca_cert)
         except DownloadError as exc:
-            results.append((mod, RowState.UNVERIFIED, exc.detail))
-            continue
+            return RowState.UNVERIFIED, exc.detail
         first = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if first.state == inimage.ModState.FAILED:
-            results.append((mod, RowState.FAILED, first.detail))
-            continue
+            return RowState.FAILED, first.detail
         bad = [c for c in inimage.verify_mod(spec, scratch, in_image=False) if c[1] == inimage.CheckState.FAILED]
         if bad:
-            results.append((mod, RowState.FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"))
-            continue
+            return RowState.FAILED, f"verify: {bad[0][0]}: {bad[0][2]}"
         second = inimage.apply_mod(spec, folder, scratch, patcher_timeout=patcher_timeout)
         if second.state != inimage.ModState.ALREADY:
-            results.append((mod, RowState.FAILED,
-                            f"second application was {second.state.value}, not detected as already applied"))
-            continue
-        state = RowState.APPLIED if first.state == inimage.ModState.APPLIED else RowState.ALREADY
-        results.append((mod, state, "" if state == RowState.APPLIED else "already present in the pristine source"))
-    return results
+            return RowState.FAILED, f"second application was {second.state.value}, not detected as already applied"
+        if first.state == inimage.ModState.APPLIED:
+            return RowState.APPLIED, ""
+        return RowState.ALREADY, "already present in the pristine source"
+
+    return [(mod, *outcome(mod)) for mod in mods]
 
 
 def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
@@ -166,11 +156,9 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
     for mod in plan.mods:
         groups.setdefault(mod.spec.component, []).append(mod)
     if plan.vllm.wheel is not None and "vllm" not in groups:
-        # The recipe's wheel is checked as the build checks it even when no mod reads its files.
-        try:
+        # The recipe's wheel is checked as the build checks it, even when no mod reads it (unreachable: let be).
+        with contextlib.suppress(DownloadError):
             prebuilt.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
-        except DownloadError:
-            pass  # not reachable from here; no mod of this variant is checked against it
     for component, mods in groups.items():
         # Source-phase mods run before install-phase ones, as in the build.
         mods = sorted(mods, key=lambda m: m.spec.phase != "source")
@@ -181,19 +169,15 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
             for mod in mods:
                 rows[mod.name] = Row(plan.variant, mod.name, RowState.UNVERIFIED, str(exc), ref.label)
             continue
-        scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-{component}-", dir=workdir))
-        try:
-            for mod, state, detail in apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout,
+        with scratch_dir(workdir, f"{plan.variant}-{component}-") as root:
+            for mod, state, detail in apply_in_scratch(mods, tree, root, patcher_timeout=patcher_timeout,
                                                        ca_cert=ca_cert):
                 rows[mod.name] = Row(plan.variant, mod.name, state, detail, ref.label)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
     return [rows[m.name] for m in plan.mods]
 
 
 def source_of(plan: Plan, component: str, ca_cert: Path | None = None) -> SourceRef:
-    """The pristine tree the mods of a component are applied to: vLLM's (vllm_source), a component's at its
-    pin, or for `image` an empty root (fetch gives None)."""
+    """The pristine tree a component's mods apply to: vLLM's, a component's at its pin, or for `image` None."""
     if component == "image":
         return SourceRef("an empty image root", lambda: None)
     if component == "vllm":
@@ -210,9 +194,6 @@ def source_of(plan: Plan, component: str, ca_cert: Path | None = None) -> Source
     return unavailable(f"{component} (unpinned)", f"components.{component} is not pinned")
 
 
-# ------------------------------------------------------------------ the release matrix
-
-
 @dataclass(frozen=True)
 class MatrixCell:
     mod: str
@@ -224,18 +205,15 @@ class MatrixCell:
 
 def release_progress(say: Callable[[str], None], label: str, total: int,
                      clock: Callable[[], float] = time.monotonic) -> Callable[[str], None]:
-    """A progress callback for a run over releases: a line each, with its place (n/N) and, from the second on,
-    the time left at the pace so far."""
+    """A progress callback for a run over releases: a line each, with n/N and, from the second on, the time left."""
     start = clock()
     seen = 0
 
     def tick(version: str) -> None:
         nonlocal seen
         seen += 1
-        left = ""
-        if seen > 1:
-            per = (clock() - start) / (seen - 1)
-            left = f", {time_left(per * (total - seen + 1))}"
+        per = (clock() - start) / max(1, seen - 1)  # the pace so far, known from the second release on
+        left = f", {time_left(per * (total - seen + 1))}" if seen > 1 else ""
         say(f"{label} {version} ({seen}/{total}{left})")
     return tick
 
@@ -249,59 +227,43 @@ def matrix(mods: list[Mod], versions: list[str], workdir: Path,
         try:
             tree = sources.release_tree("vllm", version)
         except sources.SourceUnavailable as exc:
-            cells += [MatrixCell(m.name, version, RowState.UNVERIFIED, str(exc), _declares(m, version)) for m in mods]
+            cells += [MatrixCell(m.name, version, RowState.UNVERIFIED, str(exc), declares(m, version)) for m in mods]
             continue
         for mod in mods:
-            scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{version}-", dir=workdir))
-            try:
-                (_, state, detail), = apply_in_scratch([mod], tree, scratch / "root", ca_cert=ca_cert)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-            cells.append(MatrixCell(mod.name, version, state, detail, _declares(mod, version)))
+            with scratch_dir(workdir, f"matrix-{version}-") as root:
+                (_, state, detail), = apply_in_scratch([mod], tree, root, ca_cert=ca_cert)
+            cells.append(MatrixCell(mod.name, version, state, detail, declares(mod, version)))
     return cells
 
 
-def _declares(mod: Mod, version: str) -> bool:
+def declares(mod: Mod, version: str) -> bool:
+    """Whether the mod's targets take a release."""
     return SpecifierSet(mod.spec.targets.versions).contains(Version(version), prereleases=True)
+
+
+@contextlib.contextmanager
+def scratch_dir(workdir: Path, prefix: str) -> Iterator[Path]:
+    """A root to apply mods in (not yet made), inside a folder of workdir that is removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=workdir, ignore_cleanup_errors=True) as scratch:
+        yield Path(scratch) / "root"
 
 
 def applies_ranges(cells: list[MatrixCell], mod: str) -> list[tuple[str, str]]:
     """Runs of consecutive releases where the mod applies, as (first, last)."""
-    runs: list[tuple[str, str]] = []
-    start = last = None
-    for cell in (c for c in cells if c.mod == mod):
-        if cell.state in (RowState.APPLIED, RowState.ALREADY):
-            start = start or cell.version
-            last = cell.version
-        elif start:
-            runs.append((start, last or start))
-            start = last = None
-    if start:
-        runs.append((start, last or start))
-    return runs
+    groups = itertools.groupby((c for c in cells if c.mod == mod),
+                               key=lambda c: c.state in (RowState.APPLIED, RowState.ALREADY))
+    runs = [[c.version for c in group] for applies, group in groups if applies]
+    return [(run[0], run[-1]) for run in runs]
 
 
-# ------------------------------------------------------------------ env names the release reads
-
-# The namespace of vLLM's own settings: a name in it that vLLM does not read is a mistake. A name
-# outside it may be meant for another program in the image (NCCL, CUDA, PyTorch), which this
-# check cannot see into, so such a name is reported unverified instead of failed.
+# The namespace of vLLM's own settings: a name in it that vLLM does not read is a mistake. A name outside it may
+# be meant for another program in the image (NCCL, CUDA), which this check cannot see into: unverified, not failed.
 VLLM_PREFIX = "VLLM_"
 
 
-def env_origins(plan: Plan) -> dict[str, str]:
-    """Each runtime env name of a variant, with where it comes from: a mod's toggle or the recipe."""
-    toggles = {m.spec.env.name: f"toggle of mod {m.name}" for m in plan.mods if m.spec.env}
-    return {name: toggles.get(name, "recipe env") for name, _ in plan.env}
-
-
 def names_read(tree: Path, names: Iterable[str], package: str = "vllm") -> set[str]:
-    """The names that a .py file of tree/package holds as a whole string literal.
-
-    A literal, found by Python's tokenizer: `os.environ.get("NAME")`, `os.getenv("NAME")` and the
-    `"NAME": lambda: ...` entries of vllm/envs.py count; a comment, a docstring's prose or a longer
-    name that contains NAME does not, nor a name built at run time (f-strings, concatenation).
-    """
+    """The names that a .py file of tree/package holds as a whole string literal (`os.getenv("NAME")`, envs.py's
+    `"NAME": lambda: ...`); a comment, a longer name or a name built at run time (an f-string) does not count."""
     wanted = set(names)
     found: set[str] = set()
     for path in sorted((tree / package).rglob("*.py")):
@@ -323,32 +285,22 @@ def _string_literals(data: bytes) -> set[str]:
     import io
     import tokenize
 
-    out: set[str] = set()
     try:
-        for tok in tokenize.tokenize(io.BytesIO(data).readline):
-            if tok.type != tokenize.STRING:
-                continue
-            try:
-                value = ast.literal_eval(tok.string)
-            except (ValueError, SyntaxError):
-                continue  # an f-string: its name is built at run time
-            if isinstance(value, str):
-                out.add(value)
+        literals = [t.string for t in tokenize.tokenize(io.BytesIO(data).readline) if t.type == tokenize.STRING]
     except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
         return set()
-    return out
+    values = []
+    for literal in literals:
+        with contextlib.suppress(ValueError, SyntaxError):  # an f-string: its name is built at run time
+            values.append(ast.literal_eval(literal))
+    return {value for value in values if isinstance(value, str)}
 
 
-def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
-              ca_cert: Path | None = None) -> list[Row]:
-    """A row per runtime env name of a variant: is it read by the pinned vLLM source, after the
-    variant's vLLM mods (a mod that adds a setting makes its name read)?
-
-    Read: some .py file of the vllm package holds it as a string literal (names_read). A VLLM_ name
-    that none holds fails, naming the name, the variant and the release; another name is unverified.
-    Where the source cannot be fetched, every name is unverified, as the mods are.
-    """
-    origins = env_origins(plan)
+def check_env(plan: Plan, workdir: Path, *, ca_cert: Path | None = None) -> list[Row]:
+    """A row per runtime env name of a variant: is it read (names_read) by the pinned vLLM source after the
+    variant's vLLM mods? A VLLM_ name that is not fails; another is unverified, as all are without the source."""
+    toggles = {m.spec.env.name: f"toggle of mod {m.name}" for m in plan.mods if m.spec.env}
+    origins = {name: toggles.get(name, "recipe env") for name, _ in plan.env}
     if not origins:
         return []
     ref = vllm_source(plan, ca_cert)
@@ -357,27 +309,23 @@ def check_env(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PAT
     except sources.SourceUnavailable as exc:
         return [Row(plan.variant, f"env {n}", RowState.UNVERIFIED, str(exc), ref.label) for n in origins]
     mods = sorted((m for m in plan.mods if m.spec.component == "vllm"), key=lambda m: m.spec.phase != "source")
-    scratch = Path(tempfile.mkdtemp(prefix=f"{plan.variant}-env-", dir=workdir))
-    try:
+    with scratch_dir(workdir, f"{plan.variant}-env-") as root:
         if mods:
-            apply_in_scratch(mods, tree, scratch / "root", patcher_timeout=patcher_timeout, ca_cert=ca_cert)
-            tree = scratch / "root"
+            apply_in_scratch(mods, tree, root, ca_cert=ca_cert)
+            tree = root
         read = names_read(tree, origins) if tree is not None else set()  # None: an empty root reads no name
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     release = f"vllm {plan.vllm.version}"
     after = " with its mods" if mods else ""
     rows = []
     for name, origin in origins.items():
         if name in read:
-            rows.append(Row(plan.variant, f"env {name}", RowState.READ, f"{origin}; read by {release}{after}",
-                            ref.label))
+            state, detail = RowState.READ, f"{origin}; read by {release}{after}"
         elif name.startswith(VLLM_PREFIX):
-            rows.append(Row(plan.variant, f"env {name}", RowState.FAILED,
-                            f"{plan.variant} sets {name} ({origin}), which no .py file of {release}{after} reads",
-                            ref.label))
+            state = RowState.FAILED
+            detail = f"{plan.variant} sets {name} ({origin}), which no .py file of {release}{after} reads"
         else:
-            rows.append(Row(plan.variant, f"env {name}", RowState.UNVERIFIED,
-                            f"{name} ({origin}) is read by no .py file of {release}{after}; a name outside "
-                            f"{VLLM_PREFIX}* may be meant for another program, which is not checked", ref.label))
+            state = RowState.UNVERIFIED
+            detail = (f"{name} ({origin}) is read by no .py file of {release}{after}; a name outside {VLLM_PREFIX}* "
+                      "may be meant for another program, which is not checked")
+        rows.append(Row(plan.variant, f"env {name}", state, detail, ref.label))
     return rows

@@ -1,10 +1,7 @@
 """What changed between two variants, two locks or two built images.
 
-Each side becomes a Snapshot: every field of a plan, section by section (image, base, OS
-packages, vLLM, components, protect, build, env, mods, tooling, installed Python packages), read
-from a plan (with its lock's packages when the lock agrees with the recipe), a lock file, or the
-build record inside an image. A lock or a record does not hold every field; what a side does
-not know is marked so, and is never reported as the same.
+Each side becomes a Snapshot of every field of a plan, section by section, read from a plan (with its lock's
+packages), a lock file or an image's build record. What a side does not know is never reported as the same.
 """
 
 from __future__ import annotations
@@ -61,9 +58,6 @@ class Snapshot:
     def section(self, name: str) -> Entries | None:
         return cast("Entries | None", getattr(self, name))  # SECTIONS and `other` are fields of that type
 
-    def why_unknown(self, section: str) -> str:
-        return dict(self.unknown).get(section, "")
-
 
 @dataclass(frozen=True)
 class Change:
@@ -74,12 +68,9 @@ class Change:
     new: str = ""
 
     def line(self) -> str:
-        mark = {"added": "+", "removed": "-", "changed": "~", "order": "~"}[self.kind]
-        if self.kind == "added":
-            return f"{mark} {self.name} {self.new}".rstrip()
-        if self.kind == "removed":
-            return f"{mark} {self.name} {self.old}".rstrip()
-        return f"{mark} {self.name}: {self.old or '(none)'} -> {self.new or '(none)'}"
+        if self.kind in ("added", "removed"):  # one side only: the other is ""
+            return f"{'+' if self.kind == 'added' else '-'} {self.name} {self.old or self.new}".rstrip()
+        return f"~ {self.name}: {self.old or '(none)'} -> {self.new or '(none)'}"
 
 
 @dataclass(frozen=True)
@@ -99,28 +90,17 @@ class Diff:
         return SECTIONS + tuple(dict.fromkeys(extra))
 
 
-# ------------------------------------------------------------------ snapshots
-
-
-def _pin(value: str | None, unknown: str = "UNPINNED") -> str:
-    return value if value else unknown
-
-
-def _commit(commit: str | None) -> str:
-    return commit or "UNPINNED"
-
-
 def _vllm_text(source: str, version: str, ref: str | None, commit: str | None) -> str:
     if source in ("pypi", "wheel", "base"):
         return f"{version} ({source})"
-    return f"{version} ({source} {ref} @ {_commit(commit)})"
+    return f"{version} ({source} {ref} @ {commit or 'UNPINNED'})"
 
 
 def _component_text(kind: str, package: str | None, version: str | None, repo: str | None, ref: str | None,
                     commit: str | None, dest: str | None) -> str:
     if kind == "pip":
-        return f"pip {package}=={_pin(version)}"
-    return f"{kind} {repo} {ref} @ {_commit(commit)}, dest {dest}"
+        return f"pip {package}=={version or 'UNPINNED'}"
+    return f"{kind} {repo} {ref} @ {commit or 'UNPINNED'}, dest {dest}"
 
 
 def _os_packages(specs: tuple[str, ...] | list[str]) -> Entries:
@@ -141,21 +121,15 @@ def _build(arch: str | None, max_jobs: Any, nvcc: Any, env: Any, epoch: int | No
         ("TORCH_CUDA_ARCH_LIST", arch), ("MAX_JOBS", None if max_jobs is None else str(max_jobs)),
         ("NVCC_THREADS", None if nvcc is None else str(nvcc)),
         ("SOURCE_DATE_EPOCH", str(epoch) if epoch is not None else "none")]
-    if env is not None:
-        out += [(f"env {k}", v) for k, v in env]
-    return tuple(out)
+    return tuple(out + [(f"env {k}", v) for k, v in env or ()])
 
 
 def _kernels(gpus: tuple[str, ...] | None, not_needed: Sequence[tuple[str, str | None]] | None) -> Entries:
-    """The kernel check's inputs: the GPUs, and the extensions not needed (names, then each reason;
-    a build record keeps the names only, so its reasons are not known)."""
-    out: list[tuple[str, str | None]] = [("gpus", None if gpus is None else " ".join(gpus))]
-    if not_needed is not None:
-        out.append(("kernels_not_needed", " ".join(name for name, _ in not_needed) or "none"))
-        out += [(f"kernels_not_needed {name}", reason) for name, reason in not_needed]
-    else:
-        out.append(("kernels_not_needed", None))
-    return tuple(out)
+    """The kernel check's inputs: the GPUs, and the extensions not needed with each reason (None in a record)."""
+    names = None if not_needed is None else " ".join(name for name, _ in not_needed) or "none"
+    out: list[tuple[str, str | None]] = [("gpus", None if gpus is None else " ".join(gpus)),
+                                         ("kernels_not_needed", names)]
+    return tuple(out + [(f"kernels_not_needed {name}", reason) for name, reason in not_needed or ()])
 
 
 def _wheels(python: PythonTarget | None, pins: tuple[WheelPin, ...], unresolved: str | None = None) -> Entries:
@@ -171,12 +145,6 @@ def _wheels(python: PythonTarget | None, pins: tuple[WheelPin, ...], unresolved:
     return tuple(out)
 
 
-def _other(plan: Plan) -> Entries:
-    identity = plan.identity()
-    return tuple((key, json.dumps(identity[key], sort_keys=True)) for key in sorted(identity)
-                 if key not in _SHOWN | _NAMING)
-
-
 def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snapshot:
     """A plan; installed packages come from its lock (or the pins a lock gave the plan)."""
     v = plan.vllm
@@ -186,15 +154,14 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
                                               c.dest)))
         if c.pip_install:
             comps.append((f"{c.name}.pip_install", "yes"))
+    packages: Entries | None = plan.pins or None
     if lock is not None and not lock.packages_unresolved:
-        packages: Entries | None = lock.installed
-    else:
-        packages = plan.pins or None
+        packages = lock.installed
     unknown: tuple[tuple[str, str], ...] = ()
     if packages is None:
         note = lock_note or (f"lock: {lock.packages_unresolved}" if lock is not None else "no lock applied")
         unknown = (("packages", note),)
-    b = plan.build
+    b, identity = plan.build, plan.identity()
     base = plan.base.ref + ("" if plan.base.digest.value else " (digest unknown)")
     return Snapshot(
         label=f"variant {plan.variant}",
@@ -214,7 +181,8 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         mods=tuple((m.name, m.digest) for m in plan.mods),
         tooling=(("template and tools", plan.tooling_digest), ("sparkforge", plan.tool_version)),
         packages=packages,
-        other=_other(plan),
+        other=tuple((key, json.dumps(identity[key], sort_keys=True)) for key in sorted(identity)
+                    if key not in _SHOWN | _NAMING),
         unknown=unknown,
     )
 
@@ -244,8 +212,7 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
         os_packages=_os_packages(lock.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
               ("repo", "none" if v.source != "git" else v.repo), ("package", v.package or "vllm"),
-              ("install_deps", _yes(v.install_deps)),
-              ("wheel", None))
+              ("install_deps", _yes(v.install_deps)), ("wheel", None))
         + (_wheels(lock.wheels.target, lock.wheels.pins, lock.wheels.unresolved) if lock.wheels else _wheels(None, ()))
         + (("venv", None),),
         components=tuple(comps),
@@ -260,8 +227,7 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
 
 
 def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None = None) -> Snapshot:
-    """The build record inside an image, and its labels (the base the engine held, where the plan pinned
-    none). It does not list the OS packages or protect."""
+    """The build record inside an image, and its labels (the base the engine held, where the plan pinned none)."""
     from ..build.builder import BASE_LABEL
 
     b = record.base
@@ -281,8 +247,7 @@ def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None =
             comps.append((c["name"], _component_text("pip", c["package"], version, None, None, None, None)))
         else:
             commit_c = installed.get(c["name"]) or c["commit"].get("value")
-            comps.append((c["name"], _component_text("git", None, None, c.get("repo"), c["ref"], commit_c,
-                                                     c["dest"])))
+            comps.append((c["name"], _component_text("git", None, None, c.get("repo"), c["ref"], commit_c, c["dest"])))
             if c.get("pip_install"):
                 comps.append((f"{c['name']}.pip_install", "yes"))
     bs = record.build or {}
@@ -293,13 +258,12 @@ def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None =
         unknown.append(("packages", "the image's build record predates package lists; rebuild it"))
     return Snapshot(
         label=f"image {image}",
-        image=(("image", ImageRef.parse(record.tag).repository),
-               ("platform", platform_of(record.machine))),
+        image=(("image", ImageRef.parse(record.tag).repository), ("platform", platform_of(record.machine))),
         base=(("base", base),),
         os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
-              ("package", v.get("package") or "vllm"), ("install_deps", _yes(bool(v.get("install_deps")))), ("python", None), ("wheel set", None),
-              ("venv", None)),
+              ("package", v.get("package") or "vllm"), ("install_deps", _yes(bool(v.get("install_deps")))),
+              ("python", None), ("wheel set", None), ("venv", None)),
         components=tuple(comps),
         protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),
@@ -328,18 +292,13 @@ def snapshot(arg: str, layout: Layout) -> Snapshot:
             return from_plan(loaded.plan, None, note)
         return from_plan(loaded.plan, read_lock(loaded.lock))
     if ":" in arg or "/" in arg or "@" in arg:
-        from ..build.inspect import read_record
-
         from ..build.builder import current_image
+        from ..build.inspect import read_record
 
         record, labels = read_record(arg)
         return replace(from_record(arg, record, labels), built=(record.plan_hash, current_image(arg) or ""))
     known = ", ".join(list_variants(layout.images_dir)) or "none"
-    raise ConfigError(f"{arg!r} is not a variant (known: {known}), a lock file or an image reference",
-                      field="diff")
-
-
-# ------------------------------------------------------------------ comparing
+    raise ConfigError(f"{arg!r} is not a variant (known: {known}), a lock file or an image reference", field="diff")
 
 
 def _pairs(section: str, a: Entries, b: Entries) -> list[Change]:
@@ -347,10 +306,8 @@ def _pairs(section: str, a: Entries, b: Entries) -> list[Change]:
     da, db = dict(a), dict(b)
     out = [Change(section, "removed", k, old=v) for k, v in da.items() if k not in db and v is not None]
     out += [Change(section, "added", k, new=v) for k, v in db.items() if k not in da and v is not None]
-    for k, v in da.items():
-        w = db.get(k)
-        if v is not None and w is not None and v != w:
-            out.append(Change(section, "changed", k, v, w))
+    out += [Change(section, "changed", k, v, w) for k, v in da.items()
+            if v is not None and (w := db.get(k)) is not None and v != w]
     return sorted(out, key=lambda c: (c.name, c.kind))
 
 
@@ -360,10 +317,10 @@ def diff_snapshots(a: Snapshot, b: Snapshot) -> Diff:
     for section in SECTIONS + ("other",):
         ea, eb = a.section(section), b.section(section)
         if ea is None or eb is None:
-            notes += [f"{section} of {side.label} not known: {side.why_unknown(section)}"
+            notes += [f"{section} of {side.label} not known: {dict(side.unknown).get(section, '')}"
                       for side, e in ((a, ea), (b, eb)) if e is None]
             continue
-        found = [replace_digest(c) for c in _pairs(section, ea, eb)]
+        found = [replace(c, old=_short_digest(c.old), new=_short_digest(c.new)) for c in _pairs(section, ea, eb)]
         if section == "mods":
             common_a = [n for n, _ in ea if n in dict(eb)]
             common_b = [n for n, _ in eb if n in dict(ea)]
@@ -386,11 +343,6 @@ _COMMIT = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{28}\b")
 def _short_digest(text: str) -> str:
     """Digests and commits are compared in full and shown short: sha256: and 12 hex, 12 hex."""
     return text[:19] if text.startswith("sha256:") else _COMMIT.sub(r"\1", text)
-
-
-def replace_digest(change: Change) -> Change:
-    """The change as shown: digests compared in full, shown short."""
-    return Change(change.section, change.kind, change.name, _short_digest(change.old), _short_digest(change.new))
 
 
 def diff(arg_a: str, arg_b: str, layout: Layout) -> Diff:

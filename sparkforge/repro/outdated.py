@@ -1,28 +1,21 @@
-"""Which pins of a variant have newer releases upstream, and which mods apply to them.
+"""Which pins of a variant have newer releases on PyPI, and which mods apply to them.
 
-Releases come from the PyPI simple index (the cached fetcher of sources.py): vLLM, every pip
-component, and git components that PyPI also publishes (transformers). For the newer vLLM
-releases, the variant's vLLM mods are tried the way `check-mods --matrix` tries them, and its
-image mods (drop-in files, which `check-mods` installs into an empty root) are installed once
-and set against the releases their targets declare, so a server written against the vLLM API
-shows where it was not read.
+The vLLM mods are tried on the newer vLLM releases as `check-mods --matrix` tries them; the image mods (drop-in
+files) are installed once and set against the releases their targets declare.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
-from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..recipe import sources
 from ..recipe.plan import Mod, Plan
-from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, matrix, release_progress
+from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, declares, matrix, release_progress, scratch_dir
 
 # Git components whose releases PyPI also carries, by component name.
 ON_PYPI = {"transformers": "transformers"}
@@ -70,13 +63,11 @@ def newer_releases(project: str, pinned: str | None,
                    releases: Callable[[str], list[str]] = sources.release_versions) -> tuple[str, ...]:
     """Final releases of project newer than pinned (all of them when the pin is not a version)."""
     found = releases(project)
-    if pinned is None:
-        return tuple(found)
     try:
-        floor = Version(pinned)
+        floor = None if pinned is None else Version(pinned)
     except InvalidVersion:
-        return tuple(found)
-    return tuple(v for v in found if Version(v) > floor)
+        floor = None
+    return tuple(v for v in found if floor is None or Version(v) > floor)
 
 
 def _one(component: str, project: str, pinned: str | None, shown: str, note: str,
@@ -106,8 +97,7 @@ def check_components(plan: Plan, releases: Callable[[str], list[str]] = sources.
 def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | None = None,
              releases: Callable[[str], list[str]] = sources.release_versions,
              progress: Callable[[str], None] = lambda _: None) -> Report:
-    """The newer releases of each pinned component and, for vLLM, which mods apply to them; progress gets a line
-    per release the mods are tried on."""
+    """The newer releases of each pinned component and, for vLLM, which mods apply to them."""
     comps = check_components(plan, releases)
     mods = [m for m in plan.mods if m.spec.component in ("vllm", "image")]
     vllm_mods = [m for m in mods if m.spec.component == "vllm"]
@@ -123,16 +113,10 @@ def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | N
 
 
 def image_cells(mods: list[Mod], versions: list[str], workdir: Path) -> list[MatrixCell]:
-    """Image mods against newer vLLM releases: installed once into an empty root (as check-mods does;
-    no vLLM source is involved), each release marked with whether the mod's targets declare it."""
+    """Image mods against newer vLLM releases: installed once into an empty root, as check-mods does."""
     cells = []
     for mod in mods:
-        scratch = Path(tempfile.mkdtemp(prefix="outdated-image-", dir=workdir))
-        try:
-            (_, state, detail), = apply_in_scratch([mod], None, scratch / "root")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        declared = SpecifierSet(mod.spec.targets.versions)
-        cells += [MatrixCell(mod.name, v, state, detail, declared.contains(Version(v), prereleases=True))
-                  for v in versions]
+        with scratch_dir(workdir, "outdated-image-") as root:
+            (_, state, detail), = apply_in_scratch([mod], None, root)
+        cells += [MatrixCell(mod.name, v, state, detail, declares(mod, v)) for v in versions]
     return cells

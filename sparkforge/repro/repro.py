@@ -1,12 +1,7 @@
-"""Reproducibility check: build a plan twice from scratch and compare the images bit for bit.
+"""Reproducibility check: build a plan twice with --no-cache and rewrite-timestamp, compare the images bit for bit.
 
-Each build runs with `--no-cache` (fresh cache mounts too), the lock's SOURCE_DATE_EPOCH, and
-`rewrite-timestamp=true`, and is exported to an OCI/Docker tarball. The manifest digest decides;
-when the two differ, both tarballs are opened to name the layers and the files that differ.
-
-Only an engine that honours rewrite-timestamp can give a true answer. dockerd's built-in
-builder on the classic image store ignores it (two builds always differ) and cannot export to a
-file, so that engine is refused with what to use instead, never reported as "not reproducible".
+The manifest digest decides; when the two differ, both exported tarballs name the layers and files. dockerd's
+builder on the classic image store ignores rewrite-timestamp: refused, never reported as "not reproducible".
 """
 
 from __future__ import annotations
@@ -16,14 +11,15 @@ import os
 import subprocess
 import tarfile
 from dataclasses import dataclass, replace
+from itertools import zip_longest
 from pathlib import Path
-from typing import Any
 from collections.abc import Callable, Iterator
 
 from ..imageref import is_attestation
 from ..build import dockercli
 from ..build.builder import BuildOptions, Step, build_image
 from ..build.render import Context
+from ..distribute.nodes import cli_env  # never the user's current context: `host`, or the default engine
 from ..errors import SparkforgeError
 from ..inimage.contract import parse_json
 from ..recipe.plan import Plan
@@ -72,22 +68,11 @@ class ReproResult:
         return self.first.manifest == self.second.manifest
 
 
-def _plain_env() -> dict[str, str]:
-    """Our environment without the user's current context: `host`, or the default engine when None."""
-    return {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
-
-
-def _docker(host: str | None, *args: str, timeout: float = dockercli.ASK,
-            **kw: Any) -> subprocess.CompletedProcess[str]:
-    """`docker ARGS` on `host` (the default engine when None), never the user's current context."""
-    return dockercli.run(list(args), host=host, env=_plain_env(), timeout=timeout, check=False, **kw)
-
-
 def check_engine(host: str | None) -> str:
     """Refuse, in one line, an engine whose builder cannot export reproducibly; else describe it."""
     where = host or "the default Docker engine"
     try:
-        store = dockercli.image_store(host, env=_plain_env())
+        store = dockercli.image_store(host, env=cli_env())
     except dockercli.EngineError as exc:
         raise ReproError(f"{where} does not answer: {exc.detail}", field="--builder-host") from None
     if not store.containerd:
@@ -100,31 +85,26 @@ def check_engine(host: str | None) -> str:
 
 
 def ensure_base(plan: Plan, host: str | None, progress: Callable[[str], None] = lambda _: None) -> None:
-    """Copy the plan's base image from the default engine to the build engine when that lacks it.
-
-    A base pinned by digest is left to BuildKit, which pulls it by that digest from its registry.
-    """
+    """Copy the plan's base image from the default engine to the build engine when that lacks it and BuildKit
+    cannot pull it (it is pinned by no digest)."""
     if host is None or plan.base.digest.value:
         return
     ref = plan.base.ref
-    if dockercli.inspect_images(ref, host=host, env=_plain_env())[ref] is not None:
+    if dockercli.inspect_images(ref, host=host, env=cli_env())[ref] is not None:
         return
-    if dockercli.inspect_images(ref, env=_plain_env())[ref] is None:
+    if dockercli.inspect_images(ref, env=cli_env())[ref] is None:
         raise ReproError(f"base image {ref} is neither on {host} nor in the default engine; pull or build it first",
                          field="base")
     progress(f"copying base image {ref} to {host}")
-    save = dockercli.start(["save", ref], stdout=subprocess.PIPE, env=_plain_env())
+    save = dockercli.start(["save", ref], stdout=subprocess.PIPE, env=cli_env())
     try:
-        load = _docker(host, "load", stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=dockercli.LONG)
+        load = dockercli.run(["load"], host=host, env=cli_env(), timeout=dockercli.LONG, check=False,
+                             stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     finally:
         if save.stdout:
             save.stdout.close()
     if dockercli.finish(save, timeout=dockercli.LONG) != 0 or load.returncode != 0:
         raise ReproError(f"could not copy {ref} to {host}: {load.stderr.strip()[-200:]}", field="base")
-
-
-# ------------------------------------------------------------------ reading exported tarballs
 
 
 def _blob(tf: tarfile.TarFile, digest: str) -> bytes:
@@ -168,7 +148,7 @@ _Entry = tuple[bytes, int, tuple[int, int], int, str, str]
 
 
 def _layer_entries(tf: tarfile.TarFile, digest: str) -> dict[str, _Entry]:
-    """path -> (type, mode, uid, gid, mtime, link, sha256 of content) of one layer blob."""
+    """path -> _Entry of each file of one layer blob."""
     member = tf.extractfile(f"blobs/{digest.replace(':', '/')}")
     if member is None:
         return {}
@@ -202,9 +182,8 @@ def compare(first: ImageDigests, second: ImageDigests) -> tuple[tuple[str, ...],
     with tarfile.open(first.tarball) as ta, tarfile.open(second.tarball) as tb:
         cfg = tuple(_config_fields(parse_json(_blob(ta, first.config)), parse_json(_blob(tb, second.config))))
         diffs = []
-        for i in range(max(len(first.layers), len(second.layers))):
-            la = first.layers[i] if i < len(first.layers) else ""
-            lb = second.layers[i] if i < len(second.layers) else ""
+        pairs = zip_longest(zip(first.layers, first.steps), zip(second.layers, second.steps), fillvalue=("", ""))
+        for i, ((la, step_a), (lb, step_b)) in enumerate(pairs):
             if la == lb:
                 continue
             ea = _layer_entries(ta, la) if la else {}
@@ -215,12 +194,8 @@ def compare(first: ImageDigests, second: ImageDigests) -> tuple[tuple[str, ...],
                     files.append(FileDiff(path, ("only in build 2" if path not in ea else "only in build 1",)))
                 elif ea[path] != eb[path]:
                     files.append(FileDiff(path, tuple(n for n, x, y in zip(_ATTRS, ea[path], eb[path]) if x != y)))
-            step = (first.steps[i] if i < len(first.steps) else "") or (second.steps[i] if i < len(second.steps) else "")
-            diffs.append(LayerDiff(i + 1, step, la, lb, tuple(files)))
+            diffs.append(LayerDiff(i + 1, step_a or step_b, la, lb, tuple(files)))
     return cfg, tuple(diffs)
-
-
-# ------------------------------------------------------------------ the check
 
 
 def verify_repro(plan: Plan, context: Context, opts: BuildOptions, workdir: Path,
@@ -245,7 +220,5 @@ def verify_repro(plan: Plan, context: Context, opts: BuildOptions, workdir: Path
             raise ReproError(f"the build wrote no tarball to {tarball}", field="--builder-host")
         images.append(read_digests(tarball))
     first, second = images
-    if first.manifest == second.manifest:
-        return ReproResult(plan, first, second, (), ())
-    cfg, layers = compare(first, second)
+    cfg, layers = ((), ()) if first.manifest == second.manifest else compare(first, second)
     return ReproResult(plan, first, second, cfg, layers)

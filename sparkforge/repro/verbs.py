@@ -1,8 +1,4 @@
-"""The library entries of the checking verbs: check-mods, verify-repro, outdated and bump.
-
-Like build.pipeline (whose plan loading, wheel and context steps they reuse), the command line and the
-tests call these.
-"""
+"""The library entries of the checking verbs (check-mods, verify-repro, outdated, bump), for the CLI and tests."""
 
 from __future__ import annotations
 
@@ -34,8 +30,6 @@ if TYPE_CHECKING:  # imported where they run: their modules load only for their 
     from .outdated import Report
     from .repro import ReproResult
 
-# ------------------------------------------------------------------ check-mods
-
 
 @dataclass(frozen=True)
 class ModsReport:
@@ -49,17 +43,10 @@ class ModsReport:
     def in_state(self, state: RowState) -> list[Row]:
         return [r for r in self.rows if r.state == state]
 
-    def cell(self, mod: str, version: str) -> MatrixCell:
-        return next(c for c in self.cells if c.mod == mod and c.version == version)
-
-    @property
-    def matrix_failed(self) -> bool:
-        """A release that a mod declares, where it does not apply (unverified cells aside)."""
-        done = (RowState.APPLIED, RowState.ALREADY, RowState.UNVERIFIED)
-        return any(c.declared and c.state not in done for c in self.cells)
-
     def failed(self, strict: bool) -> bool:
-        return (bool(self.in_state(RowState.FAILED)) or self.matrix_failed
+        """A failed row, a release a mod declares where it does not apply, or with strict an unverified row."""
+        done = (RowState.APPLIED, RowState.ALREADY, RowState.UNVERIFIED)
+        return (bool(self.in_state(RowState.FAILED)) or any(c.declared and c.state not in done for c in self.cells)
                 or (strict and bool(self.in_state(RowState.UNVERIFIED))))
 
 
@@ -90,8 +77,7 @@ def variants_to_check(layout: Layout, names: list[str], all_variants: bool) -> l
 
 
 def changed_files(since: str, folder: Path) -> list[Path]:
-    """The files git sees changed since the commit `since` (committed, staged, in the work tree, or new and
-    not ignored), as absolute paths, in the repository that holds folder."""
+    """The files git sees changed since the commit `since` (committed, staged, in the work tree, or untracked)."""
     from ..inimage.proc import CommandError, run
 
     def git(*args: str) -> str:
@@ -114,52 +100,41 @@ def changed_files(since: str, folder: Path) -> list[Path]:
 
 
 def touched_variants(layout: Layout, plans: list[Plan], changed: list[Path]) -> list[tuple[str, str]]:
-    """The variants a change touches, each with the first changed file that touches it: one of its recipes
-    (itself or what it extends), its lock, or a file of one of its mods. A change of the checker itself (the
-    package or the template) touches every variant."""
+    """The variants a change touches (a recipe of its chain, its lock, a file of its mods), each with the first such
+    file; a change of the package or the template touches every variant."""
     from ..recipe.lockfile import lock_path
 
-    def inside(path: Path, folder: Path) -> bool:
-        return path == folder or folder in path.parents
-
-    tool = [p for p in changed if inside(p, layout.inimage.parent) or p == layout.template.resolve()]
+    tool = [p for p in changed if p.is_relative_to(layout.inimage.parent) or p == layout.template.resolve()]
     out = []
     for plan in plans:
         mine = {(layout.images_dir / Path(f).name).resolve() for f in plan.recipe_files}
         mine.add(lock_path(layout.images_dir, plan.variant).resolve())
         folders = [Path(m.folder).resolve() for m in plan.mods]
-        hit = next((p for p in changed if p in mine or any(inside(p, f) for f in folders)), None)
+        hit = next((p for p in changed if p in mine or any(p.is_relative_to(f) for f in folders)), None)
         if hit is not None or tool:
             out.append((plan.variant, str(hit or tool[0])))
     return out
 
 
-def check_mods(plans: list[Plan], workdir: Path | None = None, *,
-               matrix_range: tuple[str, str | None] | None = None,
+def check_mods(plans: list[Plan], *, matrix_range: tuple[str, str | None] | None = None,
                say: Callable[[str], None] = lambda line: None, ca_cert: Path | None = None) -> ModsReport:
-    """Apply each variant's mods to the real source they target; with a range, also try each vLLM
-    mod alone against every vLLM release in it. Without a workdir, a scratch folder is used and removed.
-    ca_cert is the CA bundle for patches named by URL."""
+    """Apply each variant's mods to the real source they target; with a range, also try each vLLM mod alone
+    against every vLLM release in it."""
     if matrix_range is not None:
         low, high = release_range(*matrix_range)
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
-            return check_mods(plans, Path(work), matrix_range=matrix_range, say=say, ca_cert=ca_cert)
-    rows: list[Row] = []
-    for plan in plans:
-        say(f"checking {plan.variant} ({len(plan.mods)} mods)")
-        rows += check_variant(plan, workdir, ca_cert=ca_cert)
-        rows += check_env(plan, workdir, ca_cert=ca_cert)
-    if matrix_range is None:
-        return ModsReport(tuple(rows))
-    mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}
-    versions = [v for v in release_versions("vllm") if Version(v) >= low and (high is None or Version(v) <= high)]
-    cells = matrix(list(mods.values()), versions, workdir,
-                   progress=release_progress(say, "matrix: vllm", len(versions)), ca_cert=ca_cert)
+    with tempfile.TemporaryDirectory(prefix="sparkforge-check-") as work:
+        rows: list[Row] = []
+        for plan in plans:
+            say(f"checking {plan.variant} ({len(plan.mods)} mods)")
+            rows += check_variant(plan, Path(work), ca_cert=ca_cert) + check_env(plan, Path(work), ca_cert=ca_cert)
+        if matrix_range is None:
+            return ModsReport(tuple(rows))
+        mods = {m.name: m for p in plans for m in p.mods if m.spec.component == "vllm"}
+        versions = [v for v in release_versions("vllm") if Version(v) >= low and (high is None or Version(v) <= high)]
+        cells = matrix(list(mods.values()), versions, Path(work),
+                       progress=release_progress(say, "matrix: vllm", len(versions)), ca_cert=ca_cert)
     return ModsReport(tuple(rows), tuple(mods.values()), tuple(versions), tuple(cells))
 
-
-# ------------------------------------------------------------------ verify-repro and outdated
 
 DEFAULT_EPOCH = 1704067200  # 2024-01-01T00:00:00Z: verify-repro's epoch when neither a lock nor the option gives one
 
@@ -172,8 +147,7 @@ def repro_plan(plan: Plan, epoch: int | None = None) -> Plan:
 def verify_variant_repro(plan: Plan, layout: Layout, opts: BuildOptions, *, keep: Path | None = None,
                          progress: Callable[[Step, float], None] = lambda step, elapsed: None,
                          say: Callable[[str], None] = lambda line: None) -> ReproResult:
-    """Two --no-cache builds of a plan from repro_plan, compared; the tarballs and logs are kept in
-    `keep`, else removed."""
+    """Two --no-cache builds of a plan from repro_plan, compared; the tarballs and logs are kept in `keep`."""
     from .repro import verify_repro
 
     with same_plan_lock(plan, say):
@@ -201,13 +175,9 @@ def outdated_variant(plan: Plan, *, try_mods: bool = True, until: str | None = N
         return outdated(plan, Path(work), try_mods=try_mods, until=until, progress=progress)
 
 
-# ------------------------------------------------------------------ a local mod: mod new --variant, mod save
-
-
 def new_local_mod(layout: Layout, plan: Plan, name: str, *, component: str = "vllm", phase: str = "install",
                   versions: str | None = None, ca_cert: Path | None = None) -> scaffold.WorkTree:
-    """`mod new NAME --variant V`: mods/NAME/mod.yaml and a git work tree of the pristine source the variant's
-    mods of `component` are applied to (the tree check-mods fetches, from the source cache)."""
+    """`mod new NAME --variant V`: mods/NAME/mod.yaml and a git work tree of the source it patches, as built."""
     known = {"vllm": plan.vllm.version} | {c.name: c.version.value for c in plan.components if c.kind == "pip"}
     if component not in known and component not in {c.name for c in plan.components}:
         raise ConfigError(f"{plan.variant} has no component {component!r} (it has vllm"
@@ -253,9 +223,6 @@ def save_local_mod(layout: Layout, name: str) -> tuple[scaffold.WorkTree, scaffo
     return work, scaffold.save_patch(layout.mods_dir, work)
 
 
-# ------------------------------------------------------------------ bump
-
-
 @dataclass(frozen=True)
 class BumpResult:
     bump: Bump
@@ -266,8 +233,7 @@ class BumpResult:
 
 def bump_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, to: str | None, latest: bool, name: str | None,
                  dry_run: bool, lock: bool, command: str, say: Callable[[str], None] = lambda line: None) -> BumpResult:
-    """`bump`: a new variant for a newer vLLM release (repro.bump), written unless dry_run; then, with lock,
-    `lock --no-build` of it (what a lock can resolve without building: commits, the base digest, a wheel set)."""
+    """`bump`: a new variant for a newer vLLM release, written unless dry_run; with lock, `lock --no-build` of it."""
     from ..build.pipeline import lock_variant
     from ..recipe.planner import plan_variant
     from .bump import prepare, write
