@@ -56,11 +56,11 @@ def base_tree(ref: str, host: str | None = None) -> BaseTree:
         raise NotOnEngine(f"the engine has no image {ref}")
     image_id = str(info.get("Id", ""))
     name = f"base-{image_id.removeprefix('sha256:')[:32]}-vllm"
-    cached = sources.cache_dir() / "trees" / f"{sources.TREE_FORMAT}-{name}"
+    folder = sources.cache_dir() / "trees"
+    cached = folder / f"{sources.TREE_FORMAT}-{name}"
     where = cached / ".installed-at"
     if (cached / ".complete").exists() and where.exists():
         return BaseTree(cached, image_id, where.read_text().strip())
-    folder = sources.cache_dir() / "trees"
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".base-tree.", suffix=".tar", dir=folder)
     try:

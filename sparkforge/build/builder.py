@@ -105,40 +105,22 @@ INTO_ENGINE = "type=docker,compression=zstd,compression-level=1,oci-mediatypes=t
 def buildx_command(plan: Plan, context: Context, opts: BuildOptions, tag: str | None = None,
                    target: str | None = None) -> list[str]:
     """The exact `docker buildx build` command for a rendered context (of one stage, with target)."""
-    cmd = ["docker", "buildx", "build", "--progress=plain", "--output", opts.output or INTO_ENGINE,
-           "--provenance=false", "--platform", plan.platform, "--file", str(context.dockerfile)]
-    if target:
-        cmd += ["--target", target]
-    for name, folder in opts.contexts:
-        cmd += ["--build-context", f"{name}={folder}"]
-    if tag:
-        cmd += ["--tag", tag]
-    if opts.builder:
-        cmd += ["--builder", opts.builder]
-    if opts.network:
-        cmd += ["--network", opts.network]
-    if opts.no_cache:
-        cmd.append("--no-cache")
-    if opts.ca_cert:
-        cmd += ["--secret", f"id=ca,src={opts.ca_cert}"]
-    for key, value in opts.labels:
-        cmd += ["--label", f"{key}={value}"]
-    build = plan.build
-    cmd += ["--build-arg", f"TORCH_CUDA_ARCH_LIST={build.torch_cuda_arch_list}",
-            "--build-arg", f"MAX_JOBS={opts.max_jobs or build.max_jobs}",
-            "--build-arg", f"NVCC_THREADS={opts.nvcc_threads or build.nvcc_threads}"]
     epoch = opts.source_date_epoch if opts.source_date_epoch is not None else plan.source_date_epoch
-    if epoch is not None:
-        cmd += ["--build-arg", f"SOURCE_DATE_EPOCH={epoch}"]
-    cmd.append(str(context.path))
-    return cmd
-
-
-def require_engine(host: str | None) -> None:
-    """BuildError, in one line, unless the engine at host answers in time (or answered in this process)."""
-    problem = None if dockercli.answered(host) else dockercli.engine_problem(host)
-    if problem:
-        raise BuildError(problem, field="docker")
+    flags = [("--target", target), *(("--build-context", f"{name}={folder}") for name, folder in opts.contexts),
+             ("--tag", tag), ("--builder", opts.builder), ("--network", opts.network),
+             ("--secret", f"id=ca,src={opts.ca_cert}" if opts.ca_cert else None),
+             *(("--label", f"{key}={value}") for key, value in opts.labels),
+             ("--build-arg", f"TORCH_CUDA_ARCH_LIST={plan.build.torch_cuda_arch_list}"),
+             ("--build-arg", f"MAX_JOBS={opts.max_jobs or plan.build.max_jobs}"),
+             ("--build-arg", f"NVCC_THREADS={opts.nvcc_threads or plan.build.nvcc_threads}"),
+             ("--build-arg", f"SOURCE_DATE_EPOCH={epoch}" if epoch is not None else None)]
+    cmd = ["docker", "buildx", "build", "--progress=plain", "--output", opts.output or INTO_ENGINE,
+           "--provenance=false", "--platform", plan.platform, "--file", str(context.dockerfile),
+           *(["--no-cache"] if opts.no_cache else [])]
+    for flag, value in flags:
+        if value:
+            cmd += [flag, value]
+    return [*cmd, str(context.path)]
 
 
 # What registers the emulator an engine runs another architecture's build steps with (binfmt_misc, the F flag).
@@ -169,15 +151,6 @@ def require_platform(plan: Plan, opts: BuildOptions) -> None:
     if plan.platform not in platforms:
         raise BuildError(f"the engine is {own} and its builder runs no {plan.platform} steps (it runs "
                          f"{', '.join(platforms) or 'none'}): {EMULATION_HINT}", field="platform")
-
-
-def check_engine() -> None:
-    """Fail early, with what to do, when there is no Docker engine with buildx."""
-    if problem := dockercli.engine_problem():
-        raise BuildError(problem, field="docker")
-    if dockercli.run(["buildx", "version"], check=False).returncode != 0:
-        raise BuildError("the buildx plugin of the docker CLI is not installed (docker-buildx-plugin)",
-                         field="docker")
 
 
 @dataclass
@@ -255,11 +228,6 @@ class _BuildLog:
                              *self.outputs.get(failed.number, ()))
         return error
 
-    def result(self, plan: Plan, image_id: str, candidate: str, log_path: Path,
-               tags: dict[str, str | None]) -> BuildResult:
-        return BuildResult(plan, image_id, candidate, log_path, time.monotonic() - self.start,
-                           sorted(self.steps.values(), key=lambda s: s.number), tags)
-
 
 BASE_LABEL = "io.sparkforge.base.resolved"  # an undigested plan's base as the engine held it (base_on_engine)
 
@@ -280,42 +248,37 @@ def build_image(plan: Plan, context: Context, opts: BuildOptions,
                 progress: Callable[[Step, float], None] = lambda step, elapsed: None,
                 also: tuple[str, ...] = ()) -> BuildResult:
     """Run BuildKit on a context (log to a file, steps to `progress`); result.tags: the candidate's and `also`'s IDs."""
-    log_path = _log_path(plan, opts, "")
-    if opts.output is None and not any(key == BASE_LABEL for key, _ in opts.labels):
-        require_engine(opts.docker_host)
-        if resolved := base_on_engine(plan, opts.docker_host):
-            opts = replace(opts, labels=(*opts.labels, (BASE_LABEL, resolved)))
-    loads = opts.output is None  # into the engine, tagged as the candidate; else an exporter's file
-    candidate = candidate_tag(plan) if loads else ""
-    reader = _buildx(plan, buildx_command(plan, context, opts, tag=candidate or None), opts, log_path, progress)
-    tags = image_ids(candidate, *also) if loads else {}
-    if loads and not tags.get(candidate):
-        raise BuildError(f"the build finished but the engine has no image {candidate} (build log: {log_path})",
+    candidate = candidate_tag(plan) if opts.output is None else ""  # into the engine; else an exporter's file
+    if candidate and not any(key == BASE_LABEL for key, _ in opts.labels) \
+            and (resolved := base_on_engine(plan, opts.docker_host)):
+        opts = replace(opts, labels=(*opts.labels, (BASE_LABEL, resolved)))
+    built = _buildx(plan, context, opts, progress, tag=candidate or None)
+    if not candidate:
+        return built
+    tags = image_ids(candidate, *also)
+    if not (image_id := tags[candidate]):
+        raise BuildError(f"the build finished but the engine has no image {candidate} (build log: {built.log_path})",
                          field="docker")
-    return reader.result(plan, tags.get(candidate) or "", candidate, log_path, tags)
+    return replace(built, image_id=image_id, candidate=candidate, tags=tags)
 
 
 def export_stage(plan: Plan, context: Context, opts: BuildOptions, target: str, dest: Path,
                  progress: Callable[[Step, float], None] = lambda step, elapsed: None) -> BuildResult:
     """Build one stage of a context and write its files to dest (BuildKit's local exporter); no image."""
-    log_path = _log_path(plan, opts, f"-{target}")
-    cmd = buildx_command(plan, context, replace(opts, output=f"type=local,dest={dest}"), target=target)
-    return _buildx(plan, cmd, opts, log_path, progress).result(plan, "", "", log_path, {})
+    return _buildx(plan, context, replace(opts, output=f"type=local,dest={dest}"), progress, target=target)
 
 
-def _log_path(plan: Plan, opts: BuildOptions, suffix: str) -> Path:
-    opts.log_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}{suffix}.log"
-
-
-def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
-            progress: Callable[[Step, float], None]) -> _BuildLog:
-    """Run a buildx command, its log to log_path and each step to progress; a failure is one BuildError."""
+def _buildx(plan: Plan, context: Context, opts: BuildOptions, progress: Callable[[Step, float], None], *,
+            tag: str | None = None, target: str | None = None) -> BuildResult:
+    """Run `docker buildx build`, its log to a file and each step to progress; a failure is one BuildError."""
     if opts.ca_cert and not opts.ca_cert.is_file():
         raise BuildError("CA bundle not found", path=opts.ca_cert, field="--ca-cert")
-    require_engine(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
+    dockercli.require_engine(opts.docker_host)  # a build has no time limit: never start one on a wedged engine
     require_platform(plan, opts)
+    cmd = buildx_command(plan, context, opts, tag=tag, target=target)
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + (f"-{target}" if target else "")
+    log_path = opts.log_dir / f"{plan.variant}-{plan.plan_hash[:12]}-{stamp}.log"
     reader = _BuildLog(progress)
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     try:
@@ -336,10 +299,15 @@ def _buildx(plan: Plan, cmd: list[str], opts: BuildOptions, log_path: Path,
         name_path(exc, log_path)
         raise
     if code != 0:
-        if not reader.steps:
-            check_engine()  # explains a missing engine or buildx; otherwise fall through
+        if not reader.steps:  # no step ran: a missing engine or buildx explains it best
+            if problem := dockercli.engine_problem(opts.docker_host):
+                raise BuildError(problem, field="docker")
+            if dockercli.run(["buildx", "version"], host=opts.docker_host, check=False).returncode != 0:
+                raise BuildError("the buildx plugin of the docker CLI is not installed (docker-buildx-plugin)",
+                                 field="docker")
         raise reader.failure(plan, code, log_path)
-    return reader
+    return BuildResult(plan, "", "", log_path, time.monotonic() - reader.start,
+                       sorted(reader.steps.values(), key=lambda s: s.number))
 
 
 def image_ids(*refs: str) -> dict[str, str | None]:
@@ -362,18 +330,10 @@ def kept_tag(tag: str, image_id: str) -> str:
     return f"{tag}.{_hex12(image_id)}"
 
 
-@dataclass(frozen=True)
-class Promotion:
-    """What promote did: the tags set, and the one line to say when the immutable tag named another image."""
-
-    tagged: tuple[str, ...]
-    replaced: str | None = None
-
-
-def promote(result: BuildResult, now: dict[str, str | None], *, move: bool = False) -> Promotion:
-    """After the smoke tests passed: point the immutable, then the moving tag at the image (`now`: image_ids()).
-    An immutable tag naming another image moves only with `move` (the old image kept as kept_tag), else the new
-    image is kept as kept_tag."""
+def promote(result: BuildResult, now: dict[str, str | None], *,
+            move: bool = False) -> tuple[tuple[str, ...], str | None]:
+    """After the smoke tests passed: the immutable, then the moving tag to the image; (tags set, line to say). The
+    immutable tag moves off another image only with `move`; the image left without it is kept as kept_tag."""
     plan = result.plan
     before = now.get(plan.tag)
     refs: tuple[str, ...] = (plan.tag, plan.moving_tag)
@@ -393,16 +353,9 @@ def promote(result: BuildResult, now: dict[str, str | None], *, move: bool = Fal
             dockercli.run(["tag", result.image_id, ref])
     if now.get(result.candidate):
         drop_candidate(result)
-    return Promotion(refs, replaced)
+    return refs, replaced
 
 
 def drop_candidate(result: BuildResult) -> None:
     """Remove the candidate tag (and with it the image, when no other tag names it)."""
-    if result.candidate:
-        dockercli.run(["image", "rm", "--no-prune", result.candidate], check=False)
-
-
-def keep_candidate(result: BuildResult) -> str:
-    """Tag an image that failed its smoke test, so that it can be looked into; no other tag moves."""
-    dockercli.run(["tag", result.image_id, result.candidate])
-    return result.candidate
+    dockercli.run(["image", "rm", "--no-prune", result.candidate], check=False)

@@ -73,7 +73,7 @@ def run(args: Sequence[str], *, what: str | None = None, timeout: float = ASK, h
     what = what or "docker " + " ".join(args[:2])
     _require_cli(what)
     if timeout > QUICK and kw.get("env") is None:
-        _require_alive(host)
+        require_engine(host)
     kw.setdefault("capture_output", "stdin" not in kw and "stdout" not in kw)
     try:
         done = proc.run(["docker", *args], what=what, env=_env(host, kw.pop("env", None)), timeout=timeout,
@@ -101,10 +101,9 @@ def answered(host: str | None) -> str | None:
     return _alive.get(_engine_key(host))
 
 
-def _require_alive(host: str | None) -> None:
+def require_engine(host: str | None) -> None:
     """EngineError within QUICK seconds, not after a longer call's limit, unless the engine answers."""
-    problem = None if answered(host) else engine_problem(host)
-    if problem:
+    if not answered(host) and (problem := engine_problem(host)):
         raise EngineError(problem, field="docker")
 
 

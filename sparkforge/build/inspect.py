@@ -16,8 +16,6 @@ RECORD_PATH = "/opt/sparkforge/build-record.json"
 
 def read_record(image: str) -> tuple[BuildRecord, dict[str, str]]:
     """(build record, labels) of an image in the local engine, copied out of a container never started."""
-    if problem := dockercli.engine_problem():
-        raise BuildError(problem, field="docker")
     data = dockercli.inspect_images(image)[image]
     if data is None:  # the image named is not there: bad input, as an unknown variant is
         raise ConfigError(f"image {image} not found in the local engine", field="IMAGE")

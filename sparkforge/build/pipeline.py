@@ -26,9 +26,9 @@ from ..recipe.planner import plan_variant
 from ..recipe.resolve import resolve_pins, today_epoch
 from ..recipe.wheelset import Unresolvable, resolve_wheel_set
 from ..serve import cache_dir, model_of
-from . import prebuilt, wheelfetch, wheels
+from . import dockercli, prebuilt, wheelfetch, wheels
 from .builder import (BASE_LABEL, BuildOptions, BuildResult, Step, build_image, buildx_command, candidate_tag,
-                      current_image, drop_candidate, export_stage, image_ids, keep_candidate, promote, require_engine)
+                      current_image, drop_candidate, export_stage, promote)
 from .render import Context, render_context
 from .smoke import TIERS, TierResult, run_static, run_tier
 from .wheels import WheelInput
@@ -260,7 +260,7 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
                   say: Callable[[str], None] = lambda line: None, move_tag: bool = False) -> BuildOutcome:
     """Render, build, run the static smoke tier, then tag (builder.promote): no tag moves before the tier passes,
     and nothing is written before the engine answers. A failure says where the tags still are."""
-    require_engine(opts.docker_host)
+    dockercli.require_engine(opts.docker_host)
     with same_plan_lock(plan, say):
         try:
             wheel, note = prepare_wheel(plan, layout, opts, wheel_cache, say, progress)
@@ -268,7 +268,7 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
             result = build_image(plan, ctx, with_wheel_set(plan, with_wheel(opts, wheel), say), progress=progress,
                                  also=(plan.tag, plan.moving_tag))
         except BuildError as exc:
-            exc.detail += "; " + kept_message(plan, image_ids(plan.moving_tag)[plan.moving_tag])
+            exc.detail += "; " + kept_message(plan, current_image(plan.moving_tag))
             raise
         now = result.tags
         static = None
@@ -278,19 +278,19 @@ def build_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, smoke: bool
             on_smoke(static)
             if not static.ok:
                 first = next(c for c in static.checks if c.state == "failed")
+                dockercli.run(["tag", result.image_id, result.candidate])  # kept to be looked into; no other tag moves
                 raise BuildError(f"static smoke tier failed ({first.name}: {first.detail}); image left as "
-                                 f"{keep_candidate(result)}; {kept_message(plan, now[plan.moving_tag])}",
+                                 f"{result.candidate}; {kept_message(plan, now[plan.moving_tag])}",
                                  field=plan.variant)
-        promoted = promote(result, now, move=move_tag)
-        return BuildOutcome(result, static, already, promoted.tagged, note, promoted.replaced)
+        tagged, replaced = promote(result, now, move=move_tag)
+        return BuildOutcome(result, static, already, tagged, note, replaced)
 
 
 def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
                  model: str | None = None) -> list[TierResult]:
     """Run smoke tiers in the variant's image (or `image`); serve loads `model` (None: the tiny offline one)."""
-    for tier in tiers:
-        if tier not in TIERS:
-            raise ConfigError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
+    if unknown := [t for t in tiers if t not in TIERS]:
+        raise ConfigError(f"unknown tier {unknown[0]!r}; choose from {', '.join(TIERS)}", field="--tier")
     ref = image or plan.tag
     if current_image(ref) is None:
         if image:  # an --image that names nothing is bad input (exit 2)
@@ -307,11 +307,6 @@ def test_variant(plan: Plan, tiers: list[str], *, image: str | None = None,
 
 
 # ------------------------------------------------------------------ lock
-
-
-def image_id_of(ref: str) -> str:
-    """The image ID of a reference, or the reference itself when it is an ID or unknown."""
-    return ref if ref.startswith("sha256:") else (image_ids(ref)[ref] or ref)
 
 
 def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int | None = None,
@@ -351,7 +346,7 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
                 try:
                     record, _ = read_record(image)
                 finally:  # only its record was wanted: no second image stays (its layers stay in the cache)
-                    if built.candidate and image_ids(built.candidate)[built.candidate] == image:
+                    if built.candidate and current_image(built.candidate) == image:
                         drop_candidate(built)
         else:
             record, _ = read_record(image)
@@ -359,7 +354,8 @@ def lock_variant(plan: Plan, layout: Layout, opts: BuildOptions, *, epoch: int |
             raise ConfigError(f"the build record of {image} lists no packages (built by an older sparkforge); "
                               "build it again", field="--image")
         packages = record.packages
-        built_from = BuiltFrom(image_id=image_id_of(image), plan_hash=record.plan_hash)
+        image_id = image if image.startswith("sha256:") else current_image(image) or image
+        built_from = BuiltFrom(image_id=image_id, plan_hash=record.plan_hash)
     lock = make_lock(plan, pins, sde, packages=packages, packages_unresolved=unresolved, built_from=built_from,
                      wheels=wheels)
     write_lock(path, lock)

@@ -41,10 +41,8 @@ def checked_wheel(plan: Plan, recipe: Path, *, ca_cert: Path | None = None) -> P
         raise ConfigError(f"{w.path} is not a readable regular file in {recipe.parent}", path=recipe,
                           field="vllm.path")
     try:
-        if w.url:
-            path = download.fetch(w.url, w.sha256, w.filename, ca_cert=ca_cert)
-        else:
-            path = download.take_local(Path(w.local or ""), w.sha256, w.filename)
+        path = (download.fetch(w.url, w.sha256, w.filename, ca_cert=ca_cert) if w.url
+                else download.take_local(Path(w.local or ""), w.sha256, w.filename))
     except download.HashMismatch as exc:
         raise ConfigError(f"the wheel has sha256 {exc.got}, not {exc.wanted}: pin the wheel you mean",
                           path=recipe, field="vllm.sha256") from None

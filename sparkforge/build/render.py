@@ -74,7 +74,8 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
     """The Dockerfile of a plan: a git source compiles unless `wheel` (from the wheel cache) is given."""
     env = _environment(layout.template.parent)
     template = env.get_template(layout.template.name)
-    cutlass = next((c for c in plan.components if c.name == "cutlass" and c.kind == "git"), None)
+    gits = [c for c in plan.components if c.kind == "git"]
+    pips = [c for c in plan.components if c.kind == "pip"]
     if wheel is None and plan.vllm.source == "wheel":
         wheel = planned_wheel(plan)
     compiles = plan.vllm.source == "git" and wheel is None
@@ -85,16 +86,15 @@ def render_dockerfile(plan: Plan, layout: Layout, wheel: WheelInput | None = Non
         # A wheel from the host is mounted alone (not its folder), at a path of its own name.
         wheel_path="/wheels/vllm-*.whl" if compiles or wheel is None else "/wheels/" + shlex.quote(
             wheel.wheel.rpartition("/")[2]),
-        git_components=[c for c in plan.components if c.kind == "git"],
-        pip_components=[c for c in plan.components if c.kind == "pip"],
-        cutlass_dest=cutlass.dest if cutlass else None,
+        git_components=gits,
+        pip_components=pips,
+        cutlass_dest=next((c.dest for c in gits if c.name == "cutlass"), None),
         source_mods=plan.mods_in("source"),
         install_mods=plan.mods_in("install"),
         # What the kernel scan reads: the installed distributions' libraries, and the git components' trees.
-        scan_dists=list(dict.fromkeys([plan.vllm.package]
-                                      + [str(c.package).split("[")[0] for c in plan.components if c.kind == "pip"]
-                                      + list(plan.kernels_scan))),
-        scan_roots=[c.dest for c in plan.components if c.kind == "git"],
+        scan_dists=list(dict.fromkeys([plan.vllm.package, *(str(c.package).split("[")[0] for c in pips),
+                                       *plan.kernels_scan])),
+        scan_roots=[c.dest for c in gits],
         # A base's own vLLM is protected too: no later pip install may replace the one the mods were checked on.
         protect=plan.protect + (("vllm",) if plan.vllm.source == "base" and "vllm" not in plan.protect else ()),
         mod_labels=",".join(f"{m.name}@{m.digest.removeprefix('sha256:')[:12]}" for m in plan.mods),

@@ -12,7 +12,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BuildError
 from ..files import name_path
 from ..inimage.contract import ContractError, SmokeCheck
 from ..inimage.proc import CommandError, run
@@ -20,6 +19,8 @@ from ..serve import TOKENS, Model, ServeError, ask, cache_dir, log_summary, mode
 from . import dockercli
 
 TIERS = ("static", "gpu", "serve")
+SERVE_READY = 900.0  # seconds the serve tier's server may take to load the model and answer /health
+SERVE_LOGS = Path("build/logs")  # where a failed serve tier keeps its server's log
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class TierResult:
         return all(c.state != "failed" for c in self.checks)
 
 
-def gpu_missing_reason() -> str | None:
-    """Why GPU tiers cannot run on this host, or None when an NVIDIA GPU and runtime are present."""
+def gpu_reason(image: str) -> str | None:
+    """Why GPU tiers cannot run `image` here (no NVIDIA GPU or container toolkit, no CUDA torch), or None."""
     if shutil.which("nvidia-smi") is None:
         return "no NVIDIA GPU on this host (nvidia-smi not found)"
     try:
@@ -53,11 +54,6 @@ def gpu_missing_reason() -> str | None:
     info = dockercli.run(["info", "--format", "{{json .Runtimes}}"], what="docker info")
     if "nvidia" not in info.stdout and not shutil.which("nvidia-container-cli"):
         return "the NVIDIA container toolkit is not installed, so containers cannot see the GPU"
-    return None
-
-
-def image_cuda_reason(image: str) -> str | None:
-    """Why an image cannot use a GPU (no torch, or a torch built without CUDA), or None when it can."""
     proc = dockercli.run(["run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c",
                           "import torch; print(torch.version.cuda or '')"],
                          what="docker run (torch.version.cuda)", timeout=120, check=False)
@@ -91,7 +87,7 @@ def run_static(image: str) -> TierResult:
 
 
 def run_gpu(image: str, *, cpu: bool = False) -> TierResult:
-    reason = "the image is built for the CPU (device: cpu)" if cpu else gpu_missing_reason() or image_cuda_reason(image)
+    reason = "the image is built for the CPU (device: cpu)" if cpu else gpu_reason(image)
     if reason:
         return TierResult("gpu", (), skipped=reason)
     return TierResult("gpu", _smoke_in_image(image, "gpu", gpu=True))
@@ -119,19 +115,17 @@ def serve_command(image: str, name: str, model: Model, port: int, *, cpu: bool) 
     return cmd + (["--enforce-eager"] if cpu else ["--gpu-memory-utilization", "0.3"])
 
 
-def run_serve(image: str, model: Model, *, cpu: bool = False, timeout: float = 900,
-              log_dir: Path = Path("build/logs")) -> TierResult:
+def run_serve(image: str, model: Model, *, cpu: bool = False) -> TierResult:
     """Start the image's own `vllm serve`, ask it for exactly TOKENS greedy tokens (completion and chat), remove
-    it; on a failure its log is kept in log_dir."""
-    reason = None if cpu else gpu_missing_reason() or image_cuda_reason(image)
-    if reason:
+    it; on a failure its log is kept in SERVE_LOGS."""
+    if not cpu and (reason := gpu_reason(image)):
         return TierResult("serve", (), skipped=reason)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a port nothing listens on right now
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])  # (host, port) for AF_INET
     name = f"sparkforge-serve-{os.getpid()}-{port}"
     try:
-        checks = _serve_checks(image, name, model, port, cpu=cpu, timeout=timeout, log_dir=log_dir)
+        checks = _serve_checks(image, name, model, port, cpu=cpu)
     finally:
         left = dockercli.remove_container(name)
     if left:
@@ -139,8 +133,7 @@ def run_serve(image: str, model: Model, *, cpu: bool = False, timeout: float = 9
     return TierResult("serve", tuple(checks))
 
 
-def _serve_checks(image: str, name: str, model: Model, port: int, *, cpu: bool, timeout: float,
-                  log_dir: Path) -> list[Check]:
+def _serve_checks(image: str, name: str, model: Model, port: int, *, cpu: bool) -> list[Check]:
     """Start the server as container `name`, ask it, and say what happened (its log kept on a failure)."""
     base = f"http://127.0.0.1:{port}"
     start = dockercli.run(serve_command(image, name, model, port, cpu=cpu), what="docker run vllm serve",
@@ -149,7 +142,7 @@ def _serve_checks(image: str, name: str, model: Model, port: int, *, cpu: bool, 
         return [Check("start vllm serve", "failed", dockercli.last_line(start.stderr, ""))]
     checks: list[Check] = []
     try:
-        loaded = wait_ready(base, lambda: _ended(name), timeout)
+        loaded = wait_ready(base, lambda: _ended(name), SERVE_READY)
         checks.append(Check("server ready", "ok", f"{model.served} on {base}, /health after {loaded:.1f} s"))
         first = ask(base, model.served, "completion", tokens=1)
         checks.append(Check("time to first token", "ok", f"{first.seconds:.2f} s"))
@@ -160,23 +153,18 @@ def _serve_checks(image: str, name: str, model: Model, port: int, *, cpu: bool, 
                                 problem or f"{answer.text!r} in {answer.seconds:.2f} s"))
     except ServeError as exc:
         checks.append(Check("server answers", "failed", str(exc)))
-    if any(c.state == "failed" for c in checks):
-        checks.append(_keep_log(name, log_dir))
+    if any(c.state == "failed" for c in checks):  # the server's log is kept, and its last lines said
+        logs = dockercli.run(["logs", name], what="docker logs", timeout=60, check=False)
+        text = logs.stdout + logs.stderr
+        log = SERVE_LOGS / f"{name}.log"
+        try:
+            SERVE_LOGS.mkdir(parents=True, exist_ok=True)
+            log.write_text(text, encoding="utf-8")
+        except OSError as exc:  # a full disk names no file of its own
+            name_path(exc, log)
+            raise
+        checks.append(Check("server log", "failed", f"{log}: {log_summary(text)}"))
     return checks
-
-
-def _keep_log(name: str, log_dir: Path, lines: int = 3) -> Check:
-    """The server's log into log_dir; a check naming it, with its last lines."""
-    logs = dockercli.run(["logs", name], what="docker logs", timeout=60, check=False)
-    text = logs.stdout + logs.stderr
-    log = log_dir / f"{name}.log"
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log.write_text(text, encoding="utf-8")
-    except OSError as exc:  # a full disk names no file of its own
-        name_path(exc, log)
-        raise
-    return Check("server log", "failed", f"{log}: {log_summary(text, lines)}")
 
 
 def run_tier(tier: str, image: str, model: Model | None = None, *, cpu: bool = False) -> TierResult:
@@ -184,6 +172,4 @@ def run_tier(tier: str, image: str, model: Model | None = None, *, cpu: bool = F
         return run_static(image)
     if tier == "gpu":
         return run_gpu(image, cpu=cpu)
-    if tier == "serve":
-        return run_serve(image, model or model_of(None, cache_dir()), cpu=cpu)
-    raise BuildError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")
+    return run_serve(image, model or model_of(None, cache_dir()), cpu=cpu)

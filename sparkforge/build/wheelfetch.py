@@ -102,12 +102,6 @@ def pip_command(plan: Plan, dest: Path, reqs: Path, ca_cert: Path | None) -> lis
             "-d", str(dest), "-r", str(reqs)]
 
 
-def first_files(plan: Plan) -> str:
-    """The set as requirements that allow only the first file of each pin, the one the image's pip prefers: pip
-    takes a file only when its hash is allowed, so the download cannot pick another by an order of its own."""
-    return "".join(f"{p.name}=={p.version} --hash=sha256:{p.files[0][1]}\n" for p in plan.wheel_set)
-
-
 def fetch(plan: Plan, *, ca_cert: Path | None = None, say: Callable[[str], None] = lambda line: None) -> Path:
     """The folder of the plan's wheel set, downloaded where not whole yet (by one process at a time)."""
     folder = set_folder(plan)
@@ -172,7 +166,9 @@ def _download(plan: Plan, staging: Path, ca_cert: Path | None, say: Callable[[st
     """pip download into staging, saying every EVERY seconds how far pip's log has got (files come at the end)."""
     reqs = staging.parent / f"{staging.name}.txt"
     log = staging.parent / f"{staging.name}.log"
-    reqs.write_text(first_files(plan))
+    # Only the first file of each pin, the one the image's pip prefers, is allowed: pip takes a file only when its
+    # hash is allowed, so the download cannot pick another by an order of its own.
+    reqs.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.files[0][1]}\n" for p in plan.wheel_set))
     started = time.monotonic()
     stop = threading.Event()
 
@@ -186,8 +182,7 @@ def _download(plan: Plan, staging: Path, ca_cert: Path | None, say: Callable[[st
             say(f"wheel set: pip has reached {n} of {len(plan.wheel_set)} wheels "
                 f"({time.monotonic() - started:.0f} s)")
 
-    watcher = threading.Thread(target=report, daemon=True)
-    watcher.start()
+    threading.Thread(target=report, daemon=True).start()
     try:
         # pip's temporary downloads stay beside the set (the same file system; /tmp may be small)
         done = proc.run([*pip_command(plan, staging, reqs, ca_cert), "--log", str(log)], what="pip download",
@@ -217,11 +212,7 @@ def _why(stderr: str) -> str:
 
 def stored_sets() -> list[Path]:
     """Every wheel set folder in the cache (the hidden folders of a fetch or a discard are not sets)."""
-    root = cache_dir() / "wheel-sets"
-    try:
-        return sorted(p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir() and not p.is_symlink())
-    except FileNotFoundError:
-        return []
+    return sorted(p for p in (cache_dir() / "wheel-sets").glob("[!.]*/") if not p.is_symlink())
 
 
 def _inodes(folder: Path) -> list[tuple[tuple[int, int], Path]]:
@@ -238,14 +229,11 @@ def unshared(folder: Path, kept: list[Path]) -> list[Path]:
     """The files removing a set removes: its own, and the downloads they link to that no kept set or running
     fetch also links to."""
     root = cache_dir() / "wheel-sets"
-    staging = [p for p in root.glob(".fetch.*") if p.is_dir() and not p.is_symlink()] if root.is_dir() else []
+    staging = [p for p in root.glob(".fetch.*/") if not p.is_symlink()]
     others = {inode for k in [*kept, *staging] for inode, _ in _inodes(k)}
     mine = {inode for inode, _ in _inodes(folder)} - others
     files = sorted(folder.iterdir()) if folder.is_dir() else []
-    try:
-        hashes = [d for d in downloads_dir().iterdir() if d.is_dir() and not d.is_symlink()]
-    except FileNotFoundError:
-        hashes = []
+    hashes = [d for d in downloads_dir().glob("*/") if not d.is_symlink()]
     return files + [path for d in hashes for inode, path in _inodes(d) if inode in mine]
 
 

@@ -157,8 +157,6 @@ class Lookup:
 
 def lookup(plan: Plan, root: Path, host: str | None = None) -> Lookup:
     """Find this build's wheel in the cache; the wheel is hash-checked before it is offered."""
-    if plan.vllm.source != "git":
-        return Lookup(None, None, None, "the variant compiles no vLLM")
     inputs, why = key_inputs(plan, base_identity(plan, host))
     if inputs is None:
         return Lookup(None, None, None, why)
@@ -263,31 +261,26 @@ def refuse_foreign(root: Path) -> None:
                           "one, so it touches nothing here", path=root, field="--wheel-cache")
 
 
-def leftovers(root: Path, *, older_than_hours: float = LEFTOVER_HOURS) -> list[Path]:
-    """Folders a killed build or prune left in the cache, untouched for older_than_hours (a younger one may be
+def leftovers(root: Path) -> list[Path]:
+    """Folders a killed build or prune left in the cache, untouched for LEFTOVER_HOURS (a younger one may be
     a running build's, here or on a machine that shares the cache)."""
-    now = time.time()
-    found: list[Path] = []
-    if not is_wheel_cache(root):
-        return found
-    for folder in sorted(root.iterdir()) if root.is_dir() else ():
-        try:
-            if _LEFTOVER_RE.match(folder.name) and folder.is_dir() and not folder.is_symlink() \
-                    and now - folder.stat().st_mtime > older_than_hours * 3600:
+    if not root.is_dir() or not is_wheel_cache(root):
+        return []
+    found = []
+    for folder in sorted(root.glob("*/")):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if _LEFTOVER_RE.match(folder.name) and not folder.is_symlink() \
+                    and time.time() - folder.stat().st_mtime > LEFTOVER_HOURS * 3600:
                 found.append(folder)
-        except OSError:
-            continue
     return found
 
 
 def folder_size(folder: Path) -> int:
     total = 0
     for path in folder.rglob("*"):
-        try:
+        with contextlib.suppress(OSError):  # gone meanwhile
             if path.is_file() and not path.is_symlink():
                 total += path.stat().st_size
-        except OSError:
-            continue
     return total
 
 
