@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 from .contract import CheckState, ModKind, ModState, Result
-from .files import plan_files
+from .files import one_entry_each, plan_files
 from .patch import check_patch, plan_patch
 from .patcher import PATCHER_TIMEOUT, literal_targets, plan_patcher
-from .paths import ModFailure, asset, check_folder, inside, last_line, parts, read_file
-from .run import VERIFY_TIMEOUT, TimeLimit, run, text
+from .paths import ModFailure, asset, check_folder, inside, parts, read_file
+from .run import VERIFY_TIMEOUT, python
 from .seam import ModDoc
 
 
@@ -24,15 +23,10 @@ def check_paths(spec: ModDoc, folder: Path) -> None:
     for what, rel in (("patch", spec.patch), ("patcher", spec.patcher)):
         if rel:
             asset(folder, rel, what)
-    dests: dict[tuple[str, ...], int] = {}
     for i, item in enumerate(spec.files):
         asset(folder, item.src, f"files[{i}].src")
-        dest = tuple(parts(item.dest, f"files[{i}].dest", absolute_ok=True))
-        if dest in dests:
-            first = dests[dest]
-            raise ModFailure(f"files[{first}].dest ({spec.files[first].dest}) and files[{i}].dest ({item.dest}) name "
-                             "one file; each file of a mod has one entry")
-        dests[dest] = i
+    one_entry_each(spec, [tuple(parts(item.dest, f"files[{i}].dest", absolute_ok=True))
+                          for i, item in enumerate(spec.files)])
     for i, check in enumerate(spec.verify):
         if check.file is not None:
             parts(check.file, f"verify[{i}].file", absolute_ok=True)
@@ -133,12 +127,8 @@ def _verify_python(code: str, needs: tuple[str, ...], root: Path, in_image: bool
     missing = [n for n in needs if importlib.util.find_spec(n) is None]
     if missing:
         return label, CheckState.SKIPPED, f"needs {', '.join(missing)}, not installed here"
-    try:
-        proc = run([sys.executable, "-c", code], limit=limit, what="the check", cwd=root)
-    except TimeLimit as exc:
-        return label, CheckState.FAILED, str(exc)
-    tail = last_line(text(proc.stderr))
-    return label, CheckState.OK if proc.returncode == 0 else CheckState.FAILED, tail
+    ok, _, tail = python(code, limit=limit, what="the check", cwd=root)
+    return label, CheckState.OK if ok else CheckState.FAILED, tail
 
 
 def component_root(component: str) -> Path:

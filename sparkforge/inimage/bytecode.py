@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import compileall
 import os
-import sys
 import sysconfig
 from pathlib import Path
 
 
 def site_dirs() -> list[Path]:
     """Where pip installs for the running Python (its venv's site-packages in a venv)."""
-    found: list[Path] = []
-    for key in ("purelib", "platlib"):
-        path = Path(sysconfig.get_path(key)).resolve()  # lib64 is often a link to lib: one folder, compiled once
-        if path.is_dir() and path not in found:
-            found.append(path)
-    return found
+    # lib64 is often a link to lib: one folder, compiled once
+    paths = dict.fromkeys(Path(sysconfig.get_path(key)).resolve() for key in ("purelib", "platlib"))
+    return [path for path in paths if path.is_dir()]
 
 
 def main(dirs: list[str]) -> int:
@@ -34,6 +30,5 @@ def main(dirs: list[str]) -> int:
         ok = compileall.compile_dir(str(d), quiet=1, force=True, workers=0) and ok
     where = ", ".join(str(p) for p in paths)
     print(f"bytecode: {count} .py files under {where}, on {os.cpu_count()} cores"
-          + ("" if ok else "; the files named above do not compile for this Python and stay as pip leaves them"),
-          file=sys.stdout)
+          + ("" if ok else "; the files named above do not compile for this Python and stay as pip leaves them"))
     return 0

@@ -4,13 +4,15 @@ COMMAND ...`."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from collections.abc import Callable
 
 from . import bytecode, kernels
-from .apply import apply_mod, component_root, verify_mod
+from .apply import apply_mod, component_root, verify_mod, write_all
 from .contract import CheckState, ContractError, ModResult, ModState, SmokeCheck, WheelOrigin
+from .coverage import parse_gpu
 from .patcher import PATCHER_TIMEOUT, child_main
 from .paths import ModFailure, check_folder
 from .preflight import preflight
@@ -19,31 +21,29 @@ from .seam import read_mod
 from .smoke import smoke_gpu, smoke_static
 
 
+def _error(message: str, code: int = 1) -> int:
+    """Say message on stderr, and give the exit code to return."""
+    print(message, file=sys.stderr)
+    return code
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
     folder = Path(args.mod)
     try:
         check_folder(folder)
         spec = read_mod(folder / "mod.json", f"{folder.name}/mod.json")
-    except (ModFailure, OSError, ContractError) as exc:
-        print(f"mod {folder.name}: FAILED: {exc}", file=sys.stderr)
-        return 1
-    try:
         root = Path(args.root) if args.root else component_root(spec.component)
-    except ModFailure as exc:
-        print(f"mod {spec.name}: FAILED: {exc}", file=sys.stderr)
-        return 1
+    except (ModFailure, OSError, ContractError) as exc:
+        return _error(f"mod {folder.name}: FAILED: {exc}")
     result = apply_mod(spec, folder, root, patcher_timeout=args.patcher_timeout)
-    print(result.line(), file=sys.stderr if result.state == ModState.FAILED else sys.stdout)
     if result.state == ModState.FAILED:
-        return 1
+        return _error(result.line())
+    print(result.line())
     bad = [c for c in verify_mod(spec, root, in_image=False) if c[1] == CheckState.FAILED]
     if bad:
-        print(f"mod {spec.name}: FAILED: verify: {bad[0][0]}: {bad[0][2]}", file=sys.stderr)
-        return 1
+        return _error(f"mod {spec.name}: FAILED: verify: {bad[0][0]}: {bad[0][2]}")
     if args.record:
-        record = Path(args.record)
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(ModResult(spec.name, result.state, spec.phase, str(root)).to_json())
+        write_all({Path(args.record): ModResult(spec.name, result.state, spec.phase, str(root)).to_json().encode()})
     return 0
 
 
@@ -81,17 +81,14 @@ def _cmd_record(args: argparse.Namespace) -> int:
     try:
         record = write_record(Path(args.home))
     except ContractError as exc:
-        print(f"build record: {exc}", file=sys.stderr)
-        return 1
+        return _error(f"build record: {exc}")
     print(f"build record: {record.variant} {record.tag}")
     return 0
 
 
 def _cmd_note_wheel(args: argparse.Namespace) -> int:
     note = note_wheel(Path(args.wheel), WheelOrigin(args.origin), args.key, args.compiled_for)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(note.to_json())
+    write_all({Path(args.out): note.to_json().encode()})
     print(f"vllm wheel: {note.origin.value}, {note.filename}, sha256 {note.sha256}")
     return 0
 
@@ -99,8 +96,7 @@ def _cmd_note_wheel(args: argparse.Namespace) -> int:
 def _cmd_base_vllm(args: argparse.Namespace) -> int:
     problem, found = base_vllm(args.version)
     if problem:
-        print(f"vllm of the base: {problem}", file=sys.stderr)
-        return 2
+        return _error(f"vllm of the base: {problem}", 2)
     print(f"vllm of the base: {found} (release {args.version}), kept")
     return 0
 
@@ -113,8 +109,44 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_preflight(args: argparse.Namespace) -> int:
-    print(preflight(args.master, args.master_port, args.port, args.model).to_json())
+    print(preflight(args.master, args.master_port, args.port, args.model).to_json(), end="")
     return 0
+
+
+def _cmd_kernels_scan(args: argparse.Namespace) -> int:
+    paths: list[Path] = []
+    for root in args.roots:
+        if not Path(root).exists():
+            return _error(f"kernels scan: {root} does not exist", 2)
+        paths += kernels.library_files(Path(root))
+    dists: dict[str, list[Path]] = {}
+    for name in args.dist:
+        files = kernels.distribution_files(name)
+        if files is None:
+            return _error(f"kernels scan: --dist {name}: no such distribution is installed", 2)
+        dists[name] = files
+        paths += files
+    try:
+        for gpu in args.gpu:
+            parse_gpu(gpu)
+    except ValueError as exc:
+        return _error(f"kernels scan: --gpu: {exc}", 2)
+    record = kernels.scan(paths, args.gpu, args.not_needed, dists)
+    try:
+        write_all({Path(args.out): record.to_json(indent=2).encode()})
+    except OSError as exc:
+        return _error(f"kernels scan: cannot write {args.out}: {exc.strerror or exc}")
+    bad = [e for e in record.extensions if e.error]
+    print(f"kernels: {len(record.extensions) - len(bad)} extensions with device code, "
+          f"{record.without_device_code} libraries without, {len(bad)} unreadable -> {args.out}")
+    return 0
+
+
+def _cmd_kernels_check(args: argparse.Namespace) -> int:
+    checks = kernels.check_home(Path(args.home), args.gpu)
+    for name, state, detail in checks:
+        print(json.dumps({"check": name, "state": state, "detail": detail}))
+    return 1 if any(state == "failed" for _, state, _ in checks) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,8 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="the model folder as the rank sees it")
     command("compile", "byte-compile what pip installed with --no-compile, on every core (default: the "
             "site-packages)", lambda args: bytecode.main(args.dirs)).add_argument("dirs", nargs="*")
-    command("kernels", "record or check the CUDA kernels of the image: kernels scan|check ... (see kernels --help)",
-            lambda args: kernels.main(args.rest)).add_argument("rest", nargs=argparse.REMAINDER)
+    within = sub.add_parser("kernels", help="record or check the CUDA kernels of the image: kernels scan|check ...",
+                            description=kernels.__doc__.splitlines()[0]).add_subparsers(dest="command", required=True)
+    p = within.add_parser("scan", help="record the device code of every shared library under ROOTs and of --dist")
+    p.set_defaults(func=_cmd_kernels_scan)
+    p.add_argument("roots", nargs="*", metavar="ROOT")
+    p.add_argument("--dist", action="append", default=[], help="an installed Python distribution's libraries")
+    p.add_argument("--gpu", action="append", default=[], help="a compute capability the image is for (12.1)")
+    p.add_argument("--not-needed", action="append", default=[], metavar="NAME",
+                   help="an extension no listed GPU needs (its file name up to the first dot)")
+    p.add_argument("--out", required=True)
+    p = within.add_parser("check", help="check every recorded extension against the GPUs; one JSON line per check")
+    p.set_defaults(func=_cmd_kernels_check)
+    p.add_argument("--home", default="/opt/sparkforge")
+    p.add_argument("--gpu", action="append", default=[], help="a compute capability (default: the record's)")
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.func
     return run(args)

@@ -7,8 +7,7 @@ import re
 from pathlib import Path
 
 from .contract import GpuCoverage, KernelExtension
-from .fatbin import (ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, DeviceCode, Entry, FatbinError, Target,
-                     open_device_code)
+from .fatbin import ARCH_SPECIFIC, FAMILY, FLAG_COMPRESSED, UNKNOWN, DeviceCode, FatbinError, Target, open_device_code
 
 GPU_RE = re.compile(r"\A([0-9]+)\.([0-9])\Z")
 
@@ -41,14 +40,6 @@ def usable(targets: list[Target], gpu: str) -> list[Target]:
     return sorted(ok, key=lambda t: (t.kind != "cubin", -t.arch))
 
 
-def _cover_order(entries: list[Entry], runnable: list[int], blocked: list[int]) -> list[int]:
-    """The order to read what a GPU runs in until it covers the blocked code: the blocked code's containers first
-    (nvcc writes one per compiled file, so its kernels for other archs sit there), uncompressed first."""
-    containers = {entries[i].container for i in blocked}
-    return sorted(runnable, key=lambda i: (entries[i].container not in containers,
-                                           bool(entries[i].flags & FLAG_COMPRESSED), i))
-
-
 def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, GpuCoverage]:
     """Per GPU, the kernels that code of its major holds and no code it runs holds (read only as far as needed)."""
     entries = code.entries
@@ -62,22 +53,19 @@ def coverage(code: DeviceCode, gpus: list[str]) -> dict[str, GpuCoverage]:
     for gpu in gpus:
         major = parse_gpu(gpu)[0]
         runnable = [i for i in loadable if runs_on(entries[i].target, gpu)]
-        can = set(runnable)
-        blocked = [i for i in loadable if entries[i].target.arch // 10 == major and i not in can]
+        blocked = [i for i in loadable if entries[i].target.arch // 10 == major and not runs_on(entries[i].target, gpu)]
         if not blocked:
             out[gpu] = GpuCoverage()  # every piece of code of its major runs: nothing of that major is out of reach
             continue
-        wanted: set[str] = set()
-        unread = set()
-        for i in blocked:
-            found = names_of(i)
-            if found is None:
-                unread.add(entries[i].target.name)
-            else:
-                wanted |= found
+        wanted: set[str] = set().union(*(names_of(i) or () for i in blocked))
+        unread = {entries[i].target.name for i in blocked if names_of(i) is None}
+        # What it runs is read until it covers the blocked code: the blocked code's containers first (nvcc writes
+        # one per compiled file, so its kernels for other archs sit there), uncompressed first.
+        containers = {entries[i].container for i in blocked}
         covered: set[str] = set()
         runnable_unread = False
-        for i in _cover_order(entries, runnable, blocked):
+        for i in sorted(runnable, key=lambda i: (entries[i].container not in containers,
+                                                 bool(entries[i].flags & FLAG_COMPRESSED), i)):
             if not wanted - covered:
                 break
             found = names_of(i)

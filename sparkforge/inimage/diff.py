@@ -134,8 +134,7 @@ def _parse_hunk(path: str, lines: list[bytes], i: int) -> tuple[Hunk, int]:
         raise ModFailure(f"{path}: malformed hunk header {header!r}")
     header = m.group(0).decode()
     old_start, new_start = int(m.group(1)), int(m.group(3))
-    old_count = 1 if m.group(2) is None else int(m.group(2))
-    new_count = 1 if m.group(4) is None else int(m.group(4))
+    old_count, new_count = (1 if count is None else int(count) for count in m.group(2, 4))  # no count: one line
     old: list[bytes] = []
     new: list[bytes] = []
     tags: list[bytes] = []

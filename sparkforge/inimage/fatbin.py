@@ -146,12 +146,9 @@ def _entry(data: Any, pos: int, end: int, container: int, relocatable: bool) -> 
     header size u32, payload size u64, packed size u32 @16, arch u32 @28, flags u64 @40, plain size u64 @56."""
     if end - pos < 48:
         raise FatbinError(f"a fat-binary entry header at offset {pos:#x} is cut short")
-    kind, _version, header_size, size = unpack_from("<HHIQ", data, pos)
+    kind, _version, header_size, size, packed, arch, flags = unpack_from("<HHIQI8xI8xQ", data, pos)
     if header_size < 48 or header_size > end - pos or size > end - pos - header_size:
         raise FatbinError(f"the fat-binary entry at offset {pos:#x} runs past its container")
-    packed, = unpack_from("<I", data, pos + 16)
-    arch, = unpack_from("<I", data, pos + 28)
-    flags, = unpack_from("<Q", data, pos + 40)
     plain_size = unpack_from("<Q", data, pos + 56)[0] if header_size >= 64 else 0
     nxt = pos + header_size + size
     if kind not in (KIND_PTX, KIND_CUBIN):
@@ -180,11 +177,7 @@ def _checked_cubin(data: Any, pos: int, size: int, arch: int, variant: str) -> s
         sm, specific = e_flags & 0xFF, bool(e_flags & EF_ARCH_SPECIFIC_OLD)
     if machine != 190 or sm != arch % 256:
         return UNKNOWN
-    if specific and variant == PLAIN:
-        return ARCH_SPECIFIC
-    if specific and variant == FAMILY:
-        return UNKNOWN
-    return variant
+    return {PLAIN: ARCH_SPECIFIC, FAMILY: UNKNOWN}.get(variant, variant) if specific else variant
 
 
 def _skip_zeros(fd: int, pos: int, end: int) -> int:

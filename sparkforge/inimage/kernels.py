@@ -8,14 +8,11 @@ cannot run), so per GPU the scan also finds the kernels of its major that no cod
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import stat
 import struct
-import sys
 from pathlib import Path
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from .contract import GpuCoverage, KernelExtension, KernelRecord
 from .coverage import parse_gpu, read_extension, usable
@@ -49,13 +46,8 @@ def distribution_files(name: str) -> list[Path] | None:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-    found = []
-    for item in dist.files or ():
-        if _is_library(item.name):
-            path = Path(str(dist.locate_file(item)))
-            if path.is_file() and not path.is_symlink():
-                found.append(path)
-    return sorted(found)
+    paths = [Path(str(dist.locate_file(item))) for item in dist.files or () if _is_library(item.name)]
+    return sorted(path for path in paths if path.is_file() and not path.is_symlink())
 
 
 def exempt(path: str, not_needed: Collection[str]) -> bool:
@@ -78,16 +70,11 @@ def scan(paths: list[Path], gpus: list[str], not_needed: list[str] | tuple[str, 
          dists: dict[str, list[Path]] | None = None) -> KernelRecord:
     """The kernel record of these files for these GPUs (files without device code only counted); `not_needed`
     is the recipe's kernels_not_needed, `dists` the files of each distribution whose extensions are counted."""
-    extensions, without = [], 0
-    for path in dict.fromkeys(paths):
-        ext = _read(path, gpus)
-        if ext is None:
-            without += 1
-        else:
-            extensions.append(ext)
+    read = [_read(path, gpus) for path in dict.fromkeys(paths)]
+    extensions = [ext for ext in read if ext is not None]
     with_code = {e.path for e in extensions}
     counts = {name: sum(str(p) in with_code for p in dict.fromkeys(files)) for name, files in (dists or {}).items()}
-    return KernelRecord(tuple(extensions), without, tuple(gpus), tuple(sorted(not_needed)), counts)
+    return KernelRecord(tuple(extensions), len(read) - len(extensions), tuple(gpus), tuple(sorted(not_needed)), counts)
 
 
 def verdict(ext: KernelExtension, gpu: str) -> tuple[str, str]:
@@ -102,8 +89,7 @@ def verdict(ext: KernelExtension, gpu: str) -> tuple[str, str]:
     ok = usable(targets, gpu)
     if not ok:
         return "none", "NONE"
-    major = parse_gpu(gpu)[0]
-    blocked = [t for t in targets if t.arch // 10 == major and not runs_on(t, gpu)]
+    blocked = [t for t in targets if t.arch // 10 == parse_gpu(gpu)[0] and not runs_on(t, gpu)]
     cov = ext.coverage.get(gpu)
     if cov is not None and cov.missing:
         return "missing", f"{cov.missing} missing"
@@ -124,10 +110,9 @@ def verdicts(ext: KernelExtension, gpus: list[str] | tuple[str, ...]) -> dict[st
 
 def _problem(ext: KernelExtension, gpu: str, state: str) -> str:
     """The one-line reason an extension fails a GPU."""
-    have = ", ".join(ext.cubins + ext.ptx)
     cov = ext.coverage.get(gpu) or GpuCoverage()
     if state == "none":
-        return f"no kernel for GPU {gpu} (it holds {have})"
+        return f"no kernel for GPU {gpu} (it holds {', '.join(ext.cubins + ext.ptx)})"
     if state == "missing":
         examples = ", ".join(n if len(n) <= 100 else n[:97] + "..." for n in cov.examples)
         return (f"GPU {gpu} cannot run {cov.missing} kernels, which exist only in "
@@ -180,50 +165,6 @@ def check(record: KernelRecord, gpus: list[str] | None = None) -> list[tuple[str
     return checks
 
 
-def write_json(path: Path, record: KernelRecord) -> None:
-    """Write the record whole or not at all (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(record.to_json(indent=2))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _cmd_scan(args: argparse.Namespace) -> int:
-    paths: list[Path] = []
-    for root in args.roots:
-        if not Path(root).exists():
-            print(f"kernels scan: {root} does not exist", file=sys.stderr)
-            return 2
-        paths += library_files(Path(root))
-    dists: dict[str, list[Path]] = {}
-    for name in args.dist:
-        files = distribution_files(name)
-        if files is None:
-            print(f"kernels scan: --dist {name}: no such distribution is installed", file=sys.stderr)
-            return 2
-        dists[name] = files
-        paths += files
-    try:
-        for gpu in args.gpu:
-            parse_gpu(gpu)
-    except ValueError as exc:
-        print(f"kernels scan: --gpu: {exc}", file=sys.stderr)
-        return 2
-    record = scan(paths, args.gpu, args.not_needed, dists)
-    try:
-        write_json(Path(args.out), record)
-    except OSError as exc:
-        print(f"kernels scan: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    bad = [e for e in record.extensions if e.error]
-    print(f"kernels: {len(record.extensions) - len(bad)} extensions with device code, "
-          f"{record.without_device_code} libraries without, {len(bad)} unreadable -> {args.out}")
-    return 0
-
-
 def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str, str]]:
     """The checks of the kernels record under home against gpus (default: the record's own)."""
     path = home / "record" / "kernels.json"
@@ -237,30 +178,3 @@ def check_home(home: Path, gpus: list[str] | None = None) -> list[tuple[str, str
     except (OSError, ValueError) as exc:  # ContractError is a ValueError: the record's own line
         return [("kernels record readable", "failed", str(exc))]
     return check(record, gpus)
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    checks = check_home(Path(args.home), args.gpu)
-    for name, state, detail in checks:
-        print(json.dumps({"check": name, "state": state, "detail": detail}))
-    return 1 if any(state == "failed" for _, state, _ in checks) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kernels", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("scan", help="record the device code of every shared library under ROOTs and of --dist")
-    p.add_argument("roots", nargs="*", metavar="ROOT")
-    p.add_argument("--dist", action="append", default=[], help="an installed Python distribution's libraries")
-    p.add_argument("--gpu", action="append", default=[], help="a compute capability the image is for (12.1)")
-    p.add_argument("--not-needed", action="append", default=[], metavar="NAME",
-                   help="an extension no listed GPU needs (its file name up to the first dot)")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=_cmd_scan)
-    p = sub.add_parser("check", help="check every recorded extension against the GPUs; one JSON line per check")
-    p.add_argument("--home", default="/opt/sparkforge")
-    p.add_argument("--gpu", action="append", default=[], help="a compute capability (default: the record's)")
-    p.set_defaults(func=_cmd_check)
-    args = parser.parse_args(argv)
-    command: Callable[[argparse.Namespace], int] = args.func
-    return command(args)

@@ -162,11 +162,10 @@ def _targets(changes: list[Change], root: Path) -> dict[str, Path]:
             st = os.lstat(target)
         except (FileNotFoundError, NotADirectoryError):
             st = None
-        if st is not None and (st.st_dev, st.st_ino) in seen:
-            raise ModFailure(f"the diff names one file twice, as {seen[st.st_dev, st.st_ino]} and as {change.path} "
+        first = change.path if st is None else seen.setdefault((st.st_dev, st.st_ino), change.path)
+        if first != change.path:
+            raise ModFailure(f"the diff names one file twice, as {first} and as {change.path} "
                              "(two names of one file); name each file once")
-        if st is not None:
-            seen[st.st_dev, st.st_ino] = change.path
         targets[change.path] = target
     return targets
 
@@ -182,8 +181,7 @@ def _copy_in(targets: dict[str, Path], created: set[str], work: Path) -> tuple[d
                 raise ModFailure(f"{rel}: file to patch not found") from None
             _check_folders(target, rel)
             continue
-        regular(mode, rel)
-        found[rel], modes[rel] = read_file(target, rel), stat.S_IMODE(mode)
+        found[rel], modes[rel] = read_file(target, rel), stat.S_IMODE(mode)  # a regular file, or refused
         copy = work / rel
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_bytes(found[rel])
@@ -194,15 +192,11 @@ def _copy_in(targets: dict[str, Path], created: set[str], work: Path) -> tuple[d
 def _check_folders(target: Path, rel: str) -> None:
     """Refuse a new file whose folder is something else on disk (a file, a FIFO)."""
     parent = target.parent
-    while True:
-        try:
-            mode = os.lstat(parent).st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            parent = parent.parent
-            continue
-        if not stat.S_ISDIR(mode):
-            raise ModFailure(f"{rel}: {kind_of(mode)} stands where its folder belongs")
-        return
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    mode = os.lstat(parent).st_mode
+    if not stat.S_ISDIR(mode):
+        raise ModFailure(f"{rel}: {kind_of(mode)} stands where its folder belongs")
 
 
 def _results(work: Path, names: set[str], modes: dict[str, int]) -> dict[str, bytes]:

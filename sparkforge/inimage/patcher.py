@@ -44,12 +44,14 @@ def plan_patcher(patcher: Path, root: Path,
             tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty patcher cannot block on it
         proc = start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, cwd=scratch, env=env)
         try:
-            first, _, rest = _read(_pipes(proc)[1], deadline, line=True).partition(b"\n")
+            stdin, stdout = proc.stdin, proc.stdout
+            assert stdin is not None and stdout is not None  # asked for as pipes
+            first, _, rest = _read(stdout, deadline, line=True).partition(b"\n")
             targets = _answer(patcher, first, proc, errors).get("targets")
             if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
                 raise ModFailure(f"patcher {patcher.name}: its TARGETS are not a list of file names")
             paths, sources = _read_targets(root, targets)
-            out = _exchange(proc, json.dumps(sources).encode(), deadline)
+            out = _exchange(proc, stdin, stdout, json.dumps(sources).encode(), deadline)
             answer = _answer(patcher, rest + out, proc, errors)
             _check_answer(patcher, answer, sources)
         except subprocess.TimeoutExpired:
@@ -73,18 +75,9 @@ def _check_answer(patcher: Path, answer: dict[str, Any], sources: dict[str, str]
         raise ModFailure(f"patcher {patcher.name}: its answer names files outside its TARGETS or no texts")
 
 
-def _pipes(proc: Child[bytes]) -> tuple[IO[bytes], IO[bytes]]:
-    """The child's stdin and stdout, which plan_patcher asks Popen to make as pipes."""
-    if proc.stdin is None or proc.stdout is None:
-        raise ModFailure("the patcher's child was started without its stdin and stdout pipes")
-    return proc.stdin, proc.stdout
-
-
 def _read(stream: IO[bytes], deadline: float, *, line: bool = False) -> bytes:
     """What a pipe gives until its end or deadline; with line, until a first newline, or TimeoutExpired."""
     data = b""
-    if stream.closed:
-        return data
     with selectors.DefaultSelector() as selector:
         selector.register(stream, selectors.EVENT_READ)
         while not (line and b"\n" in data):
@@ -100,12 +93,11 @@ def _read(stream: IO[bytes], deadline: float, *, line: bool = False) -> bytes:
     return data
 
 
-def _exchange(proc: Child[bytes], payload: bytes, deadline: float) -> bytes:
+def _exchange(proc: Child[bytes], stdin: IO[bytes], stdout: IO[bytes], payload: bytes, deadline: float) -> bytes:
     """Send payload to the child and read its output until the child exits (a process the patcher started may
     hold the pipe open); then the group goes, and the rest is read."""
     out = b""
     view = memoryview(payload)
-    stdin, stdout = _pipes(proc)
     os.set_blocking(stdin.fileno(), False)
     with selectors.DefaultSelector() as selector:
         selector.register(stdout, selectors.EVENT_READ)
@@ -196,18 +188,12 @@ def _kill_group(proc: Child[bytes]) -> None:
 def _stop(proc: Child[bytes]) -> None:
     """End a run: the supervisor given STOP_TIMEOUT to end all it started, then the group killed, the child reaped."""
     if _exit_code(proc, 0) is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        os.kill(proc.pid, signal.SIGTERM)  # unreaped, so its number is still its own
         _exit_code(proc, time.monotonic() + STOP_TIMEOUT)
     _kill_group(proc)
-    for stream in (proc.stdin, proc.stdout):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
+    for stream in (proc.stdin, proc.stdout):  # read and written past their buffers: closing writes nothing
+        if stream is not None:
+            stream.close()
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:

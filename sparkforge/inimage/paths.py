@@ -63,17 +63,12 @@ def asset(folder: Path, rel: str, what: str) -> Path:
     return path
 
 
-def shown(name: str) -> str:
-    """A file name as read from disk, printable: bytes that are not UTF-8 as escapes (b'\\xff' -> \\xff)."""
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
-
-
 def check_folder(folder: Path) -> None:
     """Refuse a mod folder holding a link, anything but folders and regular files, or a name that is not UTF-8."""
     for parent, dirs, files in os.walk(folder):
         for name in dirs + files:
             path = Path(parent) / name
-            rel = shown(str(path.relative_to(folder)))
+            rel = os.fsencode(path.relative_to(folder)).decode("utf-8", "backslashreplace")  # not UTF-8: as \xff escapes
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError:

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import socket
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .contract import Document
 
 SIOCGIFADDR = 0x8915  # ioctl: an interface's IPv4 address
 
 
 @dataclass(frozen=True)
-class Preflight:
+class Preflight(Document):
     address: str | None  # this node's address on the way to the master
     ifname: str | None  # the interface that holds it
     problems: list[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
 
 def interface_of(address: str) -> str | None:

@@ -29,7 +29,6 @@ class CommandError(Exception):
 
     def __init__(self, command: str, why: str):
         super().__init__(f"{command}: {why}")
-        self.command = command
         self.why = why
 
 
@@ -38,12 +37,6 @@ class TimedOut(CommandError):
 
     def __init__(self, command: str, timeout: float):
         super().__init__(command, f"gave no answer within {timeout:.0f} s and was stopped")
-        self.timeout = timeout
-
-
-def name(argv: Sequence[str], words: int = 2) -> str:
-    """How an error names a command: its program and first words (`git fetch`), never its whole line."""
-    return " ".join(os.path.basename(str(argv[0])) if i == 0 else str(a) for i, a in enumerate(argv[:words]))
 
 
 Child = subprocess.Popen  # what start() gives: a child in its own process group
@@ -69,20 +62,16 @@ def signal_group(proc: Child[Any], grace: float = GRACE) -> None:
     another process's by now."""
     if proc.returncode is not None:
         return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    # Killed, it ends at once, unless the kernel holds it in a read of a dead disk.
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace + 5)):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):  # no member left (PermissionError: a zombie, on some kernels)
             pass
-        if sig == signal.SIGTERM:
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-    try:
-        proc.wait(timeout=grace + 5)  # killed, it ends at once, unless the kernel holds it in a read of a dead disk
-    except subprocess.TimeoutExpired:
-        pass
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def stop_group(proc: Child[Any], grace: float = GRACE) -> None:
@@ -135,7 +124,8 @@ def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: 
 def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: bytes | str | None = None,
         capture_output: bool = False, text: bool = False, **kw: Any) -> subprocess.CompletedProcess[Any]:
     """Run argv (no shell) to its end within `timeout` seconds, whatever its exit code; else CommandError/TimedOut."""
-    what = what or name(argv)
+    # An error names a command by its program and first word (`git fetch`), never by its whole line.
+    what = what or " ".join([os.path.basename(str(argv[0])), *map(str, argv[1:2])])
     if capture_output:
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
@@ -146,13 +136,11 @@ def run(argv: Sequence[str], *, timeout: float, what: str | None = None, input: 
         with held():  # a signal as the child starts is raised once `proc` names it, inside this try
             proc = start(argv, text=text, **kw)
         out, err = proc.communicate(input, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        assert proc is not None
-        stop_group(proc)
-        raise TimedOut(what, timeout) from None
-    except BaseException as exc:  # Ctrl-C, SIGTERM's SystemExit: nothing of it is left running
+    except BaseException as exc:  # its time limit, Ctrl-C, SIGTERM's SystemExit: nothing of it is left running
         if proc is not None:
             stop_group(proc)
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise TimedOut(what, timeout) from None
             raise
         if isinstance(exc, FileNotFoundError):
             raise CommandError(what, f"{argv[0]} is not installed") from None

@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 from .contract import BuildRecord, KernelRecord, ModResult, RecordedMod, WheelNote, WheelOrigin, parse_json
-from .paths import last_line
-from .run import IMPORT_TIMEOUT, TimeLimit, run, text
+from .run import IMPORT_TIMEOUT, python
 from .seam import ComponentKind, read_plan
 
 
@@ -30,12 +29,8 @@ def installed(name: str) -> str | None:
 
 def torch_cuda(limit: float = IMPORT_TIMEOUT) -> str:
     """torch.version.cuda of the installed torch ("None" for a CPU build); asked in a subprocess."""
-    try:
-        proc = run([sys.executable, "-c", "import torch; print(torch.version.cuda)"], limit=limit,
-                   what="import torch")
-    except TimeLimit as exc:
-        return f"import failed: {exc}"
-    return text(proc.stdout).strip() if proc.returncode == 0 else f"import failed: {last_line(text(proc.stderr))}"
+    ok, out, why = python("import torch; print(torch.version.cuda)", limit=limit, what="import torch")
+    return out.strip() if ok else f"import failed: {why}"
 
 
 def protect(names: list[str], out_dir: Path) -> dict[str, str]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from . import proc
+from .paths import last_line
 
 # The limits of the image's commands, in seconds. Each is far above what its command takes on a loaded
 # machine; it is there so that a command that never ends fails the build or the check, naming it.
@@ -30,6 +32,11 @@ def run(cmd: list[str], *, limit: float, what: str, cwd: str | Path | None = Non
         raise OSError(exc.why) from None
 
 
-def text(data: bytes) -> str:
-    """A command's output as text (bytes that are not UTF-8 shown as replacement characters)."""
-    return data.decode("utf-8", "replace")
+def python(code: str, *, limit: float, what: str, cwd: Path | None = None) -> tuple[bool, str, str]:
+    """`python -c code` run to its end: (it exited 0, its output, the last line of its errors or of TimeLimit)."""
+    try:
+        done = run([sys.executable, "-c", code], limit=limit, what=what, cwd=cwd)
+    except TimeLimit as exc:
+        return False, "", str(exc)
+    out, err = (data.decode("utf-8", "replace") for data in (done.stdout, done.stderr))  # not UTF-8: replacement characters
+    return done.returncode == 0, out, last_line(err)

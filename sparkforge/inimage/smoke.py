@@ -7,15 +7,14 @@ import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 from .apply import component_root, verify_mod
 from .contract import BuildRecord, CheckState, ContractError, ModState, Phase, parse_json
 from .kernels import check_home
-from .paths import ModFailure, last_line
+from .paths import ModFailure
 from .record import check_protected, installed, mod_results
-from .run import CUDA_TIMEOUT, TimeLimit, run, text
+from .run import CUDA_TIMEOUT, python
 from .seam import ComponentKind, read_mod, read_plan
 
 Checks = list[tuple[str, CheckState, str]]
@@ -54,10 +53,10 @@ def smoke_static(home: Path) -> Checks:
                 f"{comp.dest}: {have}")
     changed = check_protected(home / "protect")
     protected = parse_json((home / "protect" / "protected.json").read_text())
-    if protected or changed:
+    if protected:  # else none was recorded, so none was compared
         add("base packages not replaced by pip", not changed,
             "; ".join(changed) or ", ".join(f"{k} {v}" for k, v in sorted(protected.items())))
-    else:  # nothing to protect, so nothing was checked
+    else:
         checks.append(("base packages not replaced by pip", CheckState.SKIPPED,
                        f"the base has none of the protected packages ({', '.join(plan.protect) or 'none listed'})"))
     results = {entry.name: entry.result for entry in mod_results(home)}
@@ -119,13 +118,10 @@ def smoke_gpu(home: Path, limit: float = CUDA_TIMEOUT) -> Checks:
     code = ("import json, torch; ok = torch.cuda.is_available(); "
             "print(json.dumps({'ok': ok, 'cap': list(torch.cuda.get_device_capability(0)) if ok else None, "
             "'name': torch.cuda.get_device_name(0) if ok else None}))")
-    try:
-        proc = run([sys.executable, "-c", code], limit=limit, what="the CUDA check")
-    except TimeLimit as exc:
-        return [("torch.cuda.is_available()", CheckState.FAILED, str(exc))]
-    if proc.returncode != 0:
-        return [("torch.cuda.is_available()", CheckState.FAILED, last_line(text(proc.stderr)))]
-    info = json.loads(text(proc.stdout).strip().splitlines()[-1])
+    ok, out, why = python(code, limit=limit, what="the CUDA check")
+    if not ok:
+        return [("torch.cuda.is_available()", CheckState.FAILED, why)]
+    info = json.loads(out.strip().splitlines()[-1])
     checks: Checks = [("torch.cuda.is_available()", CheckState.OK if info["ok"] else CheckState.FAILED,
                         str(info["name"]))]
     if info["ok"]:
@@ -140,12 +136,9 @@ def smoke_gpu(home: Path, limit: float = CUDA_TIMEOUT) -> Checks:
 
 def _rms_norm(limit: float) -> tuple[str, CheckState, str]:
     name = "vLLM rms_norm on the device"
-    try:
-        proc = run([sys.executable, "-c", RMS_NORM], limit=limit, what="vLLM's rms_norm")
-    except TimeLimit as exc:
-        return name, CheckState.FAILED, str(exc)
-    if proc.returncode != 0:
-        return name, CheckState.FAILED, last_line(text(proc.stderr))
-    error = float(json.loads(text(proc.stdout).strip().splitlines()[-1])["max_error"])
+    ok, out, why = python(RMS_NORM, limit=limit, what="vLLM's rms_norm")
+    if not ok:
+        return name, CheckState.FAILED, why
+    error = float(json.loads(out.strip().splitlines()[-1])["max_error"])
     ok = error <= RMS_NORM_TOLERANCE
     return name, CheckState.OK if ok else CheckState.FAILED, f"largest difference from torch's: {error:.4f}"
