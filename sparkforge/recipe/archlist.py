@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from packaging.version import InvalidVersion, Version
+
 from ..inimage.fatbin import Target
 from ..inimage.kernels import runs_on
 
@@ -32,10 +34,6 @@ def _version(arch: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _major(arch: str) -> str:
-    return arch.split(".")[0]
-
-
 def loose_intersection(src: list[str], tgt: list[str]) -> list[str]:
     """vLLM 0.30.0's cuda_archs_loose_intersection(OUT, SRC, TGT), step by step."""
     ptx = list(dict.fromkeys(a.removesuffix("+PTX") for a in src if a.endswith("+PTX")))
@@ -49,23 +47,15 @@ def loose_intersection(src: list[str], tgt: list[str]) -> list[str]:
             tgt.remove(_SUFFIX.sub("", arch))
             out.append(arch)
     # Then an a/f source against a suffixed target; a family source against any target of its major.
-    for arch in list(src):
-        if not _SUFFIX.search(arch):
-            continue
+    for arch in [arch for arch in src if _SUFFIX.search(arch)]:
         src.remove(arch)
         base = _SUFFIX.sub("", arch)
-        if base + "a" in tgt:
-            tgt.remove(base + "a")
-            out.append(base + "a")
-        elif base + "f" in tgt:
-            tgt.remove(base + "f")
-            out.append(base + "f")
-        elif arch.endswith("f"):
-            for target in list(tgt):
-                if _major(_SUFFIX.sub("", target)) == _major(base):
-                    tgt.remove(target)
-                    out.append(target)
-                    break
+        found = next((base + suffix for suffix in "af" if base + suffix in tgt), None)
+        if found is None and arch.endswith("f"):
+            found = next((target for target in tgt if target.split(".")[0] == base.split(".")[0]), None)
+        if found is not None:
+            tgt.remove(found)
+            out.append(found)
     # A suffixed target whose base arch is a source keeps its suffix.
     for target in list(tgt):
         if _SUFFIX.search(target) and _SUFFIX.sub("", target) in src:
@@ -79,12 +69,11 @@ def loose_intersection(src: list[str], tgt: list[str]) -> list[str]:
         for arch in src:
             if _version(arch) > _version(target):
                 break
-            if arch in ptx or _major(arch) == _major(target):
+            if arch in ptx or _version(arch)[0] == _version(target)[0]:
                 best = arch
         if best:
             out.append(best)
-    out = list(dict.fromkeys(out))
-    return [a + "+PTX" if a in ptx else a for a in out]
+    return [a + "+PTX" if a in ptx else a for a in dict.fromkeys(out)]
 
 
 def cuda_archs(arch_list: str) -> list[str]:
@@ -107,9 +96,7 @@ def sm12x_warnings(arch_list: str, gpus: tuple[str, ...]) -> list[str]:
     generic = cuda_archs(arch_list)
     sm12x = loose_intersection(list(SM12X_KERNELS), generic)
     out = []
-    for gpu in gpus:
-        if not gpu.startswith("12."):
-            continue
+    for gpu in (listed for listed in gpus if listed.startswith("12.")):
         missing = [what for what, archs in (("generic kernels", generic), ("SM12x kernels", sm12x))
                    if not _runs(archs, gpu)]
         if missing:
@@ -122,8 +109,6 @@ def sm12x_warnings(arch_list: str, gpus: tuple[str, ...]) -> list[str]:
 def plan_warnings(plan: Plan) -> list[str]:
     """`show`'s warnings for a plan of vLLM 0.30.0 or later (0.17.0 gives plain sm_120 for both lists, lacking the
     step that keeps a suffixed target's suffix; releases in between were not read)."""
-    from packaging.version import InvalidVersion, Version
-
     try:
         if Version(plan.vllm.version) < Version("0.30.0"):
             return []

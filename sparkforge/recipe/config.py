@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import stat
 from pathlib import Path
 from collections.abc import Hashable
@@ -47,12 +48,10 @@ class _Loader(_BASE_LOADER):
                     continue
                 key = self.construct_object(key_node, deep=True)
                 line = key_node.start_mark.line + 1
-                try:
+                with contextlib.suppress(TypeError):  # an unhashable key: SafeConstructor refuses it in its own words
                     if key in seen:
                         raise _DuplicateKey(f"key {key!r} is written twice, on lines {seen[key]} and {line}; keep one")
                     seen[key] = line
-                except TypeError:  # an unhashable key; SafeConstructor refuses it with its own message
-                    continue
         return super().construct_mapping(node, deep=deep)
 
 
@@ -137,6 +136,8 @@ def _is_branch(part: Any) -> bool:
 # The union members of the schemas below, as pydantic names them in a location.
 _UNION_BRANCHES = {"str", "int", "bool", "float", "none", "Unknown", "ModChanges", "ComponentSpec", "RemotePatch",
                    "Unresolved"}
+# The pydantic error types whose message a user reads better in plain words.
+_PLAIN = {"extra_forbidden": "unknown key", "missing": "required field is missing"}
 
 
 def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA, hint: Hint | None = None) -> ConfigError:
@@ -144,17 +145,12 @@ def validation_error(exc: ValidationError, path: Path, data: Any = _NO_DATA, hin
     errors = exc.errors()
     # Of the branches of a union, report the one the user meant: a value error over a type mismatch.
     err = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
-    loc = field_path(tuple(err["loc"]), data)
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    elif err["type"] == "string_type" and path.suffix in (".yaml", ".yml"):
+    msg = _PLAIN.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_type" and path.suffix in (".yaml", ".yml"):
         msg = f"expected a string, got {type(err['input']).__name__} (quote numbers in YAML)"
     elif err["type"].endswith("_type"):
         msg = f"{msg}, got {type(err['input']).__name__}"
-    return ConfigError(msg, path=path, field=loc or None, hint=hint)
+    return ConfigError(msg, path=path, field=field_path(tuple(err["loc"]), data) or None, hint=hint)
 
 
 def validated(model: type[M], data: Any, path: Path) -> M:
@@ -163,13 +159,6 @@ def validated(model: type[M], data: Any, path: Path) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, path, data) from None
-
-
-def load_recipe_file(path: Path) -> RecipeFile:
-    data = read_yaml(path)
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError("a recipe must be a YAML mapping", path=path)
-    return validated(RecipeFile, data or {}, path)
 
 
 def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple[ModSpec, Path]:
@@ -194,13 +183,12 @@ def load_mod(mods_dir: Path, name: str, *, used_by: Path | None = None) -> tuple
     for field, rel in assets:
         if rel is not None and not (folder / rel).is_file():
             raise ConfigError(f"{rel!r} is not a file in {folder}", path=meta, field=field)
-    # A patch named by URL is checked when it is fetched (remote.materialize); here only the folder is.
-    static = mod_document(spec, None if isinstance(spec.patch, RemotePatch) else spec.patch)
     if isinstance(spec.patch, RemotePatch) and (folder / REMOTE_PATCH_FILE).exists():
         raise ConfigError(f"{REMOTE_PATCH_FILE} is the name the fetched patch takes in the build; rename "
                           f"this mod's own file", path=folder / REMOTE_PATCH_FILE, field="patch")
-    try:  # a patch or patcher naming a path outside its tree is bad input, refused before any build
-        inimage.check_static(static, folder)
+    # A path outside its tree is refused before any build; a patch named by URL, once fetched (remote.materialize).
+    try:
+        inimage.check_static(mod_document(spec, local_patch), folder)
     except inimage.ModFailure as exc:
         raise ConfigError(str(exc), path=meta, field=spec.kind) from None
     return spec, folder
@@ -278,7 +266,10 @@ def load_variant(images_dir: Path, name: str) -> Recipe:
                 raise ConfigError(f"unknown variant {name!r} (known: {known})", path=images_dir)
             raise ConfigError(f"unknown parent variant {current!r}: {path} does not exist",
                               path=child_path, field="extends")
-        files.append(load_recipe_file(path))
+        raw = read_yaml(path)
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError("a recipe must be a YAML mapping", path=path)
+        files.append(validated(RecipeFile, raw or {}, path))
         chain.append(current)
         paths.append(path)
         current = files[-1].extends
@@ -302,13 +293,12 @@ def _merge(parent: dict[str, Any], child: dict[str, Any], path: Path, where: str
     """A scalar overrides, a mapping merges (null deletes a key), a list replaces; `mods: {remove, add}` edits."""
     out = dict(parent)
     for key, value in child.items():
-        field = f"{where}{key}"
         if key == "mods" and not where and isinstance(value, dict):
             out["mods"] = _edit_mods(list(parent.get("mods") or []), value, path)
         elif value is None and where:
             out.pop(key, None)
         elif isinstance(value, dict) and isinstance(out.get(key), dict) and key not in _REPLACED_WHOLE:
-            out[key] = _merge(out[key], value, path, f"{field}.")
+            out[key] = _merge(out[key], value, path, f"{where}{key}.")
         else:
             out[key] = value
     return out

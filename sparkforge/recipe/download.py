@@ -5,6 +5,7 @@ Downloaded on the host into <cache>/downloads/<sha256>/<name>, which is all the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -46,10 +47,9 @@ def cached(sha256: str, name: str) -> Path:
     return downloads_dir() / sha256 / name
 
 
-def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None,
-          progress: Callable[[int, int | None], None] = lambda done, total: None) -> Path:
+def fetch(url: str, sha256: str, name: str, *, ca_cert: Path | None = None) -> Path:
     """The file at url whose sha256 is `sha256`, from the cache or downloaded into it; nothing stays on a failure."""
-    return _keep(sha256, name, url, lambda out: _stream(url, out, ca_cert, progress))
+    return _keep(sha256, name, url, lambda out: _stream(url, out, ca_cert))
 
 
 def _keep(sha256: str, name: str, origin: str, fill: Callable[[BinaryIO], str]) -> Path:
@@ -80,28 +80,23 @@ def _part_file(folder: Path, name: str) -> tuple[int, str]:
     """A new temporary file in folder (made if need be), even while another process drops the empty folder."""
     for _ in range(5):
         folder.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):  # removed between the two calls by a process that found it empty
             return tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
-        except FileNotFoundError:  # removed between the two calls by a process that found it empty
-            continue
     return tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
 
 
 def _drop_if_empty(folder: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # not empty (another process's file), gone already, or not ours to remove
         folder.rmdir()
-    except OSError:  # not empty (another process's file), gone already, or not ours to remove
-        pass
 
 
 def fetch_new(url: str, name: str, *, ca_cert: Path | None = None) -> tuple[Path, str]:
     """Download a file whose hash is not known yet (to pin it): (its place in the cache, its sha256)."""
     root = downloads_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=root)
+    fd, part = _part_file(root, name)
     try:
         with os.fdopen(fd, "wb") as out:
-            got = _stream(url, out, ca_cert, lambda done, total: None)
+            got = _stream(url, out, ca_cert)
         target = cached(got, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, target)
@@ -119,10 +114,10 @@ def forget(sha256: str, name: str) -> None:
     _drop_if_empty(target.parent)
 
 
-def _stream(url: str, out: BinaryIO, ca_cert: Path | None, progress: Callable[[int, int | None], None]) -> str:
+def _stream(url: str, out: BinaryIO, ca_cert: Path | None) -> str:
     """Copy url into out (https only, also through redirects; within DEADLINE); return the sha256 of what came."""
     try:
-        return _hashed(net.stream(url, deadline=DEADLINE, ca_cert=ca_cert, progress=progress), out)
+        return _hashed(net.stream(url, deadline=DEADLINE, ca_cert=ca_cert), out)
     except net.FetchFailed as exc:
         raise DownloadFailed(str(exc)) from None
 
@@ -148,6 +143,5 @@ def sha256_of(path: Path) -> str:
 
 
 def take_local(path: Path, sha256: str, name: str) -> Path:
-    """A local file pinned by hash, copied into the cache (a later edit of the original changes no build)."""
-    # The hash is of the copy: what the build will read.
+    """A local file pinned by hash, copied into the cache and hashed as copied: a later edit changes no build."""
     return _keep(sha256, name, str(path), lambda out: _hashed(_chunks(path, "vllm.path"), out))

@@ -5,6 +5,7 @@ Each type is a module-level `Annotated` alias, so a type checker reads it as the
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 from typing import Annotated, TypeAlias
@@ -110,12 +111,9 @@ def _path(pattern: re.Pattern[str], what: str, spelled: str = "letters, digits, 
 
 
 def _pep440(value: str) -> str:
-    try:
-        Version(value)
-    except InvalidVersion:
-        pass
-    else:
+    with contextlib.suppress(InvalidVersion):
         if PEP440_CHARS_RE.fullmatch(value):
+            Version(value)
             return value
     raise ValueError(f"{value!r} is not a valid PEP 440 version")
 
@@ -123,18 +121,15 @@ def _pep440(value: str) -> str:
 def specifier_error(value: str) -> str | None:
     """Why value is not a PEP 440 specifier set, or None when it is one."""
     # packaging strips surrounding whitespace; a newline or tab in a range is still a typo.
-    try:
+    with contextlib.suppress(InvalidSpecifier):
         if value.isprintable():
             SpecifierSet(value)
             return None
-    except InvalidSpecifier:
-        pass
     return f"{value!r} is not a PEP 440 specifier set such as '>=0.16,<0.18'"
 
 
 def _specifier(value: str) -> str:
-    problem = specifier_error(value)
-    if problem:
+    if problem := specifier_error(value):
         raise ValueError(problem)
     return value
 

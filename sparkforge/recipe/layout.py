@@ -45,8 +45,7 @@ def digest_tree(folder: Path) -> str:
     """sha256 over the relative paths and bytes of every file below folder (config.load_mod refused links)."""
     h = hashlib.sha256()
     for rel, path in _files(folder):
-        h.update(rel.encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        h.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return "sha256:" + h.hexdigest()
 
 

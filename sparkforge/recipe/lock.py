@@ -3,6 +3,7 @@ a plan and a real build give (make_lock)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,10 @@ def _show(value: Any) -> str:
 def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
     """Where the recipe (as planned now) and the lock disagree; what the recipe leaves open the lock fills in."""
     wheels = LockedWheels.of(plan.python, None, (), "not resolved") if plan.python else None
-    planned = _fields(make_lock(plan, {}, MIN_EPOCH, packages=None, packages_unresolved="not built", wheels=wheels))
-    recipe, locked = dict(planned), dict(_fields(lock))
+    recipe = dict(_fields(make_lock(plan, {}, MIN_EPOCH, packages=None, packages_unresolved="not built", wheels=wheels)))
+    locked = dict(_fields(lock))
     out = []
-    for name in dict.fromkeys([f for f, _ in planned] + [f for f, _ in _fields(lock)]):
+    for name in dict.fromkeys([*recipe, *locked]):
         section, _, rest = name.partition(".")
         if section in ("components", "mods") and rest and rest.split(".")[0] not in (
                 set(recipe[section]) & set(locked[section])):
@@ -84,8 +85,7 @@ def compare(plan: Plan, lock: Lock) -> list[Mismatch]:
 def check_lock(plan: Plan, lock: Lock, path: Path, given: dict[str, str] | None = None) -> None:
     """Refuse, naming the first field, when the recipe was changed after it was locked. given: the fields (by
     prefix) that a command-line option set instead of the recipe, and the option (`{"base.": "--base"}`)."""
-    diffs = compare(plan, lock)
-    if diffs:
+    if diffs := compare(plan, lock):
         first = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
         said = next((option for prefix, option in (given or {}).items() if first.field.startswith(prefix)), None)
@@ -120,11 +120,9 @@ def constraints(packages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str],
     """The installed packages with a PEP 440 version (a Debian build's may not be one; pip never installs it)."""
     out = []
     for name, version in packages:
-        try:
+        with contextlib.suppress(InvalidVersion):
             Version(version)
-        except InvalidVersion:
-            continue
-        out.append((name, version))
+            out.append((name, version))
     return tuple(out)
 
 
@@ -219,8 +217,7 @@ def _same_requirements(before: Lock, after: Lock) -> bool:
 
 def keep_pins(path: Path, before: Lock, after: Lock) -> None:
     """Refuse (a network failure, exit 1) a lock that would drop a pin the earlier one made; the file stays."""
-    lost = lost_pins(before, after)
-    if lost:
+    if lost := lost_pins(before, after):
         field, value = lost[0]
         more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
         raise DownloadError(f"cannot be resolved now: {dict(after.unresolved()).get(field, 'no answer')}; the lock "

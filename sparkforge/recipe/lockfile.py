@@ -6,14 +6,15 @@ JSON, not YAML: this tool writes it, and a `.yaml` file in images/ would be take
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
 from packaging.utils import canonicalize_name
-from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field_serializer, field_validator, \
-    model_serializer, model_validator
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field_validator, model_serializer, \
+    model_validator
 
 from ..errors import ConfigError, Hint, SparkforgeError
 from ..files import write_atomic
@@ -215,10 +216,6 @@ class Lock(Strict):
                 raise ValueError(f"{other!r} and {name!r} name one package; keep one")
         return {canonicalize_name(k): v[k] for k in sorted(v, key=canonicalize_name)}
 
-    @field_serializer("protect", "os_packages")
-    def _as_list(self, v: tuple[str, ...]) -> list[str]:
-        return list(v)
-
     @property
     def installed(self) -> tuple[tuple[str, str], ...]:
         """Every installed package as (normalized name, version); none where they are not known."""
@@ -233,7 +230,7 @@ class Lock(Strict):
         pins: list[tuple[str, Pinned | None]] = [("base.digest", self.base.digest), ("vllm.commit", self.vllm.commit)]
         for name, c in self.components.items():
             field = "version" if c.kind == "pip" else "commit"
-            pins.append((f"components.{name}.{field}", c.version if c.kind == "pip" else c.commit))
+            pins.append((f"components.{name}.{field}", getattr(c, field)))
         out = [(f, p.unresolved or "") for f, p in pins if p is not None and p.value is None]
         if self.packages_unresolved:
             out.append(("packages", self.packages_unresolved))
@@ -261,16 +258,13 @@ def read_lock(path: Path) -> Lock:
         raise validation_error(exc, path, raw, hint=again) from None
 
 
-def write_lock(path: Path, lock: Lock) -> bool:
-    """Write the lock; a file that holds these bytes already is left alone (its time too). True: written."""
+def write_lock(path: Path, lock: Lock) -> None:
+    """Write the lock; a file that holds these bytes already is left alone (its time too)."""
     data = lock.to_json().encode()
-    try:
+    with contextlib.suppress(OSError):  # none yet, or unreadable: written whole below (where that fails, it says why)
         if path.read_bytes() == data:
-            return False
-    except OSError:
-        pass  # none yet, or unreadable: written whole below (where that fails, it says why)
+            return
     write_atomic(path, data)
-    return True
 
 
 def existing_lock(path: Path) -> Lock | None:

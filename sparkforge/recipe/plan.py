@@ -92,12 +92,12 @@ class Vllm:
 class Component:
     name: str
     kind: str  # "pip" or "git"
-    package: str | None
-    version: Pin
-    repo: str | None
-    ref: str | None
-    commit: Pin
-    dest: str | None
+    package: str | None = None  # pip
+    version: Pin = Pin(None)
+    repo: str | None = None  # git
+    ref: str | None = None
+    commit: Pin = Pin(None)
+    dest: str | None = None
     pip_install: bool = False
 
     @property
@@ -191,7 +191,7 @@ class Plan:
 
     def _data(self) -> dict[str, Any]:
         """The fields as JSON data, without host paths (renders would depend on the checkout's place)."""
-        data = _fields_jsonable(self)
+        data: dict[str, Any] = _jsonable(self)
         for mod in data["mods"]:
             mod.pop("folder")
         if data["vllm"]["wheel"]:
@@ -199,11 +199,8 @@ class Plan:
         return data
 
     def to_dict(self) -> dict[str, Any]:
-        data = self._data()
-        data["tag"] = self.tag
-        data["moving_tag"] = self.moving_tag
-        data["unpinned"] = [{"field": f, "reason": r} for f, r in self.unpinned()]
-        return data
+        unpinned = [{"field": f, "reason": r} for f, r in self.unpinned()]
+        return self._data() | {"tag": self.tag, "moving_tag": self.moving_tag, "unpinned": unpinned}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -213,29 +210,22 @@ class Plan:
         data = self._data()
         for key in ("plan_hash", "description", "recipe_files"):
             data.pop(key)
-        if not data["kernels_scan"]:
-            data.pop("kernels_scan")  # plans from before the field keep their tags
-        if data["python"] is not None:
-            data["python"].pop("reasons")  # what a reason says changes no file of the image
-            if not data["python"]["leave_out"]:
-                data["python"].pop("leave_out")  # plans from before the field keep their tags
-            if data["python"]["venv"] is None:
-                data["python"].pop("venv")  # likewise
-        if data["device"] == "cuda":
-            data.pop("device")  # likewise
-        if data["vllm"]["package"] == "vllm":
-            data["vllm"].pop("package")  # likewise
+        python = data["python"] or {}
+        python.pop("reasons", None)  # what a reason says changes no file of the image
+        # A field added later is left out at its default, so that plans from before it keep their tags.
+        defaults: list[tuple[dict[str, Any], str, Any]] = [
+            (data, "kernels_scan", []), (data, "device", "cuda"), (data["vllm"], "package", "vllm"),
+            (python, "leave_out", []), (python, "venv", None)]
+        for section, key, default in defaults:
+            if key in section and section[key] == default:
+                section.pop(key)
         return data
 
 
-def _fields_jsonable(obj: Any) -> dict[str, Any]:
-    """A dataclass's fields by name, as JSON data."""
-    return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
-
-
 def _jsonable(obj: Any) -> Any:
+    """A dataclass (by its fields' names), a mod spec or a tuple as JSON data."""
     if is_dataclass(obj):
-        return _fields_jsonable(obj)
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, ModSpec):
         return obj.model_dump(mode="json", exclude_defaults=True)
     if isinstance(obj, (tuple, list)):

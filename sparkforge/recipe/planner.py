@@ -169,15 +169,14 @@ def _components(entries: dict[str, ComponentSpec | None], leaf: Path) -> list[Co
         if c.pip and not c.git:
             if c.ref or c.commit or c.dest or c.pip_install is not None:
                 raise ConfigError("a pip component takes only pip and version", path=leaf, field=fld)
-            components.append(Component(name, "pip", c.pip, _pin(c.version, leaf, f"{fld}.version"),
-                                        None, None, Pin(None), None))
+            components.append(Component(name, "pip", c.pip, _pin(c.version, leaf, f"{fld}.version")))
         elif c.git and not c.pip:
             if c.version:
                 raise ConfigError("a git component is pinned by ref and commit, not version", path=leaf,
                                   field=f"{fld}.version")
-            components.append(Component(name, "git", None, Pin(None), c.git, _need(c.ref, leaf, f"{fld}.ref"),
-                                        _pin(c.commit, leaf, f"{fld}.commit"),
-                                        _need(c.dest, leaf, f"{fld}.dest"), bool(c.pip_install)))
+            components.append(Component(name, "git", repo=c.git, ref=_need(c.ref, leaf, f"{fld}.ref"),
+                                        commit=_pin(c.commit, leaf, f"{fld}.commit"),
+                                        dest=_need(c.dest, leaf, f"{fld}.dest"), pip_install=bool(c.pip_install)))
         else:
             raise ConfigError("a component is either pip (with version) or git (with ref, commit, dest)",
                               path=leaf, field=fld)
@@ -194,9 +193,8 @@ def _mods(data: RecipeFile, layout: Layout, leaf: Path, vllm: Vllm,
     for name in data.mods or []:
         mods.append(load_fitting_mod(layout.mods_dir, name, vllm, components, leaf))
         spec = mods[-1].spec
-        for what, value in [("env", spec.env.name if spec.env else None)] + [("files", f.dest) for f in spec.files]:
-            if value is None:
-                continue
+        claims = [("env", spec.env.name)] if spec.env else []
+        for what, value in claims + [("files", f.dest) for f in spec.files]:
             if (what, value) in owners:
                 other = owners[(what, value)]
                 who = f"mod {name} writes {value} twice" if other == name else (
@@ -205,9 +203,7 @@ def _mods(data: RecipeFile, layout: Layout, leaf: Path, vllm: Vllm,
             owners[(what, value)] = name
         if spec.env:
             env[spec.env.name] = spec.env.default
-    for key, value in (data.env or {}).items():
-        if value is not None:
-            env[key] = value
+    env.update((key, value) for key, value in (data.env or {}).items() if value is not None)
     return mods, env
 
 

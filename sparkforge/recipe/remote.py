@@ -30,13 +30,26 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[ModDoc, Path]:
     remote = mod.spec.patch
     if not isinstance(remote, RemotePatch):
         return mod_document(mod.spec, remote), Path(mod.folder)
-    spec = mod_document(mod.spec, REMOTE_PATCH_FILE, PatchOrigin(url=remote.source_url, pr=remote.pr,
-                                                                  sha256=remote.sha256))
+    url = remote.source_url
+    spec = mod_document(mod.spec, REMOTE_PATCH_FILE, PatchOrigin(url=url, pr=remote.pr, sha256=remote.sha256))
     target = cache_dir() / "mods" / f"{mod.name}-{mod.digest.removeprefix('sha256:')[:12]}"
     if target.is_dir():
         return spec, target
     meta = Path(mod.folder) / "mod.yaml"
-    fetched = fetch_patch(mod.name, remote, meta, ca_cert)
+    field = "patch.url" if remote.url else "patch.pr"
+    try:  # the pinned patch, from the download cache or fetched into it
+        fetched = download.fetch(url, remote.sha256, REMOTE_PATCH_FILE, ca_cert=ca_cert)
+    except download.HashMismatch as exc:
+        raise ConfigError(f"{url} sent a file with sha256 {exc.got}, not the pinned {remote.sha256}: the patch "
+                          f"changed upstream, or the URL is not the one meant; read what it sends now, and pin "
+                          f"its hash only if it is the patch you want", path=meta, field="patch.sha256") from None
+    except download.DownloadFailed as exc:
+        raise DownloadError(f"cannot fetch the patch of mod {mod.name}: {exc}", path=meta, field=field) from None
+    try:
+        check_diff(fetched.read_bytes())
+    except inimage.ModFailure as exc:
+        download.forget(remote.sha256, REMOTE_PATCH_FILE)
+        raise ConfigError(f"{url}: {exc}", path=meta, field=field) from None
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -46,7 +59,7 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[ModDoc, Path]:
         try:
             inimage.check_static(spec, tree)
         except inimage.ModFailure as exc:
-            raise ConfigError(f"{remote.source_url}: {exc}", path=meta, field=_field(remote)) from None
+            raise ConfigError(f"{url}: {exc}", path=meta, field=field) from None
         try:
             os.replace(tree, target)
         except OSError:
@@ -55,29 +68,6 @@ def materialize(mod: Mod, ca_cert: Path | None = None) -> tuple[ModDoc, Path]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return spec, target
-
-
-def _field(remote: RemotePatch) -> str:
-    return "patch.url" if remote.url else "patch.pr"
-
-
-def fetch_patch(name: str, remote: RemotePatch, meta: Path, ca_cert: Path | None = None) -> Path:
-    """The pinned patch in the download cache, fetched when it is not there yet and checked to be a diff."""
-    url = remote.source_url
-    try:
-        path = download.fetch(url, remote.sha256, REMOTE_PATCH_FILE, ca_cert=ca_cert)
-    except download.HashMismatch as exc:
-        raise ConfigError(f"{url} sent a file with sha256 {exc.got}, not the pinned {remote.sha256}: the patch "
-                          f"changed upstream, or the URL is not the one meant; read what it sends now, and pin "
-                          f"its hash only if it is the patch you want", path=meta, field="patch.sha256") from None
-    except download.DownloadFailed as exc:
-        raise DownloadError(f"cannot fetch the patch of mod {name}: {exc}", path=meta, field=_field(remote)) from None
-    try:
-        check_diff(path.read_bytes())
-    except inimage.ModFailure as exc:
-        download.forget(remote.sha256, REMOTE_PATCH_FILE)
-        raise ConfigError(f"{url}: {exc}", path=meta, field=_field(remote)) from None
-    return path
 
 
 def check_diff(data: bytes) -> list[inimage.FilePatch]:
@@ -122,8 +112,7 @@ def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None,
     if phase not in ("source", "install"):
         raise ConfigError(f"unknown phase {phase!r}; choose install (the installed package) or source "
                           f"(the vLLM tree before its compile)", field="--phase")
-    problem = specifier_error(versions)
-    if problem:
+    if problem := specifier_error(versions):
         raise ConfigError(problem, field="--versions")
     source = url or pr_diff_url(pr or "")
     try:
@@ -140,12 +129,11 @@ def new_mod(mods_dir: Path, name: str, *, versions: str, url: str | None = None,
 
 def _write_new_mod(folder: Path, name: str, path: Path, sha256: str, source: str, *, url: str | None,
                    pr: str | None, versions: str, component: str, phase: str) -> NewMod:
+    data = path.read_bytes()
     try:
-        data = path.read_bytes()
-        patches = check_diff(data)
+        files = tuple(fp.path for fp in check_diff(data))
     except inimage.ModFailure as exc:
         raise ConfigError(f"{source}: {exc}", field="--pr" if pr else "--from-url") from None
-    files = tuple(fp.path for fp in patches)
     origin = f"pull request {pr} ({source})" if pr else source
     check = verify_check(data, component)
     if check is None:
@@ -179,27 +167,21 @@ def verify_check(diff: bytes, component: str) -> dict[str, str] | None:
     """A check that the patch took effect: a line it adds (the component's package first), else a Python check
     that a removed line is gone; None when there is no such line."""
     package = component.replace("-", "_") + "/"
-    added: dict[str, list[str]] = {}
-    removed: dict[str, list[str]] = {}
+    changed: dict[str, dict[str, list[str]]] = {}  # per file, its added ("+") and removed ("-") lines
     current = None
     for raw in diff.decode("utf-8", "replace").splitlines():
         if raw.startswith("+++ "):
             current = raw[4:].split("\t")[0].removeprefix("b/")
-            added.setdefault(current, [])
-            removed.setdefault(current, [])
-        elif raw.startswith("--- ") or current is None:
-            continue
-        elif raw.startswith("+") and raw[1:].strip():
-            added[current].append(raw[1:].strip())
-        elif raw.startswith("-") and raw[1:].strip():
-            removed[current].append(raw[1:].strip())
-    order = sorted(added, key=lambda path: not path.startswith(package))
+            changed.setdefault(current, {"+": [], "-": []})
+        elif current is not None and not raw.startswith("--- ") and raw[:1] in ("+", "-") and raw[1:].strip():
+            changed[current][raw[0]].append(raw[1:].strip())
+    order = sorted(changed, key=lambda path: not path.startswith(package))
     for path in order:
-        new = [line for line in added[path] if line not in removed[path]]
+        new = [line for line in changed[path]["+"] if line not in changed[path]["-"]]
         if new:
             return {"file": path, "contains": new[0]}
     for path in order:
-        gone = [line for line in removed[path] if line not in added[path]]
+        gone = [line for line in changed[path]["-"] if line not in changed[path]["+"]]
         if gone and path != "/dev/null":
             return {"python": f"import pathlib; assert {gone[0]!r} not in pathlib.Path({path!r}).read_text()"}
     return None

@@ -85,10 +85,10 @@ def git_commit(repo: str, ref: str, *, timeout: float = 30) -> str:
     raise NotFound(f"{repo} has no branch or tag {ref}")
 
 
-def today_epoch(now: float | None = None) -> int:
+def today_epoch() -> int:
     """Midnight UTC of the day the lock is made: nothing in a locked image claims to be newer."""
-    t = int(time.time() if now is None else now)
-    return t - t % 86400
+    now = int(time.time())
+    return now - now % 86400
 
 
 def resolve_pins(plan: Plan, say: Callable[[str], None] = lambda _: None,

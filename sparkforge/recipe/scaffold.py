@@ -67,8 +67,7 @@ def check_new(mods_dir: Path, name: str, versions: str, work_root: Path = WORK_R
     for taken in (mods_dir / name, work_root / name):
         if taken.exists() or taken.is_symlink():
             raise ConfigError("already exists: choose another name, or remove it", path=taken)
-    problem = specifier_error(versions)
-    if problem:
+    if problem := specifier_error(versions):
         raise ConfigError(problem, field="--versions")
 
 
@@ -109,10 +108,7 @@ def new_local_mod(mods_dir: Path, name: str, *, variant: str, component: str, ph
 
 def _mod_yaml(name: str, *, component: str, phase: str, versions: str, source: str, work: Path) -> str:
     """mod.yaml of a new local mod: each required field, with what it means."""
-    try:
-        shown = str(work.relative_to(Path.cwd()))
-    except ValueError:  # a work tree outside the current folder
-        shown = str(work)
+    shown = work.relative_to(Path.cwd()) if work.is_relative_to(Path.cwd()) else work
     where = ("the installed package: the folder that holds vllm/ (site-packages in the image)" if phase == "install"
              else "the source tree before the compile: the checkout's root (setup.py, csrc/, vllm/)")
     return f"""\

@@ -38,7 +38,6 @@ class SourceUnavailable(Exception):
 @dataclass(frozen=True)
 class Release:
     project: str
-    version: str
     filename: str
     url: str
     sha256: str | None
@@ -87,25 +86,18 @@ def project_files(project: str, *, refresh: bool = False) -> list[tuple[str, str
 
 def _parse(filename: str) -> tuple[str, Version, bool] | None:
     """(project, version, is_sdist) of a distribution file name, or None for anything else."""
-    try:
+    with contextlib.suppress(InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
         if filename.endswith(".whl"):
-            name, version, _, _ = parse_wheel_filename(filename)
-            return name, version, False
+            return (*parse_wheel_filename(filename)[:2], False)
         if filename.endswith(".tar.gz"):
-            name, version = parse_sdist_filename(filename)
-            return name, version, True
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        return None
+            return (*parse_sdist_filename(filename), True)
     return None
 
 
 def release_versions(project: str) -> list[str]:
     """Final releases of a project on the index, oldest first."""
-    versions = set()
-    for filename, _ in project_files(project):
-        parsed = _parse(filename)
-        if parsed and not parsed[1].is_prerelease and not parsed[1].is_devrelease:
-            versions.add(parsed[1])
+    parsed = (_parse(filename) for filename, _ in project_files(project))
+    versions = {found[1] for found in parsed if found and not found[1].is_prerelease and not found[1].is_devrelease}
     return [str(v) for v in sorted(versions)]
 
 
@@ -127,7 +119,7 @@ def find_release(project: str, version: str) -> Release:
     filename, url = chosen
     base, _, fragment = url.partition("#")
     sha = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
-    return Release(project, version, filename, base, sha)
+    return Release(project, filename, base, sha)
 
 
 # Where a download's progress goes: the command line sets it to a line on stderr; a library caller sees nothing.
@@ -153,11 +145,10 @@ def download(release: Release) -> Path:
         if release.sha256 and digest.hexdigest() != release.sha256:
             raise SourceUnavailable(f"{release.filename}: sha256 does not match the index")
         os.replace(tmp, target)
-    except net.FetchFailed as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise SourceUnavailable(f"cannot fetch {exc}") from None
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, net.FetchFailed):
+            raise SourceUnavailable(f"cannot fetch {exc}") from None
         name_path(exc, target)
         raise
     return target
@@ -167,15 +158,10 @@ def download(release: Release) -> Path:
 TREE_FORMAT = "tree-2"
 
 
-def _compiled(name: str) -> bool:
-    """A shared library in a wheel (`x.so`, `x.so.12`): ~1 GB of a CUDA vLLM wheel that no mod can edit."""
-    base = name.rsplit("/", 1)[-1]
-    return base.endswith(".so") or ".so." in base
-
-
 def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
     """The cached root of a whole sdist (a source-phase mod may touch setup.py or csrc/) or of a wheel's sources
-    (_compiled left out): regular files only, each confined to the root. `name` names it (default: the archive's)."""
+    (no shared library: ~1 GB of a CUDA vLLM wheel that no mod can edit): regular files only, each confined to the
+    root. `name` names it (default: the archive's)."""
     root = cache_dir() / "trees" / f"{TREE_FORMAT}-{name or archive.name}"
     if (root / ".complete").exists():
         return root
@@ -183,7 +169,9 @@ def extract_tree(archive: Path, package: str, name: str | None = None) -> Path:
         if archive.name.endswith(".whl"):
             with zipfile.ZipFile(archive) as zf:
                 for info in zf.infolist():
-                    if not info.is_dir() and _confined(info.filename) and not _compiled(info.filename):
+                    base = info.filename.rsplit("/", 1)[-1]
+                    shared_library = base.endswith(".so") or ".so." in base  # x.so, x.so.12
+                    if not info.is_dir() and _confined(info.filename) and not shared_library:
                         zf.extract(info, staging)
         else:
             with tarfile.open(archive) as tf:
@@ -222,8 +210,12 @@ def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
     try:
         yield staging
         (staging / ".complete").write_text(marker + "\n")
-        if root.exists() and not (root / ".complete").exists():  # a half tree of an older sparkforge: set aside
-            _set_aside(root)
+        if root.exists() and not (root / ".complete").exists():
+            # A half tree of an older sparkforge: renamed away before it is deleted, so no reader sees it half deleted.
+            trash = root.parent / f".trash.{os.getpid()}.{time.monotonic_ns()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(root, trash)
+            shutil.rmtree(trash, ignore_errors=True)
         try:
             os.replace(staging, root)
         except OSError:  # another process put the same tree there first: its tree is used, this one dropped
@@ -234,16 +226,6 @@ def _staged_tree(root: Path, marker: str) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         name_path(exc, root)
         raise
-
-
-def _set_aside(folder: Path) -> None:
-    """Take a folder out of the way by a rename (a reader never sees it half deleted), then delete it."""
-    trash = folder.parent / f".trash.{os.getpid()}.{time.monotonic_ns()}"
-    try:
-        os.replace(folder, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def recorded_commit(tree: Path, package: str = "vllm") -> str | None:

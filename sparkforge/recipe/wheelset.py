@@ -72,8 +72,7 @@ def preference(target: PythonTarget) -> list[tags.Tag]:
     """The wheel tags pip takes on the target, most preferred first (the order pip picks in)."""
     platforms_ = platforms(target)
     version = tuple(int(x) for x in target.version.split("."))
-    return (list(tags.cpython_tags(version, platforms=platforms_))
-            + list(tags.compatible_tags(version, platforms=platforms_)))
+    return [*tags.cpython_tags(version, platforms=platforms_), *tags.compatible_tags(version, platforms=platforms_)]
 
 
 def read_pylock(text: str, target: PythonTarget) -> tuple[WheelPin, ...]:
