@@ -1,6 +1,5 @@
 """Cluster stage input: the nodes (from ``cluster.yaml`` or the command line), their ssh options, the registry and
-its process (scripts/registry.sh); all checked before any node is contacted, so bad input stops with one line.
-"""
+its process (scripts/registry.sh); all checked before any node is contacted, so bad input stops with one line."""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ def engine_of(endpoint: str) -> tuple[str, str, str]:
 
 
 def _endpoint(value: str) -> str:
-    problem = endpoint_problem(value)
-    if problem:
+    if problem := endpoint_problem(value):
         raise ValueError(problem)
     return value
 
@@ -105,22 +103,18 @@ def _known_hosts(value: str) -> str:
     return value
 
 
-Endpoint = Annotated[str, AfterValidator(_endpoint)]
 RegistryAddress = Annotated[str, AfterValidator(_registry)]
-ListenAddress = Annotated[str, AfterValidator(_listen)]
-NodeName = Annotated[str, AfterValidator(_node_name)]
 LocalPath = Annotated[str, AfterValidator(_local_path)]
-KnownHosts = Annotated[str, AfterValidator(_known_hosts)]
 
 
 class NodeSpec(Strict):
-    endpoint: Endpoint
+    endpoint: Annotated[str, AfterValidator(_endpoint)]
 
 
 class SshSpec(Strict):
     """How ssh:// nodes are reached; host keys are always checked."""
 
-    known_hosts: KnownHosts | None = None
+    known_hosts: Annotated[str, AfterValidator(_known_hosts)] | None = None
     identity_file: LocalPath | None = None
     connect_timeout: int = Field(10, ge=1, le=120)
 
@@ -137,7 +131,7 @@ class RegistrySpec(Strict):
     """Where the registry listens, the address nodes pull from, and how it is secured."""
 
     address: RegistryAddress
-    listen: ListenAddress | None = None
+    listen: Annotated[str, AfterValidator(_listen)] | None = None
     tls: TlsSpec | None = None
     insecure: bool = False
 
@@ -156,7 +150,7 @@ class ClusterFile(Strict):
 
     registry: RegistryAddress | RegistrySpec | None = None
     ssh: SshSpec | None = None
-    nodes: dict[NodeName, NodeSpec] = Field(min_length=1)
+    nodes: dict[Annotated[str, AfterValidator(_node_name)], NodeSpec] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
@@ -216,8 +210,7 @@ def load_cluster_file(path: Path) -> ClusterFile:
         raise validation_error(exc, path, data) from None
     engines: dict[tuple[str, str, str], str] = {}
     for name, node in spec.nodes.items():
-        other = engines.setdefault(engine_of(node.endpoint), name)
-        if other != name:
+        if (other := engines.setdefault(engine_of(node.endpoint), name)) != name:
             raise ConfigError(f"{node.endpoint} reaches the engine of node {other} ({spec.nodes[other].endpoint}); "
                               "list each engine once", path=path, field=f"nodes.{name}.endpoint")
     ssh, tls = spec.ssh, spec.registry.tls if isinstance(spec.registry, RegistrySpec) else None
@@ -248,19 +241,18 @@ def registry_of(path: Path | None, spec: ClusterFile | None = None) -> Registry 
     return Registry(reg.address, listen, *tls)
 
 
-def check_registry(value: str, source: str = "--registry") -> str:
+def check_registry(value: str) -> str:
     try:
         return _registry(value)
     except ValueError as exc:
-        raise ConfigError(str(exc), field=source) from None
+        raise ConfigError(str(exc), field="--registry") from None
 
 
 def push_registry(address: str | None, cluster_file: Path | None) -> Registry:
     """The registry `push` sends to: the address given, else the cluster file's registry (with its TLS)."""
     if address:
         return Registry(check_registry(address), "")
-    spec = registry_of(cluster_file)
-    if spec is None:
+    if (spec := registry_of(cluster_file)) is None:
         raise SparkforgeError("no registry: pass --registry HOST:PORT or set registry: in the cluster file "
                               "(make registry starts one on 127.0.0.1:5000)", field="--registry")
     return spec
@@ -275,18 +267,15 @@ def resolve_cluster(cluster_file: Path | None, nodes: list[str] | None, registry
     """The nodes (names from the cluster file or endpoints, comma-separated; default all) and the registry to use."""
     spec = load_cluster_file(cluster_file) if cluster_file is not None else None
     ssh = SshOptions()
-    if spec is not None and spec.ssh is not None and cluster_file is not None:
-        s = spec.ssh
+    if spec is not None and cluster_file is not None and (s := spec.ssh) is not None:
         ssh = SshOptions(str(_resolve(cluster_file, s.known_hosts)) if s.known_hosts else None,
                          str(_resolve(cluster_file, s.identity_file)) if s.identity_file else None, s.connect_timeout)
     known = {name: Node(name, s.endpoint, ssh) for name, s in (spec.nodes.items() if spec else ())}
     wanted = [part.strip() for entry in (nodes or []) for part in entry.split(",") if part.strip()]
-    chosen: list[Node] = []
-    if not wanted:
-        if spec is None:
-            raise ConfigError("no nodes: name them with --nodes (names or endpoints), or write a cluster "
-                              "file (see cluster.example.yaml) and pass --cluster FILE", field="--nodes")
-        chosen = list(known.values())
+    if not wanted and spec is None:
+        raise ConfigError("no nodes: name them with --nodes (names or endpoints), or write a cluster "
+                          "file (see cluster.example.yaml) and pass --cluster FILE", field="--nodes")
+    chosen = [] if wanted else list(known.values())
     for entry in wanted:
         if entry in known:
             chosen.append(known[entry])

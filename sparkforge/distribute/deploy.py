@@ -15,7 +15,7 @@ from ..imageref import ImageRef
 from ..net import time_left
 from ..recipe.plan import Plan
 from .cluster import Node, Registry
-from .images import DeployRecord, HeadImage, deployed_tag, image_on_head, inspect, same_image, update_state
+from .images import HeadImage, image_on_head, inspect, read_state, recording, same_image
 from .nodes import (CONTROL_TIMEOUT, PULL_STALL_TIMEOUT, NodeFailure, layer_sizes, one_line, pull, run_dockers,
                     run_nodes)
 
@@ -65,7 +65,6 @@ class NodeResult:
 
 @dataclass(frozen=True)
 class Deployment:
-    image: HeadImage
     mode: str  # registry or stream
     source: str  # the registry reference pulled, or "docker save"
     results: tuple[NodeResult, ...]
@@ -117,25 +116,7 @@ class ClusterStatus:
         """Every node answered and its moving tag points to the head's image (or, without it, one ID)."""
         if not self.nodes or any(n.error or n.moving_id is None for n in self.nodes):
             return False
-        if self.image is None:
-            return len(self.ids) == 1
-        return all(n.current for n in self.nodes)
-
-
-def record_deploy(state_dir: Path | None, image: HeadImage, results: Iterable[NodeResult]) -> None:
-    """Append, per node that now runs it, the tag deployed and when."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    ran = [r for r in results if r.outcome != FAILED]
-
-    def add(data: DeployRecord) -> None:
-        for r in ran:
-            past = data["deploys"].setdefault(r.node.name, [])
-            if not past or past[-1]["tag"] != image.tag:
-                past.append({"tag": image.tag, "at": now})
-        if ran:  # the build the moving tag stands for now, rollbacks included: what status compares with
-            data.setdefault("deployed", {})[image.moving_tag] = image.tag
-
-    update_state(state_dir, image.repository, add)
+        return len(self.ids) == 1 if self.image is None else all(n.current for n in self.nodes)
 
 
 def set_tags(node: Node, source: str, image: HeadImage, *then: tuple[str, ...]) -> str:
@@ -167,8 +148,7 @@ def verify_and_tag(node: Node, image: HeadImage, ref: str, digest: str = "") -> 
 
 
 class Transfer:
-    """One way of moving the head's image to the nodes that lack it; `serve` is the head's side, on the calling
-    thread, while each node's thread checks, then moves (or skips), then verifies and tags."""
+    """One way of moving the head's image to the nodes that lack it, each node checked, moved (or skipped), tagged."""
 
     mode: str  # registry or stream
     source: str  # what the nodes take the image from, for the record and the report
@@ -209,8 +189,16 @@ def deploy_all(nodes: Iterable[Node], transfer: Transfer, progress: ProgressFn =
     nodes = list(nodes)
     transfer.prepare(nodes)
     results = run_nodes(nodes, lambda node: deploy_node(node, transfer, progress), lambda: transfer.serve(progress))
-    record_deploy(state_dir, transfer.image, results)
-    return Deployment(transfer.image, transfer.mode, transfer.source, results, time.monotonic() - t0)
+    image, now = transfer.image, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ran = [r for r in results if r.outcome != FAILED]
+    with recording(state_dir, image.repository) as data:  # per node that now runs it, the tag deployed and when
+        for r in ran:
+            past = data["deploys"].setdefault(r.node.name, [])
+            if not past or past[-1]["tag"] != image.tag:
+                past.append({"tag": image.tag, "at": now})
+        if ran:  # the build the moving tag stands for now, rollbacks included: what status compares with
+            data["deployed"][image.moving_tag] = image.tag
+    return Deployment(transfer.mode, transfer.source, results, time.monotonic() - t0)
 
 
 def deploy_node(node: Node, transfer: Transfer, progress: ProgressFn) -> NodeResult:
@@ -276,7 +264,7 @@ def deploy_registry(image: HeadImage, nodes: Iterable[Node], registry: str | Reg
 
 def cluster_status(plan: Plan, nodes: Iterable[Node], state_dir: Path | None = None) -> ClusterStatus:
     """Which image each node's tags point to, compared with the build the last deploy set, else the plan's."""
-    tag = deployed_tag(state_dir, plan.moving_tag) or plan.tag
+    tag = read_state(state_dir, ImageRef.parse(plan.moving_tag).repository)["deployed"].get(plan.moving_tag) or plan.tag
     image = image_on_head(tag, plan.moving_tag, state_dir)
 
     def one(node: Node) -> NodeStatus:

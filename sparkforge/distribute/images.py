@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from ..build import dockercli
 from ..build.builder import BASE_LABEL
@@ -17,7 +18,7 @@ from ..imageref import ImageRef
 from ..inimage.contract import JsonError, parse_json
 from ..recipe.layout import PROJECT_ROOT
 from ..recipe.plan import Plan
-from ..recipe.fields import DIGEST_RE, REPOSITORY_RE, TAG_RE
+from ..recipe.fields import DIGEST_RE, REPOSITORY_RE, SHA256_RE, TAG_RE
 from .cluster import Node
 from .nodes import CONTROL_TIMEOUT, NodeFailure, one_line, run_dockers
 
@@ -122,7 +123,6 @@ def _tag(value: object) -> bool:
             and bool(ref.tag and TAG_RE.fullmatch(ref.tag)))
 
 
-# Each section of the record by its entries: what one entry must be.
 _RECORD: dict[str, Callable[[object], bool]] = {
     "manifests": lambda v: isinstance(v, list) and all(map(_digest, v)),
     "deploys": lambda v: isinstance(v, list) and all(isinstance(d, dict) and _tag(d.get("tag")) for d in v),
@@ -133,10 +133,12 @@ _RECORD: dict[str, Callable[[object], bool]] = {
 }
 
 
-def update_state(state_dir: Path | None, repository: str, change: Callable[[DeployRecord], None]) -> None:
-    path = _state_file(state_dir, repository)
+@contextmanager
+def recording(state_dir: Path | None, repository: str) -> Iterator[DeployRecord]:
+    """The head's record of a repository to change in place: written whole when the block ends without an error."""
     data = read_state(state_dir, repository)
-    change(data)
+    yield data
+    path = _state_file(state_dir, repository)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())  # never half a record
 
@@ -145,16 +147,12 @@ def record_manifest(state_dir: Path | None, tag: str, digest: str | None, config
                     head_id: str | None = None) -> None:
     """Remember a manifest digest the image of tag is known by and, with head_id, its config digest (on a
     containerd-store head the image ID is a manifest digest; a classic-store node knows only the config digest)."""
-    repo = ImageRef.parse(tag).repository
-
-    def add(data: DeployRecord) -> None:
+    with recording(state_dir, ImageRef.parse(tag).repository) as data:
         known = data["manifests"].setdefault(tag, [])
         if digest and digest not in known:
             known.append(digest)
         if config and head_id:
             data["configs"][tag] = {"head_id": head_id, "config": config}
-
-    update_state(state_dir, repo, add)
 
 
 def head_image(plan: Plan, state_dir: Path | None = None, tag: str | None = None) -> HeadImage:
@@ -188,7 +186,6 @@ class Build:
     """One immutable tag of a variant on the head: when it was built, its vLLM and mods, where it went."""
 
     tag: str
-    image_id: str
     tagged: str  # when the engine last set a tag on it: the build's own time (its Created is SOURCE_DATE_EPOCH)
     vllm: str
     mods: str
@@ -213,8 +210,7 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
     repo = plan.image
     prefix = f"{repo}:{plan.variant}-"
     tags = [t for t in repository_tags(repo) if t.startswith(prefix) and _BUILD_TAG.fullmatch(t[len(prefix):])]
-    deploys = read_state(state_dir, repo)["deploys"]
-    last = {node: past[-1]["tag"] for node, past in deploys.items() if past}
+    last = {node: past[-1]["tag"] for node, past in read_state(state_dir, repo)["deploys"].items() if past}
     found = []
     seen = dockercli.inspect_images(*tags, plan.moving_tag) if tags else {}
     moving = (seen.get(plan.moving_tag) or {}).get("Id")
@@ -226,18 +222,13 @@ def builds(plan: Plan, state_dir: Path | None = None) -> list[Build]:
         if labels.get("io.sparkforge.variant") != plan.variant:  # a tag that reads like one, on another image
             continue
         when = str((data.get("Metadata") or {}).get("LastTagTime") or "")[:19].replace("T", " ")
-        found.append(Build(tag, data["Id"], when if when[:4] > "0001" else "-",
+        said = labels.get("org.opencontainers.image.base.digest") or labels.get(BASE_LABEL) or ""
+        base = said.rpartition("@")[2].removeprefix("sha256:")
+        found.append(Build(tag, when if when[:4] > "0001" else "-",
                            labels.get("org.opencontainers.image.version", "-"), labels.get("io.sparkforge.mods", "-"),
                            tuple(sorted(n for n, t in last.items() if t == tag)), data["Id"] == moving,
-                           _base_of(labels)))
+                           base[:12] if SHA256_RE.fullmatch(base) else "-"))
     return sorted(found, key=lambda b: b.tagged, reverse=True)
-
-
-def _base_of(labels: dict[str, str]) -> str:
-    """The 12 hex of the base a build started from (pinned digest, else BASE_LABEL's); "-" when neither says."""
-    said = labels.get("org.opencontainers.image.base.digest") or labels.get(BASE_LABEL) or ""
-    digest = said.rpartition("@")[2].removeprefix("sha256:")
-    return digest[:12] if re.fullmatch(r"[0-9a-f]{64}", digest) else "-"
 
 
 def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Node],
@@ -251,17 +242,11 @@ def rollback_tag(plan: Plan, to: str | None, previous: bool, nodes: Iterable[Nod
                                   hint=Hint("its builds are in", ("history", plan.variant)))
         return tag
     deploys = read_state(state_dir, repo)["deploys"]
-    # The tag the nodes ran before their current one, from the head's deploy record.
     befores: set[str] = {past[-2]["tag"] for past in (deploys.get(node.name, []) for node in nodes) if len(past) >= 2}
     if len(befores) != 1:
         raise DistributeError("the nodes have no single previous deploy in the record; name one with --to TAG",
                               field="--previous", hint=Hint("the builds are in", ("history", plan.variant)))
     return befores.pop()
-
-
-def deployed_tag(state_dir: Path | None, moving_tag: str) -> str | None:
-    """The build the last deploy of a moving tag set on the nodes (a rollback's too), from the head's record."""
-    return read_state(state_dir, ImageRef.parse(moving_tag).repository)["deployed"].get(moving_tag)
 
 
 ARCH_SAID = "engine-arch: "  # how the node's engine names its architecture in an answer (see inspect)

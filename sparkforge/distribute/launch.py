@@ -67,16 +67,6 @@ def master_of(nodes: tuple[Node, ...], spec: LaunchSpec) -> str:
     return where if kind in ("ssh", "tcp") else "127.0.0.1"
 
 
-def images_on(plan: Plan, nodes: tuple[Node, ...]) -> dict[str, str]:
-    """Each node's ID of the image `status` calls current; a node without it fails the launch in one line."""
-    st = cluster_status(plan, nodes)
-    missing = [f"{n.node.name}: {n.error}" if n.error else f"{n.node.name} does not hold {st.tag}"
-               for n in st.nodes if n.error or n.moving_id is None or (st.image is not None and not n.current)]
-    if missing:
-        raise DistributeError(f"not launched, nothing was started: {'; '.join(missing)} (deploy it first)")
-    return {n.node.name: n.moving_id or "" for n in st.nodes}
-
-
 def _preflight(node: Node, image: str, master: str, spec: LaunchSpec, rank: int, name: str) -> Rank:
     """A throwaway container on the node's network: the model, the ports, the route to the master."""
     if run_docker(node, "container", "inspect", name, timeout=CONTROL_TIMEOUT).returncode == 0:
@@ -133,11 +123,9 @@ def _ended(r: Rank, name: str) -> str | None:
 
 def stop(plan: Plan, nodes: tuple[Node, ...]) -> dict[str, str]:
     """Remove the variant's launch container on every node; what happened on each."""
-    name = container_name(plan)
-
     def one(node: Node) -> str:
         try:
-            done = run_docker(node, "rm", "-f", name, timeout=CONTROL_TIMEOUT)
+            done = run_docker(node, "rm", "-f", container_name(plan), timeout=CONTROL_TIMEOUT)
         except NodeFailure as exc:
             return f"failed: {exc}"
         if done.returncode != 0:
@@ -155,7 +143,12 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
     if len(nodes) > 1 and not any(m.name == "serve-torchrun" for m in plan.mods):
         raise ConfigError(f"{plan.variant} has no torchrun server for {len(nodes)} nodes: add the serve-torchrun "
                           "mod to its recipe (one node runs `vllm serve`)", field="--nodes")
-    images = images_on(plan, nodes)
+    st = cluster_status(plan, nodes)  # each node runs its own ID of the image `status` calls current
+    missing = [f"{n.node.name}: {n.error}" if n.error else f"{n.node.name} does not hold {st.tag}"
+               for n in st.nodes if n.error or n.moving_id is None or (st.image is not None and not n.current)]
+    if missing:
+        raise DistributeError(f"not launched, nothing was started: {'; '.join(missing)} (deploy it first)")
+    images = {n.node.name: n.moving_id or "" for n in st.nodes}
     master = master_of(nodes, spec)
     name = container_name(plan)
 
@@ -166,8 +159,7 @@ def launch(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
             return str(exc)
 
     ranks = run_nodes(nodes, preflight)
-    failed = [r for r in ranks if isinstance(r, str)]
-    if failed:
+    if failed := [r for r in ranks if isinstance(r, str)]:
         raise DistributeError(f"not launched, nothing was started: {'; '.join(failed)}")
     ready = tuple(r for r in ranks if isinstance(r, Rank))
     for r in ready:
@@ -243,8 +235,7 @@ def check(plan: Plan, nodes: tuple[Node, ...], spec: LaunchSpec,
         keep = False
         try:
             answer = ask(launched.endpoint, spec.model.served, "completion", tokens=TOKENS)
-            problem = answer.problem(TOKENS)
-            if problem:
+            if problem := answer.problem(TOKENS):
                 raise DistributeError(f"check: {label}: {problem}")
             say(f"check: {label}: {answer.text!r} {list(answer.token_ids or [])}")
             answers.append((label, answer))

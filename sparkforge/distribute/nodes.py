@@ -14,13 +14,11 @@ from typing import IO, TypeVar
 from collections.abc import Callable, Iterable
 
 from ..build import dockercli
-from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef
 from ..inimage.proc import CommandError, TimedOut, run
 from ..recipe.fields import DIGEST_RE
-from ..registry import Client as RegistryClient
-from ..registry import RegistryError
+from ..registry import Client as RegistryClient, RegistryError
 from .cluster import SSH_RE, Node, Registry
 
 CONTROL_TIMEOUT = 30.0  # seconds for one control command on a node (inspect, tag, version)
@@ -90,8 +88,7 @@ def run_dockers(node: Node, commands: list[tuple[str, ...]], timeout: float) -> 
             raise NodeFailure(f"`docker {args[0]}` on {node.endpoint} gave no answer within {timeout:.0f}s") from None
         except CommandError as exc:
             raise NodeFailure(exc.why) from None
-        reason = transport_error(node, done.returncode, done.stderr.decode(errors="replace"))
-        if reason:
+        if reason := transport_error(node, done.returncode, done.stderr.decode(errors="replace")):
             raise NodeFailure(reason)
         out, err = out + done.stdout, err + done.stderr
         if done.returncode != 0:
@@ -274,14 +271,15 @@ def pull(node: Node, ref: str, sizes: dict[str, int], seen: Callable[[int, str],
     if code != 0:
         said = stderr.decode(errors="replace")
         reason = transport_error(node, code, "\n".join([said, *log.lines, log.last]))
-        raise NodeFailure(f"pull of {ref} failed: {reason or log.last or last_line(said, 'no message')}")
+        raise NodeFailure(f"pull of {ref} failed: {reason or log.last or dockercli.last_line(said, 'no message')}")
     return log.done, log.digest
 
 
 def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
-    """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints."""
+    """Compressed size of each layer of tag in the registry, by the short ID `docker pull` prints; {} when unknown,
+    as they are for the progress and byte counts only (a pull reports a registry that does not answer itself)."""
     ref = ImageRef.parse(tag)
-    if ref.tag is None:  # sizes are for the progress only; a pull of no tag reports itself
+    if ref.tag is None:
         return {}
     client = RegistryClient(registry.endpoint, deadline=CONTROL_TIMEOUT, window=CONTROL_TIMEOUT)
     try:
@@ -292,7 +290,6 @@ def layer_sizes(registry: Registry, tag: str) -> dict[str, int]:
             manifest = client.manifest(ref.repository, pick["digest"]) if pick else {}
         return {layer["digest"].partition(":")[2][:12]: int(layer["size"]) for layer in manifest.get("layers", [])}
     except (RegistryError, LookupError, TypeError, ValueError, AttributeError):
-        # Sizes are for the progress and byte counts only: the pulls themselves report a registry that does not answer.
         return {}
 
 

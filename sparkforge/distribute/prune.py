@@ -96,10 +96,9 @@ def image_leftovers(plans: list[Plan], state_dir: Path | None, held: ExitStack,
             else:
                 chosen[tag] = kind
         for tag, kind in chosen.items():
-            others = [t for t in tags if t not in chosen and ids.get(t) == ids[tag]]
-            first = next(t for t in chosen if ids[t] == ids[tag])
-            size = int((data[tag] or {}).get("Size") or 0)
-            found.append(Leftover(kind, tag, size, shared=bool(others) or first != tag))
+            twins = [t for t in tags if ids.get(t) == ids[tag]]  # in order, this one among them
+            shared = twins[0] != tag or any(t not in chosen for t in twins)  # another name stays, or goes first
+            found.append(Leftover(kind, tag, int((data[tag] or {}).get("Size") or 0), shared))
     return found, left
 
 
@@ -156,19 +155,18 @@ def named_sets(layout: Layout, loaded: list[LoadedPlan]) -> set[Path]:
 def cache_records() -> tuple[int, int]:
     """How many of BuildKit's cache records name sparkforge, and their bytes."""
     done = dockercli.run(["buildx", "du", "--filter", CACHE_FILTER, "--format", "json"], what="docker buildx du")
-    count = total = 0
-    for line in done.stdout.splitlines():
-        if line.strip():
-            try:  # a size as docker prints one: 4.096kB, 1.2GB
-                m = re.fullmatch(r"([0-9.]+)\s*([kKMGT]?B)", str(json.loads(line).get("Size", "0B")).strip())
-                if not m:
-                    raise ValueError(line)
-                total += int(float(m.group(1)) * UNITS[m.group(2)])
-            except (ValueError, AttributeError):
-                raise BuildError(f"docker buildx du printed a line that is not a cache record: {line[:120]}",
-                                 field="docker buildx du") from None
-            count += 1
-    return count, total
+    records = [line for line in done.stdout.splitlines() if line.strip()]
+    total = 0
+    for line in records:
+        try:  # a size as docker prints one: 4.096kB, 1.2GB
+            m = re.fullmatch(r"([0-9.]+)\s*([kKMGT]?B)", str(json.loads(line).get("Size", "0B")).strip())
+            if not m:
+                raise ValueError(line)
+            total += int(float(m.group(1)) * UNITS[m.group(2)])
+        except (ValueError, AttributeError):
+            raise BuildError(f"docker buildx du printed a line that is not a cache record: {line[:120]}",
+                             field="docker buildx du") from None
+    return len(records), total
 
 
 def remove(found: Prune, wheel_root: Path | None, say: Callable[[Leftover], None]) -> list[tuple[Leftover, str]]:

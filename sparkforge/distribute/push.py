@@ -18,16 +18,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..build import dockercli
-from ..build.dockercli import last_line
 from ..errors import DistributeError
 from ..imageref import ImageRef, is_attestation
 from ..inimage.contract import parse_json
-from ..registry import Client as RegistryClient
-from ..registry import RegistryError
+from ..registry import Client as RegistryClient, RegistryError
 from .cluster import Registry
 from .nodes import CONTROL_TIMEOUT, TRANSFER_TIMEOUT, one_line
 from .deploy import CHUNK, Progress, ProgressFn, human_bytes
-from .images import DeployRecord, HeadImage, read_state, record_manifest, update_state
+from .images import HeadImage, read_state, record_manifest, recording
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
     """Push the immutable tag, then the moving tag, through the engine (`docker tag`, `docker push`); the registry's
     names exist on the head only while their push runs (one the head had before is left as it was)."""
     t0 = time.monotonic()
-    refs, digest = [], None
+    digest = None
     pushed: set[str] = set()  # the short IDs the engine said it pushed
     present: set[str] = set()  # and those it found in the registry already
     fulls = [f"{registry.address}/{name}" for name in (image.tag, image.moving_tag)]
@@ -55,22 +53,20 @@ def push_image(image: HeadImage, registry: Registry, progress: ProgressFn | None
         for full in fulls:
             dockercli.run(["tag", image.image_id, full], what="docker tag")
             digest = _engine_push(full, registry, pushed, present, progress) or digest
-            refs.append(full)
     finally:
         for full in set(fulls) - had:
             with contextlib.suppress(dockercli.EngineError):  # the push's own outcome is what is reported
                 dockercli.run(["image", "rm", full], what="docker image rm", check=False)
     n_pushed, n_present, sent = len(pushed), len(present - pushed), 0  # the moving tag's push finds what the first sent
-    if digest and (layers := _layers(registry, ImageRef.parse(refs[0]).path, digest, image.identity.layers)):
+    if digest and (layers := _layers(registry, ImageRef.parse(fulls[0]).path, digest, image.identity.layers)):
         # A containerd-store engine reports the config blob, and an attestation's blobs, as it does a layer, and
         # may name one layer by its blob digest in one line and by its diff ID in another: count layers, not names.
-        went = [(names, size) for names, size in layers if names & pushed]
-        n_pushed = len(went)
+        went = [size for names, size in layers if names & pushed]
+        n_pushed, sent = len(went), sum(went)
         n_present = len([names for names, _ in layers if names & present and not names & pushed])
-        sent = sum(size for _, size in went)
     if digest:
         record_manifest(state_dir, image.tag, digest)
-    return PushResult(tuple(refs), digest, n_pushed, n_present, sent, time.monotonic() - t0)
+    return PushResult(tuple(fulls), digest, n_pushed, n_present, sent, time.monotonic() - t0)
 
 
 def _engine_push(full: str, registry: Registry, pushed: set[str], present: set[str],
@@ -192,28 +188,25 @@ class _SavedImage:
             return None
         stored = stored_compression(data.peek(4)[:4])
         digest = f"sha256:{hexname}"
-        if stored is not None:  # a compressed layer (the containerd store keeps what was built so): sent as it is
-            if self.client.blob_exists(self.repo, digest):
-                self.present += 1
-            else:
-                _upload_layer(self.client, self.repo, data, "none", digest)
-                self.sent += member.size
-                self.sent_as_stored[stored] = self.sent_as_stored.get(stored, 0) + 1
-            layer = Layer(digest, member.size, STORED_TYPES[stored], as_stored=True)
-        elif digest in self.diff_ids:  # an uncompressed layer: its name is its diff id
-            again = (self.known.get(digest) or {}).get(self.compression)
-            if again and self.client.blob_exists(self.repo, again[0]):
-                blob, size = again[0], again[1]
-                self.present += 1
-            else:
-                blob, size = _upload_layer(self.client, self.repo, data, self.compression, digest)
-                self.sent += size
-            self.uploaded[digest] = (blob, size)
-            layer = Layer(blob, size, LAYER_TYPES[self.compression])
-        else:
+        if stored is None and digest not in self.diff_ids:  # not a layer
             if member.size <= SMALL_BLOB:
                 self.small[hexname] = data.read()
             return None
+        # A compressed layer (the containerd store keeps what was built so) is sent as it is; an uncompressed one
+        # is named by its diff ID, and compressed unless an earlier push recorded its blob.
+        compression = "none" if stored else self.compression
+        again = (digest, member.size) if stored else (self.known.get(digest) or {}).get(compression)
+        if again and self.client.blob_exists(self.repo, again[0]):
+            blob, size = again[0], again[1]
+            self.present += 1
+        else:
+            blob, size = _upload_layer(self.client, self.repo, data, compression, digest)
+            self.sent += size
+            if stored:
+                self.sent_as_stored[stored] = self.sent_as_stored.get(stored, 0) + 1
+            else:
+                self.uploaded[digest] = (blob, size)
+        layer = Layer(blob, size, STORED_TYPES[stored] if stored else LAYER_TYPES[compression], stored is not None)
         self.layers[hexname] = layer
         return layer
 
@@ -229,8 +222,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
     t0 = time.monotonic()
     repo = image.repository
     client = RegistryClient(registry.endpoint, transfer_deadline=TRANSFER_TIMEOUT, window=PUSH_WINDOW)
-    saved = _SavedImage(client, repo, compression, set(image.identity.layers),
-                        read_state(state_dir, repo).setdefault("blobs", {}))
+    saved = _SavedImage(client, repo, compression, set(image.identity.layers), read_state(state_dir, repo)["blobs"])
     save = dockercli.start(["save", image.tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)  # a hung save or upload is stopped, not waited on
     watchdog.daemon = True
@@ -243,7 +235,7 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
                     progress(Progress(registry.address, "push", saved.sent, None,
                                       f"layer {layer.digest[:19]} ({human_bytes(layer.size)})"))
         if save.wait(timeout=CONTROL_TIMEOUT) != 0 or saved.manifest is None:
-            said = last_line(save.stderr.read() if save.stderr else b"", "no message")
+            said = dockercli.last_line(save.stderr.read() if save.stderr else b"", "no message")
             raise DistributeError(f"docker save {image.tag} failed: {said}", field="docker")
         config, order = saved_image(image, saved.manifest, saved.small, saved.layers)
         refs, digest = _put_manifest(image, client, repo, config, order)
@@ -253,13 +245,9 @@ def push_blobs(image: HeadImage, registry: Registry, compression: str = "zstd",
         raise DistributeError(f"push to {registry.address} failed: {one_line(str(exc))[:200]}", field="--registry") from None
     finally:
         watchdog.cancel()
-
-    def remember(data: DeployRecord) -> None:
-        blobs = data.setdefault("blobs", {})
+    with recording(state_dir, repo) as data:
         for d, (blob, size) in saved.uploaded.items():
-            blobs.setdefault(d, {})[compression] = [blob, size]
-
-    update_state(state_dir, repo, remember)
+            data["blobs"].setdefault(d, {})[compression] = [blob, size]
     record_manifest(state_dir, image.tag, digest, "sha256:" + hashlib.sha256(config).hexdigest(), image.image_id)
     distinct = len({layer.digest for layer in order})  # a layer may stand twice in an image (empty ones)
     return PushResult(tuple(refs), digest, distinct - saved.present, saved.present, saved.sent,
@@ -279,15 +267,12 @@ class Layer:
 SMALL_BLOB = 16 << 20  # a saved image's config and manifests: JSON of a few kB, a config with a long history more
 STORED_TYPES = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": LAYER_TYPES["zstd"]}
 _HEX64 = re.compile(r"\A[0-9a-f]{64}\Z")
+_MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
 
 
 def stored_compression(head: bytes) -> str | None:
     """gzip or zstd when a blob starts with that format's magic number; None for a plain tar or JSON."""
-    if head[:2] == b"\x1f\x8b":
-        return "gzip"
-    if head[:4] == b"\x28\xb5\x2f\xfd":
-        return "zstd"
-    return None
+    return next((name for name, magic in _MAGIC.items() if head.startswith(magic)), None)
 
 
 def saved_image(image: HeadImage, saved_manifest: bytes, small: dict[str, bytes],
@@ -337,20 +322,18 @@ def _put_manifest(image: HeadImage, client: RegistryClient, repo: str, config: b
         "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
         "layers": [{"mediaType": layer.media_type, "digest": layer.digest, "size": layer.size} for layer in layers],
     }, separators=(",", ":")).encode()
-    refs, digest = [], None
+    digest = None
     for ref in (image.tag, image.moving_tag):
         tag = ImageRef.parse(ref).tag
         if tag is None:
             raise DistributeError(f"{ref} names no tag to push the manifest under", field="docker")
         digest = client.put_manifest(repo, tag, manifest, OCI_MANIFEST)
-        refs.append(f"{client.endpoint.host}/{ref}")
-    return refs, digest
+    return [f"{client.endpoint.host}/{ref}" for ref in (image.tag, image.moving_tag)], digest
 
 
 def _upload_layer(client: RegistryClient, repo: str, data: IO[bytes], compression: str,
                   diff_id: str) -> tuple[str, int]:
-    """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (digest, size). A layer
-    sent as it is keeps diff_id as its digest; a compressed one is named by the sha256 of what was sent."""
+    """Stream one layer to the registry (one PATCH, chunked), compressing on the way; (its blob digest, size)."""
     size = 0
     hasher = hashlib.sha256()
     read, zstd = data.read, None
@@ -363,8 +346,7 @@ def _upload_layer(client: RegistryClient, repo: str, data: IO[bytes], compressio
 
         def feed() -> None:
             try:
-                while block := data.read(CHUNK):
-                    zstd_in.write(block)
+                shutil.copyfileobj(data, zstd_in, CHUNK)
             finally:
                 zstd_in.close()
 

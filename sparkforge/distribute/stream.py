@@ -14,7 +14,6 @@ from typing import Any
 from collections.abc import Iterable
 
 from ..build import dockercli
-from ..build.dockercli import last_line
 from ..inimage.contract import parse_json
 from ..inimage.proc import Child
 from .cluster import Node
@@ -53,14 +52,13 @@ class TarIndex:
                     if not self.keep:
                         self._parse()
                 self.skip -= take
-                i += take
-                continue
-            take = min(512 - len(self.header), n - i)
-            self.header += chunk[i:i + take]
+            else:
+                take = min(512 - len(self.header), n - i)
+                self.header += chunk[i:i + take]
+                if len(self.header) == 512:
+                    self._member(bytes(self.header))
+                    self.header.clear()
             i += take
-            if len(self.header) == 512:
-                self._member(bytes(self.header))
-                self.header.clear()
 
     def _member(self, h: bytes) -> None:
         if not h.strip(b"\0"):
@@ -120,10 +118,11 @@ class _Writer(threading.Thread):
         self.node, self.proc = node, proc
         self.queue: queue.Queue[bytes | None] = queue.Queue(BUFFER_CHUNKS)
         self.sent = 0
-        self.last = time.monotonic()  # when the node last took a chunk
+        self.started = self.last = time.monotonic()  # when the stream began, and when the node last took a chunk
         self.error: str | None = None
         self.stderr = b""
         self.drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self.drain.start()
 
     def _read_stderr(self) -> None:
         # Read the loader's stderr while it runs, so a chatty one never blocks on a full pipe.
@@ -173,9 +172,8 @@ class StreamLoad(Transfer):
         self.state_dir = state_dir
         self._nodes: list[Node] = []
         self._checked = threading.Semaphore(0)  # released once per node checked: it moves, or is skipped
-        self._moving: set[str] = set()
+        self._moving: list[Node] = []  # the nodes that lack the image
         self._ended = threading.Event()  # the stream is over, for every node
-        self._started = 0.0  # time.monotonic() when the stream began
         self._loads: dict[str, _Writer] = {}
 
     def prepare(self, nodes: list[Node]) -> None:
@@ -185,13 +183,13 @@ class StreamLoad(Transfer):
         self._checked.release()
 
     def move(self, node: Node, run: NodeRun, progress: ProgressFn) -> None:
-        self._moving.add(node.name)
+        self._moving.append(node)
         self._checked.release()
         self._ended.wait()
         load = self._loads.get(node.name)
         if load is None:
             raise NodeFailure("stream stopped on the head before it ended")
-        run.start, run.moved = self._started, load.sent  # its time is the stream's, as a pull's is the node's
+        run.start, run.moved = load.started, load.sent  # its time is the stream's, as a pull's is the node's
         if load.error:
             raise NodeFailure(load.error)
 
@@ -200,11 +198,9 @@ class StreamLoad(Transfer):
             for _ in self._nodes:
                 while not self._checked.acquire(timeout=0.5):
                     pass
-            todo = [n for n in self._nodes if n.name in self._moving]
-            if not todo:
+            if not self._moving:
                 return
-            self._started = time.monotonic()
-            loads, saved = _stream(self.image, todo, progress, self.stall)
+            loads, saved = _stream(self.image, self._moving, progress, self.stall)
             if saved is not None and (saved.manifest or saved.config):  # names the nodes that loaded it show
                 record_manifest(self.state_dir, self.image.tag, saved.manifest, saved.config, self.image.image_id)
                 identity = self.image.identity
@@ -232,24 +228,35 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)
     watchdog.daemon = True
     watchdog.start()
-    writers = []
-    for node in nodes:
-        # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image).
-        proc = dockercli.spawn(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, env=cli_env())  # -H names each node's engine
-        writers.append(_Writer(node, proc))
+    # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image); -H names its engine.
+    writers = [_Writer(node, dockercli.spawn(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env()))
+               for node in nodes]
     for w in writers:
         w.start()
-        w.drain.start()
     save_err: list[bytes] = []
     drain = threading.Thread(target=lambda: save_err.append(save.stderr.read() if save.stderr else b""), daemon=True)
     drain.start()
-    index = _pump(save, writers, image, progress, stall)
+    index, last = TarIndex(), 0.0
+    assert isinstance(save.stdout, io.BufferedReader)  # a pipe, buffered as Popen makes it by default
+    while chunk := save.stdout.read1(CHUNK):  # each chunk to every live writer, until no node is left
+        index.feed(chunk)
+        for w in writers:
+            if w.error is None:
+                w.offer(chunk, stall)
+        if not any(w.error is None for w in writers):
+            save.kill()
+            break
+        if time.monotonic() - last > 0.5:
+            last = time.monotonic()
+            for w in writers:
+                if w.error is None:
+                    progress(Progress(w.node.name, "load", w.sent, image.size or None))
     code = save.wait()
     watchdog.cancel()
     drain.join(5)
     if code != 0:
-        why = last_line(b"".join(save_err), "no message") if save_err and save_err[0] else f"exit code {code}"
+        why = dockercli.last_line(b"".join(save_err), "no message") if save_err and save_err[0] else f"exit code {code}"
         for w in writers:
             w.drop(f"stream interrupted: docker save on the head failed: {why}")
     for w in writers:
@@ -264,25 +271,6 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
         w.join(10)
         w.drain.join(10)
         if rc != 0 and w.error is None:
-            w.error = f"docker load failed: {transport_error(w.node, rc, w.stderr.decode(errors='replace')) or last_line(w.stderr, 'no message')}"
+            reason = transport_error(w.node, rc, w.stderr.decode(errors="replace"))
+            w.error = f"docker load failed: {reason or dockercli.last_line(w.stderr, 'no message')}"
     return writers, index if code == 0 else None
-
-
-def _pump(save: Child[bytes], writers: list[_Writer], image: HeadImage, progress: ProgressFn, stall: float) -> TarIndex:
-    """Hand each chunk of the save to every live writer until the save ends or no node is left."""
-    index, last = TarIndex(), 0.0
-    assert isinstance(save.stdout, io.BufferedReader)  # a pipe, buffered as Popen makes it by default
-    while chunk := save.stdout.read1(CHUNK):
-        index.feed(chunk)
-        for w in writers:
-            if w.error is None:
-                w.offer(chunk, stall)
-        if not any(w.error is None for w in writers):
-            save.kill()
-            break
-        if time.monotonic() - last > 0.5:
-            last = time.monotonic()
-            for w in writers:
-                if w.error is None:
-                    progress(Progress(w.node.name, "load", w.sent, image.size or None))
-    return index
