@@ -2,6 +2,6 @@
 environment, and no other package imports it. `app` holds what the verbs share; the verb modules register on it."""
 
 from . import main, cluster, wheels, pins, mods  # noqa: F401, I001 - each registers its verbs on app, in this order
-from .app import app, run
+from .app import app
 
-__all__ = ["app", "run"]
+__all__ = ["app"]

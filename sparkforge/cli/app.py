@@ -24,9 +24,12 @@ from typer._click.core import Context, ParameterSource
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from .. import __version__
+from ..build import dockercli
+from ..build.builder import Step
 from ..build.pipeline import LoadedPlan, LockPolicy, load_plan
 from ..errors import ConfigError, Hint, SparkforgeError, mask_secrets, visible
 from ..files import is_regular
+from ..recipe import sources
 from ..recipe.layout import PROJECT_ROOT, Layout
 from ..recipe.plan import Plan
 from .usage import App, Command, usage_error_line
@@ -82,8 +85,7 @@ def _named_stdio() -> None:
 
 
 def one_line(renderable: Any) -> Any:
-    """What a console prints, every text in it (a str, a Text with its styles, a Table's headers, cells and title)
-    shown on one line by errors.visible: a line break in a description or a label is shown as `\\n`."""
+    """What a console prints, every text in it (str, Text, a Table's cells and title) on one line: a break as `\\n`."""
     if isinstance(renderable, str):
         return visible(renderable, keep_newlines=False)
     if isinstance(renderable, Text):
@@ -105,7 +107,6 @@ def one_line(renderable: Any) -> Any:
             column.header = one_line(column.header)
             column._cells[:] = [one_line(cell) for cell in column._cells]  # rich keeps a column's rows there
         renderable.title = one_line(renderable.title)
-        return renderable
     return renderable
 
 
@@ -113,18 +114,17 @@ class _OneLineConsole(Console):
     """A console that prints every text as one line (one_line): a control character in a name from a recipe, a lock
     or an image must neither reach the terminal nor start a line that looks like output."""
 
+    def __init__(self, stderr: bool = False) -> None:
+        # Where output is no terminal (a log, a pipe), tables are never wrapped: each row stays one line.
+        unwrapped = not Console(stderr=stderr).is_terminal
+        super().__init__(stderr=stderr, highlight=False, soft_wrap=True, width=1 << 16 if unwrapped else None)
+
     def print(self, *objects: Any, **kwargs: Any) -> None:
         super().print(*(one_line(o) for o in objects), **kwargs)
 
 
-def _console(stderr: bool = False) -> Console:
-    # Where output is no terminal (a log, a pipe), tables are never wrapped: each row stays one line.
-    unwrapped = not Console(stderr=stderr).is_terminal
-    return _OneLineConsole(stderr=stderr, highlight=False, soft_wrap=True, width=1 << 16 if unwrapped else None)
-
-
-out = _console()
-err = _console(stderr=True)
+out = _OneLineConsole()
+err = _OneLineConsole(stderr=True)
 
 
 class State:
@@ -162,8 +162,6 @@ def main(
             raise ConfigError("is not a folder", path=folder, field=option)
     State.layout = Layout.default(PROJECT_ROOT, images_dir=images, mods_dir=mods)
     State.platform = platform
-    from ..recipe import sources
-
     sources.announce = tell_step  # downloads of release sources
 
 
@@ -206,11 +204,9 @@ def ca_bundle(path: Path | None) -> Path | None:
 
 # ------------------------------------------------------------------ the plan, and what to print
 
-def load(variant: str, base: str | None = None, *, locked: bool = False,
-         policy: LockPolicy | None = None) -> LoadedPlan:
+def load(variant: str, base: str | None = None, policy: LockPolicy = LockPolicy.AUTO) -> LoadedPlan:
     """The variant's plan as every command sees it (pipeline.load_plan); warnings go to stderr."""
-    return warned(load_plan(State.layout, variant, base=base, platform=State.platform,
-                            lock_policy=policy or (LockPolicy.LOCKED if locked else LockPolicy.AUTO)))
+    return warned(load_plan(State.layout, variant, base=base, platform=State.platform, lock_policy=policy))
 
 
 def warned(loaded: LoadedPlan) -> LoadedPlan:
@@ -244,14 +240,12 @@ def write(text: str, *, stderr: bool = False) -> None:
     (sys.stderr if stderr else sys.stdout).write(text)
 
 
-def plan_of(variant: str, base: str | None = None, *, locked: bool = False,
-            policy: LockPolicy | None = None) -> Plan:
-    return load(variant, base, locked=locked, policy=policy).plan
+def plan_of(variant: str, base: str | None = None, policy: LockPolicy = LockPolicy.AUTO) -> Plan:
+    return load(variant, base, policy).plan
 
 
-def progress_printer(label: str) -> Callable[[Any, float], None]:
+def progress_printer(label: str) -> Callable[[Step, float], None]:
     """Show each BuildKit step that runs as it starts (none from the cache): live on a terminal, a line each in logs."""
-    from ..build.builder import Step
 
     def show(step: Step, elapsed: float) -> None:
         if step.name.startswith(("internal", "context ")):
@@ -283,13 +277,8 @@ def command_line(hint: Hint) -> str:
         if sub is None:
             break
         target = sub
-    takes = {p.name for p in target.params if p.name}
-    verbs: list[str] = []
-    c: Context | None = ctx
-    while c is not None and c is not root:
-        verbs = list(_given(c, takes)) + verbs
-        c = c.parent
-    return shlex.join([program(), *_given(root, set(CARRIED)), *hint.words, *verbs])
+    takes = {p.name for p in target.params if p.name}  # a group (`mod`, `wheels`) takes no option of its own
+    return shlex.join([program(), *_given(root, set(CARRIED)), *hint.words, *_given(ctx, takes)])
 
 
 def _given(ctx: Context, takes: set[str]) -> Iterator[str]:
@@ -312,34 +301,25 @@ def next_step(lead: str, *words: str) -> str:
 # ------------------------------------------------------------------ run
 
 def console() -> None:
-    """The command line as build.py and the console script (sparkforge.__main__) run it: run(), SIGTERM stopping
-    it as Ctrl-C does and whatever build or save it started. (build.py adds the start under .venv.)"""
-    from ..build import dockercli
-
+    """The command line as build.py and sparkforge.__main__ run it: a usage or sparkforge error, or output that cannot
+    be written (exit 1), becomes one line on stderr; SIGTERM stops it, and the builds it started, as Ctrl-C does."""
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # from here a Ctrl-C unwinds, and cleans up
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         dockercli.exit_on_sigterm()
+        _named_stdio()
         try:
-            run()
+            code = _run_app()
+            if sys.stdout is not None:  # None: it failed, and said so
+                sys.stdout.flush()
+        except OSError as exc:  # output that cannot be written, where _run_app was not the one to say so
+            code = _world_failed(exc)
         finally:
             dockercli.stop_all(exiting=True)
+        sys.exit(code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(INTERRUPTED)
-
-
-def run() -> None:
-    """Entry point: a usage error, a sparkforge error or output that cannot be written (a full disk, a closed or
-    broken pipe: exit 1) becomes one line on stderr and its exit code."""
-    _named_stdio()
-    code = _run_app()
-    try:
-        if sys.stdout is not None:  # None: it failed, and said so
-            sys.stdout.flush()
-    except OSError as exc:
-        code = _world_failed(exc)
-    sys.exit(code)
 
 
 INTERRUPTED = 130  # the exit code of Ctrl-C (128 + SIGINT), as a shell gives it
@@ -385,7 +365,7 @@ def _world_failed(exc: OSError) -> int:
 
 def _report(line: str, code: int) -> int:
     try:
-        err.print(line, markup=False)
+        tell(line)
     except OSError:  # stderr cannot be written either: the exit code is all that is left to say it
         _drop("stderr")
     return code

@@ -12,11 +12,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..distribute.cluster import push_registry, registry_to_run, resolve_cluster, run_registry
+from ..distribute.images import builds, head_image, rollback_tag
 from ..distribute.nodes import PULL_STALL_TIMEOUT, STALL_TIMEOUT
 from ..errors import ConfigError, DistributeError, visible
 from ..imageref import ImageRef
+from ..recipe.fields import ENV_NAME_RE, HOST, host_problem
+from ..serve import ServeError, cache_dir, model_of
 from . import views
-from .app import DEFAULT_LOG_DIR, Base, Variant, app, emit, err, next_step, out, plan_of, say, tell_step, write
+from .app import DEFAULT_LOG_DIR, Base, Variant, app, emit, next_step, out, plan_of, say, tell_step, write
 
 if TYPE_CHECKING:
     from ..distribute.deploy import ProgressFn
@@ -60,8 +64,7 @@ def _cluster_path(cluster: Path | None) -> Path | None:
 
 
 def _distribute_printer() -> ProgressFn:
-    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move, with the rate and,
-    where the total is known, the time left."""
+    """Per-node progress lines: on each phase change, and at most every 2 s while bytes move (rate, time left)."""
     from ..distribute.deploy import Progress, moved_said
 
     last: dict[str, tuple[str, float, float, int]] = {}  # node: phase, last line, phase start, bytes at start
@@ -75,7 +78,7 @@ def _distribute_printer() -> ProgressFn:
             began, since = now, p.done
         last[p.node] = (p.phase, now, began, since)
         moved = f" {moved_said(p.done, p.total, now - began, since)}" if p.done else ""
-        err.print(f"  {p.node:<14} {p.phase:<7}{moved}  {p.detail}".rstrip(), markup=False)
+        tell_step(f"{p.node:<14} {p.phase:<7}{moved}  {p.detail}".rstrip())
 
     return show
 
@@ -97,9 +100,7 @@ def push(
 
     Example: ./build.py push ng17e --registry 127.0.0.1:5000
     """
-    from ..distribute.cluster import push_registry
     from ..distribute.deploy import human_bytes
-    from ..distribute.images import head_image
     from ..distribute.push import push_by_default, push_to
 
     plan = plan_of(variant, base)
@@ -108,7 +109,7 @@ def push(
     layers = f", layers {compression.value}" if compression else ""
     out.print(f"pushing {plan.tag} ({image.image_id[:19]}) to {reg.address}{layers}")
     show = _distribute_printer()
-    result = (push_by_default(image, reg, out.print, progress=show) if compression is None
+    result = (push_by_default(image, reg, say, progress=show) if compression is None
               else push_to(image, reg, compression.value, progress=show))
     for ref in result.refs:
         out.print(f"pushed {ref}")
@@ -152,9 +153,7 @@ def deploy(
       ./build.py deploy ng17e --cluster cluster.yaml
       ./build.py deploy ng17e --mode stream --nodes ssh://admin@spark2,ssh://admin@spark3
     """
-    from ..distribute.cluster import resolve_cluster
     from ..distribute.deploy import deploy_registry
-    from ..distribute.images import head_image, rollback_tag
     from ..distribute.stream import deploy_stream
 
     plan = plan_of(variant, base)
@@ -183,7 +182,6 @@ def status(variant: Variant, nodes: Nodes = None, cluster: Cluster = None, base:
 
     Example: ./build.py status ng17e --cluster cluster.yaml
     """
-    from ..distribute.cluster import resolve_cluster
     from ..distribute.deploy import cluster_status
 
     plan = plan_of(variant, base)
@@ -192,8 +190,8 @@ def status(variant: Variant, nodes: Nodes = None, cluster: Cluster = None, base:
     head_id = st.image.image_id if st.image else None
     out.print(f"{plan.moving_tag}: head has {head_id[:19] if head_id else 'no image (not built here)'}")
     if st.newest:
-        out.print(f"compared with {st.tag}, the build the last deploy set; the newest build here is {st.newest} "
-                  f"({next_step('deploy it with', 'deploy', plan.variant)})", markup=False)
+        say(f"compared with {st.tag}, the build the last deploy set; the newest build here is {st.newest} "
+            f"({next_step('deploy it with', 'deploy', plan.variant)})")
     emit(views.status_lines(st, plan.moving_tag))
     if st.all_match:
         out.print(f"all {len(st.nodes)} nodes match: {head_id or next(iter(st.ids))}")
@@ -213,8 +211,6 @@ def registry_cmd(
 
     Example: ./build.py registry start --cluster cluster.yaml
     """
-    from ..distribute.cluster import registry_to_run, run_registry
-
     proc = run_registry(action.value, registry_to_run(_cluster_path(cluster)))
     write(visible(proc.stdout))  # a script's output, shown with its control characters escaped
     write(visible(proc.stderr), stderr=True)
@@ -229,8 +225,6 @@ def history(variant: Variant, base: Base = None) -> None:
     The base column is the first 12 hex of the base image's digest (`inspect` shows it whole). Go back to a build
     with `deploy VARIANT --to TAG`, or to the one before with `deploy VARIANT --previous`.
     """
-    from ..distribute.images import builds
-
     plan = plan_of(variant, base)
     found = builds(plan)
     if not found:
@@ -287,10 +281,7 @@ def launch(
       ./build.py launch ng17e --cluster cluster.yaml --model /models/tiny --check -- --enforce-eager
       ./build.py launch ng17e --cluster cluster.yaml --stop
     """
-    from ..distribute.cluster import resolve_cluster
     from ..distribute.launch import LaunchSpec, check as check_launch, launch as launch_nodes, stop as stop_nodes
-    from ..recipe.fields import ENV_NAME_RE, HOST, host_problem
-    from ..serve import ServeError, cache_dir, model_of
 
     plan = plan_of(variant, base)
     target = resolve_cluster(_cluster_path(cluster), nodes, None)
@@ -322,10 +313,8 @@ def launch(
     say(f"launching {plan.moving_tag} on {world} node{'s' if world > 1 else ''}"
         + (f" (tensor parallel {world} over torchrun)" if world > 1 else " (vllm serve)"))
     try:
-        if check:
-            launched, result = check_launch(plan, target.nodes, spec, tell_step)
-        else:
-            launched, result = launch_nodes(plan, target.nodes, spec, tell_step), None
+        launched, result = (check_launch(plan, target.nodes, spec, tell_step) if check
+                            else (launch_nodes(plan, target.nodes, spec, tell_step), None))
     except ServeError as exc:
         raise DistributeError(str(exc)) from None
     if result is not None:

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..build import pipeline
+from ..build.wheels import default_root
 from ..errors import BuildError, ConfigError
 from ..recipe import archlist
 from ..recipe.config import list_variants
@@ -103,24 +104,22 @@ def check_mods(
     """
     verbs.release_range(since, until)  # bad bounds are refused with or without --matrix
     ca_bundle(ca_cert)
-    if changed_since is not None:
-        if variants or all_variants:
-            raise ConfigError("--changed-since chooses the variants itself: name none, and leave out --all",
-                              field="--changed-since")
-        plans = [plan_of(n) for n in verbs.variants_to_check(State.layout, [], True)]
-        if changed_since.strip("0") == "":
-            tell(f"--changed-since {changed_since}: no commit to compare with (a new branch); checking every variant")
-        else:
-            touched = dict(verbs.touched_variants(State.layout, plans,
-                                                  verbs.changed_files(changed_since, State.layout.images_dir)))
-            for name, why in touched.items():
-                tell(f"{name}: touched by {why}")
-            plans = [p for p in plans if p.variant in touched]
-            if not plans:
-                say(f"no variant is touched by the changes since {changed_since}; nothing to check")
-                return
-    else:
-        plans = [plan_of(n) for n in verbs.variants_to_check(State.layout, list(variants or []), all_variants)]
+    if changed_since is not None and (variants or all_variants):
+        raise ConfigError("--changed-since chooses the variants itself: name none, and leave out --all",
+                          field="--changed-since")
+    names = verbs.variants_to_check(State.layout, list(variants or []), all_variants or changed_since is not None)
+    plans = [plan_of(n) for n in names]
+    if changed_since is not None and changed_since.strip("0") == "":
+        tell(f"--changed-since {changed_since}: no commit to compare with (a new branch); checking every variant")
+    elif changed_since is not None:
+        touched = dict(verbs.touched_variants(State.layout, plans,
+                                              verbs.changed_files(changed_since, State.layout.images_dir)))
+        for name, why in touched.items():
+            tell(f"{name}: touched by {why}")
+        plans = [p for p in plans if p.variant in touched]
+        if not plans:
+            say(f"no variant is touched by the changes since {changed_since}; nothing to check")
+            return
     report = verbs.check_mods(plans, matrix_range=(since, until) if show_matrix else None, say=tell, ca_cert=ca_cert)
     emit([views.check_table(report.rows, plans), views.check_summary(report)])
     if show_matrix:
@@ -168,9 +167,7 @@ def build(
     (commit, source-phase mods, build.env, arch list, base) left it there, else compiles and stores it there
     (`./build.py wheels list` shows it).
     """
-    from ..build.wheels import default_root
-
-    plan = plan_of(variant, base, locked=locked)
+    plan = plan_of(variant, base, pipeline.LockPolicy.LOCKED if locked else pipeline.LockPolicy.AUTO)
     opts = pipeline.build_options(network=network.value, ca_cert=ca_cert, no_cache=no_cache, max_jobs=max_jobs,
                                   nvcc_threads=nvcc_threads, log_dir=log_dir)
     if dry:

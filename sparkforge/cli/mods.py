@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..errors import ConfigError
+from ..recipe.remote import new_mod
 from ..recipe.scaffold import with_mod
 from ..repro import verbs
 from . import views
@@ -74,8 +75,6 @@ def mod_new(
         say(f"made {work.path}: {work.source}, {on}, as a git work tree (its paths are the patch's paths)")
         say("next: " + next_step(f"edit the files in {work.path}, then write the patch with", "mod", "save", name))
         return
-    from ..recipe.remote import new_mod
-
     if versions is None:
         raise ConfigError("give the releases the patch is for, e.g. --versions '>=0.17.0,<0.19'", field="--versions")
     made = new_mod(State.layout.mods_dir, name, url=from_url, pr=pr, versions=versions, component=component,

@@ -81,7 +81,7 @@ def verify_repro_cmd(
       ./build.py --images tests/variants verify-repro testvllm --base sparkforge/base-local:bookworm \\
         --builder-host unix:///tmp/ctd/docker.sock --ca-cert /etc/ssl/certs/ca-certificates.crt
     """
-    plan = verbs.repro_plan(plan_of(variant, base, locked=locked), epoch)
+    plan = verbs.repro_plan(plan_of(variant, base, LockPolicy.LOCKED if locked else LockPolicy.AUTO), epoch)
     opts = pipeline.build_options(network=network.value, ca_cert=ca_bundle(ca_cert), docker_host=builder_host)
     say(f"verify-repro {plan.tag}: two --no-cache builds, SOURCE_DATE_EPOCH={plan.source_date_epoch}")
     result = verbs.verify_variant_repro(plan, State.layout, opts, keep=keep, progress=progress_printer(variant),

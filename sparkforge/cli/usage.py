@@ -38,7 +38,7 @@ def readable(param: Parameter) -> Parameter:
 
 
 class _Readable:
-    """What Command and Group share: their parameters and --help shown by readable(), their help by flowing()."""
+    """What Command and Group share: their parameters and --help shown by readable(), their help flowed."""
 
     params: list[Parameter]
     help: str | None
@@ -47,7 +47,11 @@ class _Readable:
         super().__init__(*args, **kwargs)
         for param in self.params:
             readable(param)
-        self.help = flowing(self.help)
+        if self.help is not None:
+            # Rich help keeps every line break: a paragraph's lines are joined so that the terminal wraps them, but a
+            # paragraph with indented lines (`Examples:` and its commands) keeps its lines.
+            paragraphs = inspect.cleandoc(self.help).split("\n\n")
+            self.help = "\n\n".join(p if p.startswith(" ") or "\n " in p else " ".join(p.split()) for p in paragraphs)
 
     def get_help_option(self, ctx: Context) -> TyperOption | None:
         # The mixin's super() is click's Command in the classes that use it; readable() gives back what it is given.
@@ -81,15 +85,6 @@ class App(typer.Typer):
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[Verb], Verb]:
         return super().command(*args, **{"cls": Command, **kwargs})
-
-
-def flowing(text: str | None) -> str | None:
-    """A docstring as help shows it: the lines of a paragraph joined, so that the terminal wraps them (Rich help
-    keeps every line break); a paragraph with indented lines (`Examples:` and its commands) keeps its lines."""
-    if text is None:
-        return None
-    paragraphs = inspect.cleandoc(text).split("\n\n")
-    return "\n\n".join(p if p.startswith(" ") or "\n " in p else " ".join(p.split()) for p in paragraphs)
 
 
 def usage_error_line(exc: UsageError, prog: str) -> str:

@@ -15,12 +15,13 @@ from ..build.builder import BASE_LABEL
 from ..build.pipeline import LoadedPlan
 from ..imageref import ImageRef
 from ..inimage.contract import BuildRecord, KernelRecord, WheelOrigin
+from ..inimage.kernels import exempt, verdicts
 from ..recipe.plan import Plan, platform_of
 from ..recipe.wheelset import download_bytes
 from ..repro.checkmods import RowState, applies_ranges
 from ..repro.verbs import BumpResult
 
-if TYPE_CHECKING:  # annotations only: repro.diff, repro.outdated, repro.repro and distribute load for their verbs
+if TYPE_CHECKING:  # annotations only: repro.diff, .outdated, .repro and distribute.deploy load for their verbs
     from pathlib import Path
 
     from ..build.pipeline import BuildOutcome, DryRun
@@ -40,8 +41,7 @@ OUTCOME_STYLE = {"updated": "green", "current": "cyan", "failed": "bold red"}  #
 
 
 def _table(*columns: str, title: str | None = None, names: int = 1) -> Table:
-    """A table for any terminal width: its first `names` columns (what a row is about) are kept whole, the others
-    wrap, a long word (a path) folded onto the next line rather than cut."""
+    """A table for any terminal width: its first `names` columns kept whole, the others wrapped, a long path folded."""
     table = Table(box=None, pad_edge=False, title=title)
     for i, col in enumerate(columns):
         table.add_column(col, overflow="fold", no_wrap=i < names)
@@ -79,14 +79,10 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
         _line(f"  base        {plan.base.ref}", origin),
         _line(f"  platform    {plan.platform}"),
     ]
-    if v.source == "git":
-        src = f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}"
-    elif v.wheel:
-        src = f"wheel {v.wheel.url or v.wheel.path} sha256:{v.wheel.sha256[:12]}"
-    elif v.source == "base":
-        src = f"the vLLM that {plan.base.repository}:{plan.base.tag} carries, kept"
-    else:
-        src = "pypi release" if v.package == "vllm" else f"pypi release of {v.package}"
+    src = (f"git {v.repo} {v.ref} @ {v.commit.value or 'UNPINNED'}" if v.source == "git"
+           else f"wheel {v.wheel.url or v.wheel.path} sha256:{v.wheel.sha256[:12]}" if v.wheel
+           else f"the vLLM that {plan.base.repository}:{plan.base.tag} carries, kept" if v.source == "base"
+           else "pypi release" if v.package == "vllm" else f"pypi release of {v.package}")
     deps = "" if v.install_deps or v.source == "base" else ", --no-deps"
     lines.append(_line(f"  vllm        {v.version}  ({src}{deps})"))
     if plan.python:
@@ -103,12 +99,10 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     lines.append(_line(f"  build       TORCH_CUDA_ARCH_LIST={b.torch_cuda_arch_list} MAX_JOBS={b.max_jobs} "
                        f"NVCC_THREADS={b.nvcc_threads}"))
     lines += [_line(f"  build env   {k}={val}  (compile step only)") for k, val in b.env]
-    if plan.on_cpu:
-        lines.append(_line("  device      cpu: vLLM runs on the CPU (serve tier and launch without a GPU); no kernel check"))
-    elif plan.gpus:
-        lines.append(_line(f"  gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"))
-    else:
-        lines.append(_line("  gpus        none: the recipe says the image runs no CUDA code, so no kernel check"))
+    device = ("device      cpu: vLLM runs on the CPU (serve tier and launch without a GPU); no kernel check"
+              if plan.on_cpu else f"gpus        {', '.join(plan.gpus)}  (every CUDA extension must run on each)"
+              if plan.gpus else "gpus        none: the recipe says the image runs no CUDA code, so no kernel check")
+    lines.append(_line(f"  {device}"))
     lines += [_line(f"  not needed  {name}: {reason}") for name, reason in plan.kernels_not_needed]
     if plan.kernels_scan:
         lines.append(_line(f"  scan        {', '.join(plan.kernels_scan)}  (their libraries are checked too)"))
@@ -173,8 +167,6 @@ def kernels_table(kernels: KernelRecord) -> Table:
     """An image's kernel record: a row per CUDA extension, its SASS and PTX archs (relocatable code, never loaded, after
     the SASS as `rel 90 120`), and per GPU what it runs there: a cubin, `JIT compute_NN` (PTX the driver compiles at
     first start), NONE, `90 missing` kernels, `partial?` (names unreadable), `not needed` or `unreadable`."""
-    from ..inimage.kernels import exempt, verdicts
-
     gpus = kernels.gpus
     table = _table("extension", "SASS", "PTX", *(f"GPU {g}" for g in gpus),
                    title=f"CUDA extensions (shared libraries without device code: {kernels.without_device_code})")
@@ -274,10 +266,11 @@ def outdated_table(components: Iterable[Outdated]) -> Table:
     return table
 
 
-def applies_lines(names: Iterable[str], runs_of: Callable[[str], Iterable[tuple[str, str]]],
-                  declared: dict[str, str] | None = None, prefix: str = "applies to vllm") -> list[Text]:
+def applies_lines(names: Iterable[str], cells: Sequence[MatrixCell], declared: dict[str, str] | None = None,
+                  prefix: str = "applies to vllm") -> list[Text]:
     """Where each mod applies, as runs of releases, and (check-mods) what it declares."""
-    runs = {name: ", ".join(a if a == b else f"{a}..{b}" for a, b in runs_of(name)) or "none" for name in names}
+    runs = {name: ", ".join(a if a == b else f"{a}..{b}" for a, b in applies_ranges(list(cells), name)) or "none"
+            for name in names}
     return [_line(f"{name}: {prefix} {shown}" + (f"; declares {declared[name]}" if declared else ""))
             for name, shown in runs.items()]
 
@@ -293,15 +286,12 @@ def build_lines(plan: Plan, done: BuildOutcome) -> list[Text]:
     elif done.static is None:
         lines.append(_line("static smoke tier: not run (--no-smoke); the tags moved without it"))
     wheel, key = done.wheel, (done.wheel.key or "")[:12]
-    if wheel.origin == "cache":
-        lines.append(_line(f"vllm wheel: from the wheel cache, key {key}, sha256 {wheel.sha256}; the compile did "
-                           "not run"))
-    elif wheel.origin == "recipe":
-        lines.append(_line(f"vllm wheel: the recipe's prebuilt wheel, sha256 {wheel.sha256}"))
-    elif wheel.origin == "compiled":
-        lines.append(_line(f"vllm wheel: compiled ({wheel.why_compiled}) and stored in the wheel cache, key {key}, "
-                           f"sha256 {wheel.sha256}" if wheel.stored
-                           else f"vllm wheel: compiled in the image build ({wheel.why_compiled})"))
+    said = {"cache": f"from the wheel cache, key {key}, sha256 {wheel.sha256}; the compile did not run",
+            "recipe": f"the recipe's prebuilt wheel, sha256 {wheel.sha256}",
+            "compiled": f"compiled ({wheel.why_compiled}) and stored in the wheel cache, key {key}, sha256 "
+                        f"{wheel.sha256}" if wheel.stored else f"compiled in the image build ({wheel.why_compiled})"}
+    if wheel.origin in said:  # a release or the base's own vLLM: nothing to say
+        lines.append(_line(f"vllm wheel: {said[wheel.origin]}"))
     if done.replaced:
         lines.append(_line(done.replaced))
     return lines + [_line(f"tagged {ref}") for ref in done.tagged]
@@ -320,8 +310,8 @@ def bump_lines(result: BumpResult) -> list[Text]:
     """`bump`: each mod kept or dropped with the reason, what the new recipe leaves open, and what was written."""
     b = result.bump
     lines = [_line(f"bump {b.old.variant} -> {b.recipe.stem}: vllm {b.old.vllm.version} -> {b.version}")]
-    for v in b.verdicts:
-        lines.append(_line("  ", ("kept   ", "green") if v.kept else ("dropped", "yellow"), f" {v.mod}: {v.reason}"))
+    lines += [_line("  ", ("kept   ", "green") if v.kept else ("dropped", "yellow"), f" {v.mod}: {v.reason}")
+              for v in b.verdicts]
     lines += [_line("  ", ("not set", "yellow"), f" {name}: {why}") for name, why in b.env_dropped]
     lines += [_line("  ", ("open   ", "yellow"), f" {what}") for what in b.unresolved]
     widened = ", ".join(str(path) for path, _ in b.edits)
@@ -362,43 +352,38 @@ def check_matrix(report: ModsReport) -> list[Table | Text]:
     names = [m.name for m in report.mods]
     return [matrix_table(report.cells, names, report.versions, "mods x vLLM releases (! = differs from the mod's "
                          "targets)"),
-            *applies_lines(names, lambda n: applies_ranges(list(report.cells), n),
-                           {m.name: m.spec.targets.versions for m in report.mods})]
+            *applies_lines(names, report.cells, {m.name: m.spec.targets.versions for m in report.mods})]
 
 
 def outdated_lines(report: Report, tried_mods: bool) -> list[Table | Text]:
     """`outdated`: the components, then (when mods were tried) the newer releases they apply to."""
     shown: list[Table | Text] = [outdated_table(report.components)]
     if not report.cells:
-        if report.mods and not tried_mods:
-            shown.append(_line("mods: not tried (--no-mods)"))
-        elif report.mods and not report.components[0].checked:
-            shown.append(_line("mods: not tried, since the vLLM releases could not be read"))
-        elif report.mods:
-            shown.append(_line("mods: skipped, no newer vLLM release to try them on"))
+        if report.mods:
+            why = ("not tried (--no-mods)" if not tried_mods else "skipped, no newer vLLM release to try them on"
+                   if report.components[0].checked else "not tried, since the vLLM releases could not be read")
+            shown.append(_line(f"mods: {why}"))
         return shown
     versions = list(dict.fromkeys(c.version for c in report.cells))
     return shown + [matrix_table(report.cells, list(report.mods), versions,
                                  "vLLM mods on the newer releases (! = differs from the mod's targets)"),
-                    *applies_lines(report.mods, report.applies_to, prefix="applies to newer vllm")]
+                    *applies_lines(report.mods, report.cells, prefix="applies to newer vllm")]
 
 
 def deploy_lines(plan: Plan, result: Deployment) -> list[Table | Text]:
     """`deploy`: a row per node with what it moved, where each failed node's moving tag stayed, then the counts."""
-    from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes  # distribute loads only for its verbs
+    from ..distribute.deploy import CURRENT, FAILED, UPDATED, human_bytes  # distribute.deploy loads only for its verbs
 
     table = _table("node", "result", "image ID", "moved", "time", "detail")
     for r in result.results:
         detail = "moving tag kept on its old image (below)" if r.outcome == FAILED else r.node.endpoint
         table.add_row(Text(r.node.name), Text(r.outcome, OUTCOME_STYLE[r.outcome]), (r.image_id or "-")[:19],
                       human_bytes(r.bytes_moved), f"{r.seconds:.1f}s", Text(detail))
-    lines: list[Table | Text] = [table]
-    lines += [_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on {(r.previous_id or 'nothing')[:19]}")
-              for r in result.results if r.outcome == FAILED]
     counts = {k: sum(1 for r in result.results if r.outcome == k) for k in (UPDATED, CURRENT, FAILED)}
-    lines.append(_line(f"{len(result.results)} nodes: {counts[UPDATED]} updated, {counts[CURRENT]} current, "
-                       f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s"))
-    return lines
+    return [table, *(_line(f"{r.node.name}: failed: {r.error}; {plan.moving_tag} still on "
+                           f"{(r.previous_id or 'nothing')[:19]}") for r in result.results if r.outcome == FAILED),
+            _line(f"{len(result.results)} nodes: {counts[UPDATED]} updated, {counts[CURRENT]} current, "
+                  f"{counts[FAILED]} failed; {human_bytes(result.bytes_moved)} moved in {result.seconds:.1f}s")]
 
 
 def status_lines(status: ClusterStatus, moving_tag: str) -> list[Table | Text]:

@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..distribute.prune import Leftover
+from ..build.wheels import default_root, folder_size, leftovers, prune, remove_leftovers, scan
+from ..distribute.prune import Leftover, prune_head
 from ..errors import BuildError, ConfigError
 from .app import State, WheelCache, app, out, say, write
 from .usage import App
@@ -19,12 +20,6 @@ from .usage import App
 wheels_app = App(help="Show and clean the wheel cache: the vLLM wheels git-source builds compiled, by their inputs."
                  "\n\n  ./build.py wheels list\n\n  ./build.py wheels prune --older-than 30")
 app.add_typer(wheels_app, name="wheels")
-
-
-def _root(folder: Path | None) -> Path:
-    from ..build.wheels import default_root
-
-    return folder or default_root()
 
 
 def _size(n: int) -> str:
@@ -37,9 +32,7 @@ def list_wheels(
     as_json: Annotated[bool, typer.Option("--json", help="Print every entry with all its inputs as JSON.")] = False,
 ) -> None:
     """List the cached wheels: key, vLLM version and commit, arch list, source-phase mods, size, last use."""
-    from ..build.wheels import scan
-
-    root = _root(wheel_cache)
+    root = wheel_cache or default_root()
     if root.exists() and not root.is_dir():
         raise ConfigError("is not a folder", path=root, field="--wheel-cache")
     found, damaged = scan(root)
@@ -82,13 +75,11 @@ def prune_wheels(
     Each prune also removes what killed builds left in the cache (compile exports, half-stored entries) once no one has
     touched it for a day.
     """
-    from ..build.wheels import folder_size, leftovers, prune, remove_leftovers
-
     if not (everything or older_than is not None or key):
         raise ConfigError("say what to remove: --older-than DAYS, --key KEY or --all", field="wheels prune")
     if everything and (older_than is not None or key):
         raise ConfigError("--all removes every wheel; leave out --older-than and --key", field="--all")
-    root = _root(wheel_cache)
+    root = wheel_cache or default_root()
     gone = prune(root, older_than_days=older_than, key=key, dry_run=dry)
     verb = "would remove" if dry else "removed"
     for e in gone:
@@ -103,7 +94,7 @@ def prune_wheels(
 
 
 @app.command("prune")
-def prune_head(
+def prune_cmd(
     wheel_cache: WheelCache = None,
     wheels: Annotated[bool, typer.Option(
         "--wheels", help="Also remove the wheel cache's entries no variant here would use, and the downloaded wheel "
@@ -123,13 +114,11 @@ def prune_head(
       ./build.py prune --dry-run
       ./build.py prune --wheels --build-cache
     """
-    from ..distribute.prune import prune_head as prune
-
-    root = _root(wheel_cache) if wheels else None
+    root = (wheel_cache or default_root()) if wheels else None
     verb = "would remove" if dry else "removed"
 
-    found, failed = prune(State.layout, wheel_root=root, build_cache=build_cache, dry_run=dry,
-                          say=lambda item: say(_leftover_line(verb, item)))
+    found, failed = prune_head(State.layout, wheel_root=root, build_cache=build_cache, dry_run=dry,
+                               say=lambda item: say(_leftover_line(verb, item)))
     if dry:
         for item in found.leftovers:
             say(_leftover_line(verb, item))
