@@ -119,9 +119,7 @@ def visible(text: str, *, keep_newlines: bool = True) -> str:
     text = mask_secrets(text)
     if text.isprintable():
         return text
-    if keep_newlines:
-        return "\n".join("".join(map(escaped, line)) for line in text.split("\n"))
-    return "".join(map(escaped, text))
+    return "".join(ch if ch == "\n" and keep_newlines else escaped(ch) for ch in text)
 
 
 def _display(path: str) -> str:

@@ -14,17 +14,11 @@ from typing import BinaryIO
 from collections.abc import Callable, Iterator
 
 from .errors import BuildError, ConfigError
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+from .inimage.paths import kind_of
 
 
 class NotRegularFile(ConfigError):
     """A path that should be a file is a folder, a FIFO, a socket or a device."""
-
-
-def kind_of(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def open_regular(path: Path | str, *, field: str | None = None) -> BinaryIO:
@@ -66,26 +60,17 @@ def name_path(exc: BaseException, path: Path | str) -> None:
         exc.filename = str(path)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, new: bool = False) -> None:
     """Put data at path whole, or leave path as it was (a temporary file beside it, renamed over it): a reader
-    sees the old file or the new, never half; on any failure the temporary file is gone and the OSError names path."""
-    _place(path, data, mode, os.replace)
-
-
-def write_new(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Like write_atomic, but where no file is: FileExistsError when another process made path first."""
-    _place(path, data, mode, os.link)
-
-
-def _place(path: Path, data: bytes, mode: int, put: Callable[[str, Path], None]) -> None:
-    """data in a temporary file beside path, then put(temporary, path); the temporary file never stays."""
+    sees the old file or the new, never half; on any failure the temporary file is gone and the OSError names path.
+    With `new`, only where no file is (linked, not renamed): FileExistsError when another process made path first."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.chmod(tmp, mode)
-        put(tmp, path)
+        (os.link if new else os.replace)(tmp, path)
     except OSError as exc:  # about path, whichever step failed (not about a temporary name)
         exc.filename, exc.filename2 = str(path), None
         raise

@@ -62,10 +62,10 @@ def _git(mirror: Path, *args: str, stdout: Any = subprocess.PIPE, what: str = ""
     return str(proc.stdout)
 
 
-def open_mirror(cache: Path, repo: str) -> Path:
-    """The repository's bare, blob-less mirror, created empty on first use."""
+def resolve(cache: Path, repo: str, ref: str, commit: str | None = None) -> tuple[Path, str]:
+    """(mirror, full commit) for a ref, fetching what is missing; with `commit`, check the ref gives it."""
     mirror = mirror_path(cache, repo)
-    if not (mirror / "HEAD").exists():
+    if not (mirror / "HEAD").exists():  # the repository's bare, blob-less mirror, created empty on first use
         cache.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".new-", dir=cache))
         _git(staging, "init", "--quiet", "--bare")
@@ -73,32 +73,21 @@ def open_mirror(cache: Path, repo: str) -> Path:
         _git(staging, "config", "remote.origin.promisor", "true")
         _git(staging, "config", "remote.origin.partialclonefilter", "blob:none")
         os.replace(staging, mirror)
-    return mirror
-
-
-def resolve_short(mirror: Path, repo: str, short: str) -> str:
-    """The one commit a short SHA names among every branch and tag of the repository."""
-    _git(mirror, "fetch", "--quiet", "--filter=blob:none", "--tags", "origin", "+refs/heads/*:refs/heads/*")
-    try:
-        listed = _git(mirror, "rev-parse", "--disambiguate=" + short).split()
-    except FetchError:
-        listed = []
-    commits = sorted(o for o in listed if _git(mirror, "cat-file", "-t", o).strip() == "commit")
-    if not commits:
-        raise FetchError(f"no commit starting with {short} on any branch or tag of {repo}")
-    if len(commits) > 1:
-        raise FetchError(f"{short} is ambiguous in {repo}: it names {len(commits)} commits "
-                         f"({', '.join(c[:12] for c in commits[:4])}); give more digits or the full commit")
-    return commits[0]
-
-
-def resolve(cache: Path, repo: str, ref: str, commit: str | None = None) -> tuple[Path, str]:
-    """(mirror, full commit) for a ref, fetching what is missing; with `commit`, check the ref gives it."""
-    mirror = open_mirror(cache, repo)
     if commit is not None and not FULL.fullmatch(commit):
         raise FetchError(f"{commit!r} is not a full 40-hex commit")
-    if commit is None and SHORT.fullmatch(ref):
-        return mirror, resolve_short(mirror, repo, ref)
+    if commit is None and SHORT.fullmatch(ref):  # the one commit a short SHA names among every branch and tag
+        _git(mirror, "fetch", "--quiet", "--filter=blob:none", "--tags", "origin", "+refs/heads/*:refs/heads/*")
+        try:
+            listed = _git(mirror, "rev-parse", "--disambiguate=" + ref).split()
+        except FetchError:
+            listed = []
+        commits = sorted(o for o in listed if _git(mirror, "cat-file", "-t", o).strip() == "commit")
+        if not commits:
+            raise FetchError(f"no commit starting with {ref} on any branch or tag of {repo}")
+        if len(commits) > 1:
+            raise FetchError(f"{ref} is ambiguous in {repo}: it names {len(commits)} commits "
+                             f"({', '.join(c[:12] for c in commits[:4])}); give more digits or the full commit")
+        return mirror, commits[0]
     # A full commit is fetched as it is (servers configured as GitHub is allow any reachable SHA); a branch or
     # tag by name, an annotated tag peeled to its commit.
     wanted = commit or ref

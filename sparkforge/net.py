@@ -47,11 +47,6 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def tls_context(ca_cert: Path | None) -> ssl.SSLContext:
-    """The system's trust store, or the bundle given with --ca-cert instead of it."""
-    return ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
-
-
 def origin(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of an absolute URL, spelled so that two spellings of one origin compare equal
     (lower case, IDN as ASCII, short IP form, default port filled in); ValueError without a host or port."""
@@ -197,8 +192,8 @@ def _opener(watch: _Watch, ca_cert: Path | None) -> urllib.request.OpenerDirecto
 
     class HttpsHandler(urllib.request.HTTPSHandler):
         def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            if not contexts:
-                contexts.append(tls_context(ca_cert))
+            if not contexts:  # the system's trust store, or the bundle given with --ca-cert instead of it
+                contexts.append(ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None))
             return self.do_open(Https, req, context=contexts[0])
 
     opener = urllib.request.OpenerDirector()
@@ -247,14 +242,22 @@ def _transfer(url: str, deadline: float, window: float, whole: bool) -> Iterator
     watch = _Watch()
     try:
         yield shown, watch
-    except FetchFailed:
-        raise
     except _Refused as exc:
         raise FetchFailed(f"{shown}: {exc}") from None
     except urllib.error.HTTPError as exc:
         raise FetchFailed(f"{shown}: HTTP {exc.code} {exc.reason}") from None
-    except _FAILURES as exc:
-        raise FetchFailed(f"{shown}: {_reason(exc, watch, deadline, window, whole)}") from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # what urllib and its sockets raise
+        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc  # what went wrong under urllib
+        if watch.expired:
+            why = f"not complete within {deadline:.0f}s" + ("" if whole else f" (headers: {HEADERS_TIME:.0f}s)")
+        elif isinstance(cause, ssl.SSLCertVerificationError):
+            why = f"TLS certificate not trusted ({cause.verify_message}); give the CA bundle with --ca-cert"
+        elif isinstance(cause, TimeoutError):
+            why = f"no answer within {window:.0f}s"
+        else:
+            text = str(getattr(cause, "strerror", None) or cause)
+            why = mask_secrets(text.splitlines()[0]) if text else type(cause).__name__
+        raise FetchFailed(f"{shown}: {why}") from None
     finally:
         watch.disarm()
 
@@ -333,22 +336,3 @@ def request(method: str, url: str, *, deadline: float, body: bytes | Iterable[by
             if len(data) > limit:
                 raise FetchFailed(f"{shown}: more than {limit} bytes")
             return Reply(resp.status, resp.headers, data, getattr(resp, "url", None) or url)
-
-
-# What urllib and the sockets under it raise when no answer comes (urllib's URLError is an OSError).
-_FAILURES = (OSError, ssl.SSLError, http.client.HTTPException, ValueError)
-
-
-def _reason(exc: object, watch: _Watch, deadline: float, window: float, whole: bool) -> str:
-    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
-        exc = exc.reason  # what went wrong under urllib: a refused connection, a timeout, a TLS error
-    if watch.expired:
-        return f"not complete within {deadline:.0f}s" + ("" if whole else f" (headers: {HEADERS_TIME:.0f}s)")
-    if isinstance(exc, FetchFailed):
-        return str(exc)
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS certificate not trusted ({exc.verify_message}); give the CA bundle with --ca-cert"
-    if isinstance(exc, (TimeoutError, socket.timeout)):
-        return f"no answer within {window:.0f}s"
-    text = str(getattr(exc, "strerror", None) or exc)
-    return mask_secrets(text.splitlines()[0]) if text else type(exc).__name__

@@ -37,7 +37,7 @@ class RegistryError(Exception):
     """A registry request got no usable answer; `status` is the HTTP status when there was one."""
 
     def __init__(self, host: str, what: str, reason: str, status: int | None = None):
-        self.host, self.what, self.reason, self.status = host, what, reason, status
+        self.status = status
         super().__init__(visible(f"{what} at {host}: {reason}", keep_newlines=False))
 
 
@@ -193,8 +193,14 @@ class Client:
             reason = f"HTTP 401 from {mask_url(reply.url)}, another origin, which the registry's token never goes to"
         elif reply.status == 401 and self.token:
             reason = "refused the token it issued"
-        else:
-            reason = f"HTTP {reply.status}{_error_text(reply.body)}"
+        else:  # with the first error of a registry's JSON error body, `{"errors": [{"code", "message"}]}`
+            try:
+                first = parse_json(reply.body)["errors"][0]
+                text = mask_secrets(" ".join(str(first.get(k) or "") for k in ("code", "message")).strip())
+            except (ValueError, LookupError, TypeError, AttributeError):
+                text = ""
+            # Masked before it is cut: a cut URL would hide its '@'.
+            reason = f"HTTP {reply.status}" + (f" ({text[:200]})" if text else "")
         raise RegistryError(self.endpoint.host, what, reason, reply.status)
 
     def _location(self, what: str, reply: net.Reply) -> str:
@@ -214,13 +220,3 @@ def _after_url(message: str, url: str) -> str:
     """net's message without the URL it starts with: the RegistryError names host and request already."""
     head = mask_url(url) + ": "
     return message[len(head):] if message.startswith(head) else message
-
-
-def _error_text(body: bytes) -> str:
-    """The first error message of a registry's JSON error body (`{"errors": [{"message": ...}]}`), if any."""
-    try:
-        first = parse_json(body)["errors"][0]
-        text = mask_secrets(" ".join(str(first.get(k) or "") for k in ("code", "message")).strip())
-    except (ValueError, LookupError, TypeError, AttributeError):
-        return ""
-    return f" ({text[:200]})" if text else ""  # masked before it is cut: a cut URL would hide its '@'

@@ -86,8 +86,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPARKFORGE_CACHE", Path.home() / ".cache" / "sparkforge"))
 
 
-def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+def ask(base: str, model: str, kind: str, tokens: int = TOKENS, timeout: float = REQUEST_TIMEOUT) -> Answer:
+    """`tokens` greedy tokens (past any end of sequence), with their ids, of the fixed prompt or chat (kind)."""
+    chat = kind == "chat"
+    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+                            "return_token_ids": True, "messages" if chat else "prompt": CHAT if chat else PROMPT}
+    url = base + ("/v1/chat/completions" if chat else "/v1/completions")
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())
@@ -96,20 +102,9 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         raise ServeError(f"{url} answered HTTP {exc.code}: {detail[:300]}") from None
     except (OSError, ValueError) as exc:
         raise ServeError(f"{url}: {exc}") from None
+    seconds = time.monotonic() - t0
     if not isinstance(data, dict):
         raise ServeError(f"{url} answered {type(data).__name__}, not a JSON object")
-    return data
-
-
-def ask(base: str, model: str, kind: str, tokens: int = TOKENS, timeout: float = REQUEST_TIMEOUT) -> Answer:
-    """`tokens` greedy tokens (past any end of sequence), with their ids, of the fixed prompt or chat (kind)."""
-    chat = kind == "chat"
-    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-                            "return_token_ids": True, "messages" if chat else "prompt": CHAT if chat else PROMPT}
-    path = "/v1/chat/completions" if chat else "/v1/completions"
-    t0 = time.monotonic()
-    data = _post(base + path, body, timeout)
-    seconds = time.monotonic() - t0
     try:
         choice = data["choices"][0]
         text = choice["message"]["content"] if chat else choice["text"]
@@ -117,7 +112,7 @@ def ask(base: str, model: str, kind: str, tokens: int = TOKENS, timeout: float =
         return Answer(kind, str(text or ""), tuple(int(t) for t in ids) if isinstance(ids, list) else None,
                       int(data["usage"]["completion_tokens"]), choice.get("finish_reason"), seconds)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise ServeError(f"{base + path} answered without {exc}: {json.dumps(data)[:200]}") from None
+        raise ServeError(f"{url} answered without {exc}: {json.dumps(data)[:200]}") from None
 
 
 def wait_ready(base: str, dead: Callable[[], str | None], timeout: float, poll: float = 2.0) -> float:

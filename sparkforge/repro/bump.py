@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -22,7 +22,7 @@ from packaging.specifiers import Specifier, SpecifierSet
 from packaging.version import Version
 
 from ..errors import ConfigError
-from ..files import write_atomic, write_new
+from ..files import write_atomic
 from ..recipe import sources
 from ..recipe.fields import MAX_VARIANT, NAME_RE
 from ..recipe.layout import Layout
@@ -89,12 +89,11 @@ def widened(spec: str, version: str, releases: list[str]) -> tuple[str, list[str
     old = SpecifierSet(spec)
     keep = [s for s in old if s.contains(version, prereleases=True)]
     declared = [r for r in releases if old.contains(r, prereleases=True)]
-    lower = [s for s in keep if s.operator in (">=", ">", "~=", "==", "===")]
-    if not lower and declared:
+    lower = (">=", ">", "~=", "==", "===")
+    if declared and not any(s.operator in lower for s in keep):
         keep.append(Specifier(f">={declared[0]}"))
-    order = {">=": 0, ">": 0, "~=": 0, "==": 0, "===": 0, "!=": 1}
-    parts = [str(s) for s in sorted(keep, key=lambda s: (order.get(s.operator, 2), str(s)))] + [f"<={version}"]
-    new = ",".join(parts)
+    rank = {**dict.fromkeys(lower, 0), "!=": 1}  # lower bounds, then exclusions, then the rest
+    new = ",".join([*(str(s) for s in sorted(keep, key=lambda s: (rank.get(s.operator, 2), str(s)))), f"<={version}"])
     claimed = SpecifierSet(new)
     return new, [r for r in releases if claimed.contains(r, prereleases=True) and not old.contains(r, prereleases=True)
                  and r != version]
@@ -121,14 +120,14 @@ def with_targets(text: str, old: str, new: str, path: Path) -> str:
 def judge_mods(plan: Plan, version: str, tree: Path, workdir: Path, releases: list[str],
                say: Callable[[str], None]) -> list[Verdict]:
     """A verdict per mod of the old variant, in its order."""
-    vllm_mods = sorted((m for m in plan.mods if m.spec.component == "vllm"), key=lambda m: m.spec.phase != "source")
+    vllm_mods = [m for m in plan.mods if m.spec.component == "vllm"]
     results: dict[str, tuple[RowState, str]] = {}
     if vllm_mods:
         # One pass in the build's order: a mod that fails leaves its files untouched, so the mods after it
         # are applied as they would be without it.
         say(f"applying {len(vllm_mods)} vLLM mods to vllm {version}'s release source")
-        for mod, state, detail in apply_in_scratch(vllm_mods, tree, workdir / "sequence"):
-            results[mod.name] = (state, detail)
+        applied = apply_in_scratch(vllm_mods, tree, workdir / "sequence")
+        results = {mod.name: (state, detail) for mod, state, detail in applied}
 
     def verdict(mod: Mod) -> Verdict:
         declared, takes = mod.spec.targets.versions, declares(mod, version)
@@ -187,8 +186,7 @@ def vllm_pin(plan: Plan, recipe: Path, version: str, tree: Path,
         return {"ref": ref, "commit": {"unknown": why}, "version": version}, [f"vllm.commit: {why}"]
     if recorded and not commit.startswith(recorded):
         raise ConfigError(f"{repo} tag {ref} is commit {commit[:12]}, but vllm {version}'s release source records "
-                          f"{recorded}; the remote is not vLLM's release", path=recipe,
-                          field="vllm.repo")
+                          f"{recorded}; the remote is not vLLM's release", path=recipe, field="vllm.repo")
     return {"ref": ref, "commit": commit, "version": version}, []
 
 
@@ -223,8 +221,7 @@ def _scratch_layout(layout: Layout, plan: Plan, work: Path, edits: dict[Path, st
         edited = edits.get(Path(mod.folder) / "mod.yaml")
         if edited is not None:
             (mods / mod.name / "mod.yaml").write_text(edited)
-    return Layout(images_dir=images, mods_dir=mods, template=layout.template, inimage=layout.inimage,
-                  gitfetch=layout.gitfetch)
+    return replace(layout, images_dir=images, mods_dir=mods)
 
 
 def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: str | None, command: str,
@@ -252,7 +249,7 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
                 path = Path(mod.folder) / "mod.yaml"
                 edits[path] = with_targets(path.read_text(), *v.widened, path)
         scratch = _scratch_layout(layout, plan, work, edits)
-        dropped_mods = {m.name for m in plan.mods} - {v.mod for v in verdicts if v.kept}
+        dropped_mods = {v.mod for v in verdicts if not v.kept}
         toggles = {m.spec.env.name: m.name for m in plan.mods if m.spec.env and m.name in dropped_mods}
         env_dropped = [(n, f"the toggle of {toggles[n]}, which is dropped") for n, _ in plan.env if n in toggles]
         # An env name the recipe sets that the new release does not read goes too, with the reason; the recipe
@@ -279,7 +276,7 @@ def prepare(plan: Plan, layout: Layout, *, to: str | None, latest: bool, name: s
 def write(bump: Bump) -> None:
     """The recipe first, never over an existing one (of two bumps to one name, the second stops before it touches
     a mod), then the widened mod.yaml files; on any failure, every file written before is put back."""
-    write_new(bump.recipe, bump.text.encode())
+    write_atomic(bump.recipe, bump.text.encode(), new=True)
     done: list[tuple[Path, bytes]] = []
     try:
         for path, data in bump.edits:

@@ -82,8 +82,14 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
         return SourceRef(f"vllm wheel {wheel.filename} (sha256 {wheel.sha256[:12]})", from_wheel)
     if v.source == "pypi":
         return SourceRef(f"vllm {v.version} (PyPI)", lambda: sources.release_tree("vllm", v.version))
-    if v.source == "base":
-        return base_source(plan)
+    if v.source == "base":  # the base image's own tree where the engine has it; else the release's sdist, said so
+        try:
+            found = basetree.base_tree(plan.base.ref)
+        except basetree.NotOnEngine as exc:
+            return SourceRef(f"vllm {v.version} (PyPI, the release the base carries; the base's own tree is not read: "
+                             f"{exc})", lambda: sources.release_tree("vllm", v.version))
+        return SourceRef(f"vllm {v.version} installed in the base {plan.base.ref} ({found.installed_at}, image "
+                         f"{found.image_id[:19]})", lambda: found.root)
     if v.commit.value is None:
         return unavailable(f"vllm {v.ref} (commit unknown)", f"vllm.commit is not pinned ({v.commit.unknown})")
     commit = v.commit.value
@@ -100,25 +106,12 @@ def vllm_source(plan: Plan, ca_cert: Path | None = None) -> SourceRef:
     return SourceRef(f"vllm {commit[:12]} (git)", lambda: sources.git_tree(v.repo or "", commit, "vllm"))
 
 
-def base_source(plan: Plan) -> SourceRef:
-    """The vLLM a base variant keeps: the base image's own installed tree where the engine has the image;
-    else the same release's sdist from PyPI, and the label says so (unverified where PyPI lacks it too)."""
-    ref, version = plan.base.ref, plan.vllm.version
-    try:
-        found = basetree.base_tree(ref)
-    except basetree.NotOnEngine as exc:
-        return SourceRef(f"vllm {version} (PyPI, the release the base carries; the base's own tree is not read: "
-                         f"{exc})", lambda: sources.release_tree("vllm", version))
-    return SourceRef(f"vllm {version} installed in the base {ref} ({found.installed_at}, image {found.image_id[:19]})",
-                     lambda: found.root)
-
-
 def apply_in_scratch(mods: list[Mod], tree: Path | None, scratch: Path, *,
                      patcher_timeout: float = inimage.PATCHER_TIMEOUT,
                      ca_cert: Path | None = None) -> list[tuple[Mod, RowState, str]]:
-    """Apply mods in order to a scratch copy of tree (None: an empty root): apply, run its file checks, apply
-    again (must be detected as already applied). A failed mod leaves its files untouched, so one broken mod
-    never hides the state of the next; a patch URL that cannot be fetched leaves its mod unverified."""
+    """Apply mods in the build's order (source phase first) to a scratch copy of tree (None: an empty root): apply,
+    run its file checks, apply again (must be detected as already applied). A failed mod leaves its files untouched,
+    so one broken mod never hides the state of the next; a patch URL that cannot be fetched leaves it unverified."""
     if tree is not None:
         # Install-phase mods of vLLM see what the image's site-packages holds of it, the vllm/ package alone: only
         # that is copied (under half of a release's source tree). Source-phase mods see the whole checkout.
@@ -145,7 +138,7 @@ def apply_in_scratch(mods: list[Mod], tree: Path | None, scratch: Path, *,
             return RowState.APPLIED, ""
         return RowState.ALREADY, "already present in the pristine source"
 
-    return [(mod, *outcome(mod)) for mod in mods]
+    return [(mod, *outcome(mod)) for mod in sorted(mods, key=lambda m: m.spec.phase != "source")]
 
 
 def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage.PATCHER_TIMEOUT,
@@ -160,8 +153,6 @@ def check_variant(plan: Plan, workdir: Path, *, patcher_timeout: float = inimage
         with contextlib.suppress(DownloadError):
             prebuilt.checked_wheel(plan, Path(plan.recipe_files[0]), ca_cert=ca_cert)
     for component, mods in groups.items():
-        # Source-phase mods run before install-phase ones, as in the build.
-        mods = sorted(mods, key=lambda m: m.spec.phase != "source")
         ref = source_of(plan, component, ca_cert)
         try:
             tree = ref.fetch()
@@ -308,7 +299,7 @@ def check_env(plan: Plan, workdir: Path, *, ca_cert: Path | None = None) -> list
         tree = ref.fetch()
     except sources.SourceUnavailable as exc:
         return [Row(plan.variant, f"env {n}", RowState.UNVERIFIED, str(exc), ref.label) for n in origins]
-    mods = sorted((m for m in plan.mods if m.spec.component == "vllm"), key=lambda m: m.spec.phase != "source")
+    mods = [m for m in plan.mods if m.spec.component == "vllm"]
     with scratch_dir(workdir, f"{plan.variant}-env-") as root:
         if mods:
             apply_in_scratch(mods, tree, root, ca_cert=ca_cert)

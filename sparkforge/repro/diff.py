@@ -40,19 +40,19 @@ class Snapshot:
     """One side of a diff: each section's entries, or None where the whole section is not known."""
 
     label: str
-    image: Entries | None
     base: Entries
-    os_packages: Entries | None
     vllm: Entries
     components: Entries
-    protect: Entries | None
-    build: Entries | None
-    env: Entries | None
     mods: Entries
-    tooling: Entries | None
-    packages: Entries | None
+    image: Entries | None = None
+    os_packages: Entries | None = None
+    protect: Entries | None = None
+    build: Entries | None = None
+    env: Entries | None = None
+    tooling: Entries | None = None
+    packages: Entries | None = None
     other: Entries = ()  # every other field of a plan, as JSON: a field added to Plan is never missed
-    unknown: tuple[tuple[str, str], ...] = ()  # (section, why this side does not know it)
+    unknown: tuple[tuple[str, str], ...] = ()  # (section, why this side does not know it), read where it is None
     built: tuple[str, str] | None = None  # an image's (plan hash, image ID): two builds of one plan compare by ID
 
     def section(self, name: str) -> Entries | None:
@@ -108,28 +108,18 @@ def _os_packages(specs: tuple[str, ...] | list[str]) -> Entries:
     return tuple(sorted((name, version) for name, _, version in (s.partition("=") for s in specs)))
 
 
-def _names(names: tuple[str, ...] | list[str]) -> Entries:
-    return tuple((n, "") for n in sorted(names))
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
 def _build(arch: str | None, max_jobs: Any, nvcc: Any, env: Any, epoch: int | None) -> Entries:
-    out: list[tuple[str, str | None]] = [
-        ("TORCH_CUDA_ARCH_LIST", arch), ("MAX_JOBS", None if max_jobs is None else str(max_jobs)),
-        ("NVCC_THREADS", None if nvcc is None else str(nvcc)),
-        ("SOURCE_DATE_EPOCH", str(epoch) if epoch is not None else "none")]
-    return tuple(out + [(f"env {k}", v) for k, v in env or ()])
+    return (("TORCH_CUDA_ARCH_LIST", arch), ("MAX_JOBS", None if max_jobs is None else str(max_jobs)),
+            ("NVCC_THREADS", None if nvcc is None else str(nvcc)),
+            ("SOURCE_DATE_EPOCH", str(epoch) if epoch is not None else "none"),
+            *((f"env {k}", v) for k, v in env or ()))
 
 
 def _kernels(gpus: tuple[str, ...] | None, not_needed: Sequence[tuple[str, str | None]] | None) -> Entries:
     """The kernel check's inputs: the GPUs, and the extensions not needed with each reason (None in a record)."""
     names = None if not_needed is None else " ".join(name for name, _ in not_needed) or "none"
-    out: list[tuple[str, str | None]] = [("gpus", None if gpus is None else " ".join(gpus)),
-                                         ("kernels_not_needed", names)]
-    return tuple(out + [(f"kernels_not_needed {name}", reason) for name, reason in not_needed or ()])
+    return (("gpus", None if gpus is None else " ".join(gpus)), ("kernels_not_needed", names),
+            *((f"kernels_not_needed {name}", reason) for name, reason in not_needed or ()))
 
 
 def _wheels(python: PythonTarget | None, pins: tuple[WheelPin, ...], unresolved: str | None = None) -> Entries:
@@ -137,12 +127,10 @@ def _wheels(python: PythonTarget | None, pins: tuple[WheelPin, ...], unresolved:
     shown = f"{python.version} on {python.platform}" if python else "none"
     if python and python.leave_out:
         shown += f", leaving out {', '.join(python.leave_out)}"
-    out: list[tuple[str, str | None]] = [("python", shown)]
     if unresolved:
-        return (*out, ("wheel set", f"unresolved: {unresolved}"))
-    out.append(("wheel set", f"{len(pins)} wheels" if pins else "none"))
-    out += [(f"wheel {p.name}", f"{p.version} " + " ".join(f"sha256:{sha}" for _, sha, _ in p.files)) for p in pins]
-    return tuple(out)
+        return ("python", shown), ("wheel set", f"unresolved: {unresolved}")
+    return (("python", shown), ("wheel set", f"{len(pins)} wheels" if pins else "none"),
+            *((f"wheel {p.name}", f"{p.version} " + " ".join(f"sha256:{sha}" for _, sha, _ in p.files)) for p in pins))
 
 
 def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snapshot:
@@ -154,13 +142,8 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
                                               c.dest)))
         if c.pip_install:
             comps.append((f"{c.name}.pip_install", "yes"))
-    packages: Entries | None = plan.pins or None
-    if lock is not None and not lock.packages_unresolved:
-        packages = lock.installed
-    unknown: tuple[tuple[str, str], ...] = ()
-    if packages is None:
-        note = lock_note or (f"lock: {lock.packages_unresolved}" if lock is not None else "no lock applied")
-        unknown = (("packages", note),)
+    packages = lock.installed if lock is not None and not lock.packages_unresolved else plan.pins or None
+    note = lock_note or (f"lock: {lock.packages_unresolved}" if lock is not None else "no lock applied")
     b, identity = plan.build, plan.identity()
     base = plan.base.ref + ("" if plan.base.digest.value else " (digest unknown)")
     return Snapshot(
@@ -169,12 +152,12 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         base=(("base", base),),
         os_packages=_os_packages(plan.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, v.commit.value)), ("repo", v.repo or "none"),
-              ("package", v.package), ("install_deps", _yes(v.install_deps)),
+              ("package", v.package), ("install_deps", "yes" if v.install_deps else "no"),
               ("wheel", " ".join(x for x in (v.wheel.filename, v.wheel.url, v.wheel.path, f"sha256:{v.wheel.sha256}")
                                  if x) if v.wheel else "none")) + _wheels(plan.python, plan.wheel_set)
         + (("venv", plan.python.venv if plan.python and plan.python.venv else "none"),),
         components=tuple(comps),
-        protect=_names(plan.protect),
+        protect=tuple((n, "") for n in sorted(plan.protect)),
         build=_build(b.torch_cuda_arch_list, b.max_jobs, b.nvcc_threads, b.env, plan.source_date_epoch)
         + _kernels(plan.gpus, plan.kernels_not_needed),
         env=tuple(plan.env),
@@ -183,7 +166,7 @@ def from_plan(plan: Plan, lock: Lock | None = None, lock_note: str = "") -> Snap
         packages=packages,
         other=tuple((key, json.dumps(identity[key], sort_keys=True)) for key in sorted(identity)
                     if key not in _SHOWN | _NAMING),
-        unknown=unknown,
+        unknown=(("packages", note),),
     )
 
 
@@ -202,27 +185,22 @@ def from_lock(lock: Lock, path: Path) -> Snapshot:
     base = f"{lock.base.repository}:{lock.base.tag}"
     base += f"@{lock.base.digest.value}" if lock.base.digest.value else " (digest unknown)"
     not_in_lock = "a lock file does not record it"
-    unknown = [(s, not_in_lock) for s in ("image", "env", "tooling")]
-    if lock.packages_unresolved:
-        unknown.append(("packages", f"unresolved: {lock.packages_unresolved}"))
     return Snapshot(
         label=f"lock {path}",
-        image=None,
         base=(("base", base),),
         os_packages=_os_packages(lock.os_packages),
         vllm=(("vllm", _vllm_text(v.source, v.version, v.ref, _p(v.commit))),
               ("repo", "none" if v.source != "git" else v.repo), ("package", v.package or "vllm"),
-              ("install_deps", _yes(v.install_deps)), ("wheel", None))
+              ("install_deps", "yes" if v.install_deps else "no"), ("wheel", None))
         + (_wheels(lock.wheels.target, lock.wheels.pins, lock.wheels.unresolved) if lock.wheels else _wheels(None, ()))
         + (("venv", None),),
         components=tuple(comps),
-        protect=_names(lock.protect),
+        protect=tuple((n, "") for n in sorted(lock.protect)),
         build=_build(None, None, None, None, lock.source_date_epoch) + _kernels(None, None),
-        env=None,
         mods=tuple((m.name, m.digest) for m in lock.mods),
-        tooling=None,
         packages=None if lock.packages_unresolved else lock.installed,
-        unknown=tuple(unknown),
+        unknown=(("image", not_in_lock), ("env", not_in_lock), ("tooling", not_in_lock),
+                 ("packages", f"unresolved: {lock.packages_unresolved}")),
     )
 
 
@@ -253,19 +231,14 @@ def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None =
     bs = record.build or {}
     packages = record.packages
     not_in_record = "an image's build record does not list it"
-    unknown = [("os_packages", not_in_record), ("protect", not_in_record)]
-    if packages is None:
-        unknown.append(("packages", "the image's build record predates package lists; rebuild it"))
     return Snapshot(
         label=f"image {image}",
         image=(("image", ImageRef.parse(record.tag).repository), ("platform", platform_of(record.machine))),
         base=(("base", base),),
-        os_packages=None,
         vllm=(("vllm", _vllm_text(v["source"], v["version"], v["ref"], commit)), ("repo", v.get("repo") or "none"),
-              ("package", v.get("package") or "vllm"), ("install_deps", _yes(bool(v.get("install_deps")))),
+              ("package", v.get("package") or "vllm"), ("install_deps", "yes" if v.get("install_deps") else "no"),
               ("python", None), ("wheel set", None), ("venv", None)),
         components=tuple(comps),
-        protect=None,
         build=_build(bs.get("torch_cuda_arch_list"), bs.get("max_jobs"), bs.get("nvcc_threads"), bs.get("env"),
                      record.source_date_epoch)
         + _kernels(record.kernels.gpus if record.kernels else None,
@@ -274,7 +247,8 @@ def from_record(image: str, record: BuildRecord, labels: dict[str, str] | None =
         mods=tuple((m.name, m.digest) for m in record.mods),
         tooling=(("template and tools", None), ("sparkforge", record.tool_version)),
         packages=tuple(sorted(packages.items())) if packages is not None else None,
-        unknown=tuple(unknown),
+        unknown=(("os_packages", not_in_record), ("protect", not_in_record),
+                 ("packages", "the image's build record predates package lists; rebuild it")),
     )
 
 
@@ -301,16 +275,6 @@ def snapshot(arg: str, layout: Layout) -> Snapshot:
     raise ConfigError(f"{arg!r} is not a variant (known: {known}), a lock file or an image reference", field="diff")
 
 
-def _pairs(section: str, a: Entries, b: Entries) -> list[Change]:
-    """Entries added, removed and changed; an entry one side does not know is not compared."""
-    da, db = dict(a), dict(b)
-    out = [Change(section, "removed", k, old=v) for k, v in da.items() if k not in db and v is not None]
-    out += [Change(section, "added", k, new=v) for k, v in db.items() if k not in da and v is not None]
-    out += [Change(section, "changed", k, v, w) for k, v in da.items()
-            if v is not None and (w := db.get(k)) is not None and v != w]
-    return sorted(out, key=lambda c: (c.name, c.kind))
-
-
 def diff_snapshots(a: Snapshot, b: Snapshot) -> Diff:
     changes: list[Change] = []
     notes: list[str] = []
@@ -320,10 +284,16 @@ def diff_snapshots(a: Snapshot, b: Snapshot) -> Diff:
             notes += [f"{section} of {side.label} not known: {dict(side.unknown).get(section, '')}"
                       for side, e in ((a, ea), (b, eb)) if e is None]
             continue
-        found = [replace(c, old=_short_digest(c.old), new=_short_digest(c.new)) for c in _pairs(section, ea, eb)]
+        da, db = dict(ea), dict(eb)  # an entry one side does not know (None) is not compared
+        found = [Change(section, "removed", k, old=v) for k, v in da.items() if k not in db and v is not None]
+        found += [Change(section, "added", k, new=v) for k, v in db.items() if k not in da and v is not None]
+        found += [Change(section, "changed", k, v, w) for k, v in da.items()
+                  if v is not None and (w := db.get(k)) is not None and v != w]
+        found = [replace(c, old=_short_digest(c.old), new=_short_digest(c.new))
+                 for c in sorted(found, key=lambda c: (c.name, c.kind))]
         if section == "mods":
-            common_a = [n for n, _ in ea if n in dict(eb)]
-            common_b = [n for n, _ in eb if n in dict(ea)]
+            common_a = [n for n, _ in ea if n in db]
+            common_b = [n for n, _ in eb if n in da]
             if common_a != common_b:
                 found.append(Change("mods", "order", "order", ", ".join(common_a), ", ".join(common_b)))
         changes += found
@@ -355,10 +325,8 @@ def summary(d: Diff, section: str) -> str:
     if ea is None or eb is None:
         return "not compared"
     known = [(k, v) for k, v in ea if v is not None and dict(eb).get(k) is not None]
-    if section in ("image", "base"):
+    if section in ("image", "base", "vllm"):  # the first entry names the whole: the image, the base, vllm's pin
         return f"same: {_short_digest(known[0][1] or '')}"
-    if section == "vllm":
-        return f"same: {_short_digest(dict(ea)['vllm'] or '')}"
     if section in ("components", "mods", "os_packages", "protect"):
         names = [k for k, _ in ea if not k.endswith(".pip_install")]
         return f"same: {', '.join(names) or 'none'}"

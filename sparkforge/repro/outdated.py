@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..recipe import sources
-from ..recipe.plan import Mod, Plan
+from ..recipe.plan import Plan
 from .checkmods import MatrixCell, applies_ranges, apply_in_scratch, declares, matrix, release_progress, scratch_dir
 
 # Git components whose releases PyPI also carries, by component name.
@@ -101,22 +101,15 @@ def outdated(plan: Plan, workdir: Path, *, try_mods: bool = True, until: str | N
     comps = check_components(plan, releases)
     mods = [m for m in plan.mods if m.spec.component in ("vllm", "image")]
     vllm_mods = [m for m in mods if m.spec.component == "vllm"]
-    image_mods = [m for m in mods if m.spec.component == "image"]
     newer_vllm = [v for v in comps[0].newer if until is None or Version(v) <= Version(until)]
     cells: list[MatrixCell] = []
-    if try_mods and mods and newer_vllm:
+    if try_mods and newer_vllm:
         if vllm_mods:
             cells = matrix(vllm_mods, newer_vllm, workdir,
                            progress=release_progress(progress, "mods: vllm", len(newer_vllm)))
-        cells += image_cells(image_mods, newer_vllm, workdir)
+        for mod in (m for m in mods if m.spec.component == "image"):
+            # Drop-in files: installed once into an empty root, as check-mods does, and set against every release.
+            with scratch_dir(workdir, "outdated-image-") as root:
+                (_, state, detail), = apply_in_scratch([mod], None, root)
+            cells += [MatrixCell(mod.name, v, state, detail, declares(mod, v)) for v in newer_vllm]
     return Report(plan, tuple(comps), tuple(cells), tuple(m.name for m in mods))
-
-
-def image_cells(mods: list[Mod], versions: list[str], workdir: Path) -> list[MatrixCell]:
-    """Image mods against newer vLLM releases: installed once into an empty root, as check-mods does."""
-    cells = []
-    for mod in mods:
-        with scratch_dir(workdir, "outdated-image-") as root:
-            (_, state, detail), = apply_in_scratch([mod], None, root)
-        cells += [MatrixCell(mod.name, v, state, detail, declares(mod, v)) for v in versions]
-    return cells
