@@ -43,7 +43,8 @@ class SparkforgeError(Exception):
 
     def render(self, command: Callable[[Hint], str] = Hint.plain) -> str:
         """The one line; `command` writes the hint's command (the command line adds the user's options)."""
-        where = "".join(f"{part}: " for part in (self.path and _display(self.path), self.field) if part)
+        where = f"{_display(self.path)}: " if self.path else ""
+        where += f"{self.field}: " if self.field else ""
         hint = f"; {self.hint.lead} `{command(self.hint)}`" if self.hint else ""
         return visible(f"{where}{self.detail}{hint}", keep_newlines=False)
 

@@ -23,7 +23,8 @@ class NotRegularFile(ConfigError):
 
 def open_regular(path: Path | str, *, field: str | None = None) -> BinaryIO:
     """path opened for reading, refused (NotRegularFile) unless it is a regular file (links followed): checked
-    before opening and on the open file (O_NONBLOCK: a FIFO swapped in between does not block the open)."""
+    before opening and on the open file (O_NONBLOCK: a FIFO swapped in between does not block the open). Other
+    OSErrors (missing, no permission) go to the caller."""
 
     def check(mode: int) -> None:
         if not stat.S_ISREG(mode):

@@ -90,7 +90,11 @@ def ask(base: str, model: str, kind: str, tokens: int = TOKENS, timeout: float =
     """`tokens` greedy tokens (past any end of sequence), with their ids, of the fixed prompt or chat (kind)."""
     chat = kind == "chat"
     body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-                            "return_token_ids": True, "messages" if chat else "prompt": CHAT if chat else PROMPT}
+                            "return_token_ids": True}
+    if chat:
+        body["messages"] = CHAT
+    else:
+        body["prompt"] = PROMPT
     url = base + ("/v1/chat/completions" if chat else "/v1/completions")
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     t0 = time.monotonic()

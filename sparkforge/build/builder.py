@@ -332,8 +332,11 @@ def kept_tag(tag: str, image_id: str) -> str:
 
 def promote(result: BuildResult, now: dict[str, str | None], *,
             move: bool = False) -> tuple[tuple[str, ...], str | None]:
-    """After the smoke tests passed: the immutable, then the moving tag to the image; (tags set, line to say). The
-    immutable tag moves off another image only with `move`; the image left without it is kept as kept_tag."""
+    """After the smoke tests passed: the immutable, then the moving tag to the image; (tags set, line to say).
+
+    The immutable tag never moves silently: when it names another image (the same plan gave other bytes:
+    `--no-cache` of a compiled variant, a base's tag moved), the new image is kept as kept_tag and no tag moves;
+    with `move`, the old image is kept as its kept_tag first, so history, `deploy --to` and rollback reach it."""
     plan = result.plan
     before = now.get(plan.tag)
     refs: tuple[str, ...] = (plan.tag, plan.moving_tag)

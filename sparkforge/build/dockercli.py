@@ -238,7 +238,8 @@ def _named(child: proc.Child[Any]) -> str:
 
 def lines_until_stall(child: proc.Child[str], stall: float, tick: float | None = None) -> Iterator[str]:
     """The lines of a child's stdout, read on a thread of its own; silent for `stall` s, the child is stopped and
-    EngineError names it. With `tick`, "" comes after each `tick` s without a line, so the caller can act on time."""
+    EngineError names it. The caller waits for a line at most `tick` (else 5) s at a time, so a child that neither
+    writes nor ends cannot hold it; with `tick`, "" comes after each such wait, so the caller can act on time."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BuildError
 from ..files import name_path
 from ..inimage.contract import ContractError, SmokeCheck
 from ..inimage.proc import CommandError, run
@@ -172,4 +173,6 @@ def run_tier(tier: str, image: str, model: Model | None = None, *, cpu: bool = F
         return run_static(image)
     if tier == "gpu":
         return run_gpu(image, cpu=cpu)
-    return run_serve(image, model or model_of(None, cache_dir()), cpu=cpu)
+    if tier == "serve":
+        return run_serve(image, model or model_of(None, cache_dir()), cpu=cpu)
+    raise BuildError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}", field="--tier")

@@ -212,7 +212,8 @@ def _why(stderr: str) -> str:
 
 def stored_sets() -> list[Path]:
     """Every wheel set folder in the cache (the hidden folders of a fetch or a discard are not sets)."""
-    return sorted(p for p in (cache_dir() / "wheel-sets").glob("[!.]*/") if not p.is_symlink())
+    # "*/" matches files too before Python 3.11: is_dir() keeps the folders.
+    return sorted(p for p in (cache_dir() / "wheel-sets").glob("[!.]*") if p.is_dir() and not p.is_symlink())
 
 
 def _inodes(folder: Path) -> list[tuple[tuple[int, int], Path]]:
@@ -229,11 +230,11 @@ def unshared(folder: Path, kept: list[Path]) -> list[Path]:
     """The files removing a set removes: its own, and the downloads they link to that no kept set or running
     fetch also links to."""
     root = cache_dir() / "wheel-sets"
-    staging = [p for p in root.glob(".fetch.*/") if not p.is_symlink()]
+    staging = [p for p in root.glob(".fetch.*") if p.is_dir() and not p.is_symlink()]
     others = {inode for k in [*kept, *staging] for inode, _ in _inodes(k)}
     mine = {inode for inode, _ in _inodes(folder)} - others
     files = sorted(folder.iterdir()) if folder.is_dir() else []
-    hashes = [d for d in downloads_dir().glob("*/") if not d.is_symlink()]
+    hashes = [d for d in downloads_dir().glob("*") if d.is_dir() and not d.is_symlink()]
     return files + [path for d in hashes for inode, path in _inodes(d) if inode in mine]
 
 

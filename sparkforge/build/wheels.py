@@ -85,16 +85,21 @@ def is_wheel_cache(root: Path) -> bool:
     return not items or any(read_entry(item) is not None for item in items if item.is_dir())
 
 
+def _folders(root: Path) -> list[Path]:
+    """The folders in root, sorted; none when root is not a folder."""
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
 def entries(root: Path) -> list[Entry]:
     """Every complete entry of the cache, newest first; half-written or foreign folders are skipped."""
-    found = [read_entry(folder) for folder in (sorted(root.glob("*/")) if root.is_dir() else ())]
+    found = [read_entry(folder) for folder in _folders(root)]
     return sorted((e for e in found if e is not None), key=lambda e: e.created, reverse=True)
 
 
 def scan(root: Path) -> tuple[list[Entry], list[tuple[str, str]]]:
     """The whole entries, newest first, and (folder name, why) of each folder with a damaged entry.json."""
     found, damaged = [], []
-    for folder in sorted(root.glob("*/")) if root.is_dir() else ():
+    for folder in _folders(root):
         if folder.name.startswith("."):
             continue
         entry = read_entry(folder)
@@ -267,7 +272,7 @@ def leftovers(root: Path) -> list[Path]:
     if not root.is_dir() or not is_wheel_cache(root):
         return []
     found = []
-    for folder in sorted(root.glob("*/")):
+    for folder in _folders(root):
         with contextlib.suppress(OSError):  # gone meanwhile
             if _LEFTOVER_RE.match(folder.name) and not folder.is_symlink() \
                     and time.time() - folder.stat().st_mtime > LEFTOVER_HOURS * 3600:

@@ -297,7 +297,9 @@ def moved_said(done: int, total: int | None, seconds: float, since: int = 0) -> 
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
-    value, units = float(n), ["B", "kB", "MB", "GB", "TB"]
-    while value >= 1000 and len(units) > 1:
-        value, units = value / 1000, units[1:]
-    return f"{value:.0f} B" if units[0] == "B" else f"{value:.1f} {units[0]}"
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"

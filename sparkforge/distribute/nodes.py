@@ -136,7 +136,8 @@ _NO_ENGINE = (
 
 def run_nodes(nodes: Iterable[Node], work: Callable[[Node], T],
               head: Callable[[], None] = lambda: None) -> tuple[T, ...]:
-    """Run work on every node at once, one thread each, while head() runs on this thread; results in node order."""
+    """Run work on every node at once, one thread each, while head() runs on this thread (so that Ctrl-C or
+    SIGTERM stops it where it is); results in node order."""
     nodes = list(nodes)
     with ThreadPoolExecutor(max_workers=max(1, len(nodes)), thread_name_prefix="node") as pool:
         try:

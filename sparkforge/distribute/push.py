@@ -195,7 +195,9 @@ class _SavedImage:
         # A compressed layer (the containerd store keeps what was built so) is sent as it is; an uncompressed one
         # is named by its diff ID, and compressed unless an earlier push recorded its blob.
         compression = "none" if stored else self.compression
-        again = (digest, member.size) if stored else (self.known.get(digest) or {}).get(compression)
+        again: Any = (digest, member.size)  # a stored layer is its own blob; else one an earlier push recorded
+        if not stored:
+            again = (self.known.get(digest) or {}).get(compression)
         if again and self.client.blob_exists(self.repo, again[0]):
             blob, size = again[0], again[1]
             self.present += 1

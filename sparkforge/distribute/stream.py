@@ -1,4 +1,8 @@
-"""Stream deploy: one `docker save` on the head piped into `docker load` on every node that needs it."""
+"""Stream deploy: one `docker save` on the head piped into `docker load` on every node that needs it.
+
+A node that takes nothing for the stall limit is dropped, and its load is stopped before its input ends, so a
+cut stream is never committed; the moving tag is set only once the node's image is the head's (deploy_all).
+"""
 
 from __future__ import annotations
 
@@ -200,7 +204,7 @@ class StreamLoad(Transfer):
                     pass
             if not self._moving:
                 return
-            loads, saved = _stream(self.image, self._moving, progress, self.stall)
+            loads, saved = _stream(self.image, sorted(self._moving, key=self._nodes.index), progress, self.stall)
             if saved is not None and (saved.manifest or saved.config):  # names the nodes that loaded it show
                 record_manifest(self.state_dir, self.image.tag, saved.manifest, saved.config, self.image.image_id)
                 identity = self.image.identity
@@ -228,12 +232,13 @@ def _stream(image: HeadImage, nodes: list[Node], progress: ProgressFn,
     watchdog = threading.Timer(TRANSFER_TIMEOUT, save.kill)
     watchdog.daemon = True
     watchdog.start()
-    # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image); -H names its engine.
-    writers = [_Writer(node, dockercli.spawn(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE,
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env()))
-               for node in nodes]
-    for w in writers:
-        w.start()
+    writers = []
+    for node in nodes:
+        # Tracked: Ctrl-C or SIGTERM on the head stops every load (a node keeps its old image); -H names its engine.
+        load = dockercli.spawn(docker_argv(node, "load", "-q"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, env=cli_env())
+        writers.append(_Writer(node, load))
+        writers[-1].start()
     save_err: list[bytes] = []
     drain = threading.Thread(target=lambda: save_err.append(save.stderr.read() if save.stderr else b""), daemon=True)
     drain.start()

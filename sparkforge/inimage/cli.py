@@ -193,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="the model folder as the rank sees it")
     command("compile", "byte-compile what pip installed with --no-compile, on every core (default: the "
             "site-packages)", lambda args: bytecode.main(args.dirs)).add_argument("dirs", nargs="*")
-    within = sub.add_parser("kernels", help="record or check the CUDA kernels of the image: kernels scan|check ...",
-                            description=kernels.__doc__.splitlines()[0]).add_subparsers(dest="command", required=True)
+    kernels_cmd = sub.add_parser("kernels", help="record or check the CUDA kernels of the image: kernels scan|check",
+                                 description="which GPUs the image's CUDA extensions can run on")
+    within = kernels_cmd.add_subparsers(dest="command", required=True)
     p = within.add_parser("scan", help="record the device code of every shared library under ROOTs and of --dist")
     p.set_defaults(func=_cmd_kernels_scan)
     p.add_argument("roots", nargs="*", metavar="ROOT")

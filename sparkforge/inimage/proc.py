@@ -43,8 +43,8 @@ Child = subprocess.Popen  # what start() gives: a child in its own process group
 
 
 def start(argv: Sequence[str], **kw: Any) -> Child[Any]:
-    """Start argv (never through a shell) in a process group of its own; keywords go to Popen. A Ctrl-C or SIGTERM
-    that lands while it starts stops the child's group and goes on as it ends."""
+    """Start argv (never through a shell) in a process group of its own; keywords go to Popen, and OSError
+    comes as from Popen. A Ctrl-C or SIGTERM that lands while it starts stops the child's group and goes on as it ends."""
     child: Child[Any] | None = None
     try:
         with held():  # a signal that comes while the child starts is raised once `child` names it
