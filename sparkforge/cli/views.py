@@ -69,8 +69,12 @@ def plan_lines(loaded: LoadedPlan) -> list[Text]:
     plan = loaded.plan
     v, b = plan.vllm, plan.build
     # Neither the recipe's digest nor a lock's is asked of the registry when shown; `lock` keeps the recipe's.
-    origin = ("" if plan.base.digest.value is None else f"  (digest as {loaded.lock.name} records it)" if loaded.lock
-              else "  (digest as the recipe gives it; not checked against the registry)")
+    if plan.base.digest.value is None:
+        origin = ""
+    elif loaded.lock:
+        origin = f"  (digest as {loaded.lock.name} records it)"
+    else:
+        origin = "  (digest as the recipe gives it; not checked against the registry)"
     lines = [
         _line((plan.variant, "bold"), f"  {plan.description}"),
         _line(f"  chain       {' <- '.join(plan.chain)}"),
